@@ -1,0 +1,71 @@
+"""Shared CLI plumbing: the stderr console, error handling, model loading with a spinner."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sekv_core.errors import SekvError
+
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str) -> None:
+    """Print ``Error: message`` on stderr and exit 1."""
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn SekvError (and Ctrl-C) into a one-line error and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SekvError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            typer.echo("Interrupted.", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def load_model_quietly(name: str | None):
+    from sekv_core.models import load_model
+
+    with err.status(f"Loading {name or 'the default model'}…"):
+        return load_model(name)
+
+
+@contextmanager
+def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A Rich progress bar on stderr; yields progress(done, total)."""
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} tokens"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def print_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

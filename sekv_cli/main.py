@@ -1,0 +1,20 @@
+"""The `sekv` command: thin Typer wrappers around sekv_core."""
+
+from __future__ import annotations
+
+import typer
+
+from .ask import ask
+
+app = typer.Typer(
+    help="Ask questions about long documents with a local LLM and a resolution-adaptive KV cache.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(ask)
+
+
+@app.callback()
+def main() -> None:
+    """sekv: questions about long documents, answered by a local LLM (SeKV cache)."""

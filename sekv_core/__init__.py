@@ -1,0 +1,1 @@
+"""sekv engine: documents, models, SeKV memory and answering."""

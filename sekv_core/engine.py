@@ -1,0 +1,129 @@
+"""The answering session: a loaded model, one document, one method; many questions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .decode import TextStream
+from .documents import Document, token_pages
+from .errors import SekvError
+from .methods import METHODS, MethodSettings
+from .methods.base import Progress
+from .models import LoadedModel
+from .prompt import chat_template, encode_context, encode_question
+
+ANSWER_RESERVE = 32  # tokens kept free for the question and the start of an answer
+
+
+@dataclass
+class Answer:
+    """One answered question, with everything the CLI's --json contract reports."""
+
+    answer: str
+    method: str
+    model: str
+    document: dict[str, Any]
+    memory: dict[str, int]
+    timings: dict[str, float]
+    store: dict[str, Any]
+    zoom: list[dict[str, Any]] = field(default_factory=list)
+    tokens_generated: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Session:
+    """Prepares ``document`` for ``method`` once; :meth:`ask` answers questions from it."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        document: Document,
+        method: str = "full",
+        settings: MethodSettings | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        if method not in METHODS:
+            raise SekvError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        self.loaded, self.document = loaded, document
+        tokenizer = loaded.tokenizer
+        self.template = chat_template(tokenizer)
+        self.context = encode_context(tokenizer, self.template, document.text)
+        self.doc_tokens = len(self.context) - self.context.doc_start
+        window = loaded.spec.window
+        if len(self.context) + ANSWER_RESERVE > window:
+            raise SekvError(
+                f"{document.path.name!r} is {self.doc_tokens:,} tokens; {loaded.model_id} reads at "
+                f"most {window:,} tokens including the question and answer; split the document "
+                "or use a model with a longer window"
+            )
+        self.pages = token_pages(document, self.context.offsets)
+        self.method = METHODS[method](loaded, self.context, settings or MethodSettings())
+        start = time.perf_counter()
+        self.method.prepare(progress)
+        self.prepare_s = time.perf_counter() - start
+        self._prepared_pending = True  # the first answer reports the preparation time
+
+    def ask(
+        self, question: str, max_new_tokens: int = 128, on_text: Callable[[str], None] | None = None
+    ) -> Answer:
+        """Answer ``question`` greedily; ``on_text`` receives text deltas as they are decoded."""
+        if not question.strip():
+            raise SekvError("the question is empty; ask something about the document")
+        tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
+        q_ids = encode_question(tokenizer, self.template, question)
+        room = spec.window - len(self.context) - len(q_ids)
+        if room < 1:
+            raise SekvError(
+                f"question too long: {len(q_ids)} tokens leave no room in the "
+                f"{spec.window:,}-token window; shorten it"
+            )
+        max_new_tokens = min(max_new_tokens, room)
+        stream = TextStream(tokenizer)
+        start = time.perf_counter()
+        first_token_s = None
+        for token in self.method.generate(q_ids, max_new_tokens):
+            if first_token_s is None:
+                first_token_s = time.perf_counter() - start
+            delta = stream.push(token)
+            if delta and on_text:
+                on_text(delta)
+        answer_s = time.perf_counter() - start
+        n = len(stream.ids)
+        decode_s = answer_s - (first_token_s or answer_s)
+        prepare_s = self.prepare_s if self._prepared_pending else 0.0
+        self._prepared_pending = False
+        timings = {
+            "total_s": round(prepare_s + answer_s, 4),
+            "prepare_s": round(prepare_s, 4),
+            "first_token_s": round(prepare_s + (first_token_s or answer_s), 4),
+            "answer_s": round(answer_s, 4),
+            "decode_tokens_per_s": round((n - 1) / decode_s, 2) if n > 1 and decode_s > 0 else 0.0,
+        }
+        memory = dict(self.method.memory())
+        memory["full_kv_bytes"] = spec.kv_bytes(len(self.context), self.loaded.dtype.itemsize)
+        memory["full_kv_bytes_fp16"] = spec.kv_bytes(len(self.context), 2)
+        return Answer(
+            answer=stream.text.strip(),
+            method=self.method.name,
+            model=self.loaded.model_id,
+            document=self.document_info(),
+            memory=memory,
+            timings=timings,
+            store=self.method.store_info(),
+            zoom=self.method.zoom_trace(),
+            tokens_generated=n,
+        )
+
+    def document_info(self) -> dict[str, Any]:
+        doc = self.document
+        return {
+            "path": str(doc.path),
+            "sha256": doc.sha256,
+            "tokens": self.doc_tokens,
+            "pages": doc.pages,
+        }

@@ -1,0 +1,118 @@
+"""Shared fixtures: tiny random models built in code (no download) and the real default model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Question: what is the name of the keeper? Answer: the keeper is named Orla.",
+    "Document pages hold numbers like 1987, 2024 and 42, dates such as 4 March.",
+    "Budget, staff, policy, security, office, handbook, lighthouse, island, report.",
+] * 20
+TINY = {
+    "llama": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_size=64),
+    "qwen2": dict(num_attention_heads=4, num_key_value_heads=1, hidden_size=64),
+}
+
+
+def build_tokenizer(out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        pad_token="<|im_end|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_tiny_model(out: Path, family: str, window: int = 2048) -> Path:
+    """A 2-layer random model of ``family`` with a real BPE tokenizer, saved to ``out``."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer(out)
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[family]
+    config = config_cls(
+        vocab_size=len(tokenizer),
+        intermediate_size=128,
+        num_hidden_layers=2,
+        max_position_embeddings=window,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        **TINY[family],
+    )
+    torch.manual_seed(0)
+    model_cls(config).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {fam: build_tiny_model(root / fam, fam) for fam in TINY}
+
+
+@pytest.fixture(params=sorted(TINY))
+def tiny_loaded(request, tiny_model_dirs):
+    from sekv_core.models import load_model
+
+    return load_model(str(tiny_model_dirs[request.param]), device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def sekv_home(tmp_path, monkeypatch) -> Path:
+    """Each test gets its own $SEKV_HOME (the default model's converted copy is shared)."""
+    home = tmp_path / "sekv-home"
+    monkeypatch.setenv("SEKV_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def shared_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sekv-shared-home")
+
+
+@pytest.fixture(scope="session")
+def default_model(shared_home):
+    """The real embedded default model, loaded once per test session."""
+    from sekv_core.models import load_model
+
+    old = os.environ.get("SEKV_HOME")
+    os.environ["SEKV_HOME"] = str(shared_home)
+    try:
+        return load_model(None, device="cpu")
+    finally:
+        if old is None:
+            os.environ.pop("SEKV_HOME", None)
+        else:
+            os.environ["SEKV_HOME"] = old

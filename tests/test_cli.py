@@ -1,0 +1,126 @@
+"""The CLI contract: exit codes, `Error:` lines, --json keys (tiny random models, no download)."""
+
+import json
+import re
+
+from fpdf import FPDF
+from typer.testing import CliRunner
+
+from sekv_cli.main import app
+
+runner = CliRunner()
+CONTRACT = {"answer", "method", "model", "document", "memory", "timings", "store", "zoom"}
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def make_pdf(path, pages=None, encrypt=False):
+    pdf = FPDF()
+    if encrypt:
+        pdf.set_encryption(owner_password="owner", user_password="secret")
+    for text in pages or []:
+        pdf.add_page()
+        pdf.set_font("Helvetica", size=12)
+        pdf.multi_cell(0, 8, text)
+    if not pages:
+        pdf.add_page()
+        pdf.rect(20, 20, 80, 60, style="F")  # a drawing, no text: like a scan
+    pdf.output(str(path))
+    return path
+
+
+def bad_inputs(tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n\n ")
+    (tmp_path / "binary.txt").write_bytes(b"\x00\x01\x02PK\x03\x04" * 50)
+    (tmp_path / "corrupt.pdf").write_bytes(b"%PDF-1.4 not really a pdf \x00\xff" * 20)
+    (tmp_path / "notes.docx").write_text("hello")
+    (tmp_path / "folder.md").mkdir()
+    make_pdf(tmp_path / "locked.pdf", ["Secret plans for the harbour."], encrypt=True)
+    make_pdf(tmp_path / "scan.pdf")
+    return {
+        "missing.pdf": "not found|does not exist|no such",
+        "empty.txt": "empty",
+        "binary.txt": "binary|not.*text|UTF-8",
+        "corrupt.pdf": "corrupt|cannot read|unreadable|damaged",
+        "notes.docx": r"\.pdf",
+        "folder.md": "directory",
+        "locked.pdf": "encrypted",
+        "scan.pdf": "no extractable text|image|OCR",
+    }
+
+
+def test_bad_inputs_fail_cleanly(tmp_path, tiny_model_dirs, sekv_home):
+    for name, pattern in bad_inputs(tmp_path).items():
+        result = run("ask", tmp_path / name, "What?", "--model", tiny_model_dirs["llama"])
+        assert result.exit_code == 1, (name, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), (name, result.stderr)
+        assert re.search(pattern, lines[0], flags=re.I), (name, lines[0])
+        assert result.stdout == ""
+    assert not any(sekv_home.glob("stores/*")), "a failed ask must not write a store"
+
+
+def test_document_longer_than_the_window_is_refused(tmp_path, tiny_model_dirs):
+    long = tmp_path / "long.txt"
+    long.write_text(" ".join(f"Entry {i} lies in box {i % 13}." for i in range(2000)))
+    result = run("ask", long, "Where is entry 5?", "--model", tiny_model_dirs["qwen2"])
+    assert result.exit_code == 1
+    assert "reads at most 2,048 tokens" in result.stderr
+
+
+def test_missing_model_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\nThe code word is heron.")
+    result = run("ask", doc, "What is the code word?", "--model", "nobody/absent-model")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: model 'nobody/absent-model' not found")
+
+
+def test_usage_errors_exit_2(tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("Some text.")
+    assert run("ask", doc, "q", "--method", "bogus").exit_code == 2
+    assert run("ask", doc).exit_code == 2
+    assert run("ask", doc, "q", "--budget", "0").exit_code == 2
+
+
+def test_json_contract(tmp_path, tiny_model_dirs):
+    pdf = make_pdf(
+        tmp_path / "two.pdf", ["First page: the vault code is 7781.", "Second page: the end."]
+    )
+    result = run(
+        "ask",
+        pdf,
+        "What is the vault code?",
+        "--json",
+        "--model",
+        tiny_model_dirs["llama"],
+        "--max-new-tokens",
+        "5",
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert CONTRACT <= data.keys()
+    assert data["method"] == "full" and data["zoom"] == []
+    assert data["document"]["pages"] == 2 and data["document"]["tokens"] > 10
+    assert len(data["document"]["sha256"]) == 64
+    mem = data["memory"]
+    assert {"resident_bytes", "offloaded_bytes", "full_kv_bytes"} <= mem.keys()
+    assert mem["full_kv_bytes"] > 0 and mem["resident_bytes"] == mem["full_kv_bytes"]
+    assert {"total_s", "first_token_s"} <= data["timings"].keys()
+    assert {"path", "cache_hit"} <= data["store"].keys()
+    assert 0 < data["tokens_generated"] <= 5
+
+
+def test_plain_output_is_the_answer(tmp_path, tiny_model_dirs):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\nThe code word is heron.")
+    result = run(
+        "ask", doc, "Code word?", "--model", tiny_model_dirs["qwen2"], "--max-new-tokens", "4"
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip()  # the (random) model's answer, nothing else on stdout
+    assert "Error" not in result.stdout

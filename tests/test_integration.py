@@ -1,0 +1,49 @@
+"""The real embedded default model answering questions about the shipped sample documents."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_docs"
+pytestmark = pytest.mark.integration
+
+
+def qa(name: str) -> list[dict]:
+    return json.loads((SAMPLES / name).with_suffix(".qa.json").read_text())
+
+
+@pytest.mark.parametrize("doc", ["handbook.pdf", "lighthouse.md"])
+def test_full_kv_answers_sample_questions(default_model, doc):
+    session = Session(default_model, load_document(SAMPLES / doc), "full")
+    questions = qa(doc)
+    correct, log = 0, []
+    for item in questions[:4]:
+        answer = session.ask(item["question"], max_new_tokens=48)
+        ok = item["answer"].lower() in answer.answer.lower()
+        correct += ok
+        log.append((item["question"], item["answer"], answer.answer, ok))
+        if correct >= 2:
+            break
+    assert correct >= 2, log
+
+
+def test_cli_ask_on_sample_doc(default_model, shared_home):
+    item = qa("lighthouse.md")[0]
+    env = dict(os.environ, SEKV_HOME=str(shared_home))  # reuses the converted default model
+    proc = subprocess.run(
+        [sys.executable, "-m", "sekv_cli", "ask", str(SAMPLES / "lighthouse.md"), item["question"]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert item["answer"].lower() in proc.stdout.lower()
+    assert "Error" not in proc.stderr
