@@ -69,3 +69,31 @@ def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
 
 def print_json(data: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def open_store(file, model: str | None):
+    """Load document and model, then find or build the document's span store (progress on stderr).
+
+    Returns (loaded, document, context, store, cache_hit, seconds).
+    """
+    import time
+
+    from sekv_core.documents import load_document
+    from sekv_core.engine import check_window
+    from sekv_core.prompt import chat_template, encode_context
+    from sekv_core.store import open_or_build
+
+    start = time.perf_counter()
+    document = load_document(file)
+    loaded = load_model_quietly(model)
+    context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+    check_window(loaded, document, context)
+    with prefill_progress(f"Ingesting {document.path.name}") as progress:
+        store, hit = open_or_build(
+            loaded,
+            document,
+            context,
+            progress=progress,
+            warn=lambda msg: err.print(f"[yellow]Warning:[/yellow] {msg}"),
+        )
+    return loaded, document, context, store, hit, time.perf_counter() - start

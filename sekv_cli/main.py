@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .ask import ask
+from .ingest import ingest
 
 app = typer.Typer(
     help="Ask questions about long documents with a local LLM and a resolution-adaptive KV cache.",
@@ -13,6 +14,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command()(ask)
+app.command()(ingest)
 
 
 @app.callback()

@@ -29,7 +29,7 @@ SUPPORTED_SUFFIXES = {".pdf": "pdf", ".txt": "txt", ".md": "md"}
 _HEADER_MAX_CHARS = 100  # running headers/footers are short lines
 
 _SPACES = re.compile(r"[ \t\f\v\u00a0]+")
-_TRAILING_SPACE = re.compile(r"[ \t]+\n")
+_TRAILING_SPACE = re.compile(r" +\n")
 _HYPHEN_BREAK = re.compile(r"(?<=[^\W\d_])-\n(?=[a-z])")
 _MANY_NEWLINES = re.compile(r"\n{3,}")
 _DIGITS = re.compile(r"\d+")
@@ -152,12 +152,6 @@ def _decode_text(raw: bytes, name: str) -> str:
         ) from exc
 
 
-def _pdf_pages(raw: bytes, name: str) -> list[str]:
-    """Extract the text of each page of a PDF, with running headers/footers removed."""
-    with _quiet_pypdf():
-        return _read_pdf(raw, name)
-
-
 @contextmanager
 def _quiet_pypdf() -> Iterator[None]:
     """Hide pypdf's warnings about malformed files: the user gets one error line, not a log."""
@@ -170,27 +164,29 @@ def _quiet_pypdf() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _read_pdf(raw: bytes, name: str) -> list[str]:
+def _pdf_pages(raw: bytes, name: str) -> list[str]:
+    """Extract the text of each page of a PDF, with running headers/footers removed."""
     from pypdf import PdfReader  # imported lazily: only PDFs need it
 
-    try:
-        reader = PdfReader(io.BytesIO(raw))
-    except Exception as exc:  # pypdf raises many types for malformed files
-        raise SekvError(f"cannot read '{name}': not a readable PDF ({_short(exc)})") from exc
-    if reader.is_encrypted:
+    with _quiet_pypdf():
         try:
-            opened = bool(reader.decrypt(""))
-        except Exception:  # e.g. AES without a crypto backend
-            opened = False
-        if not opened:
-            raise SekvError(
-                f"cannot read '{name}': it is encrypted; decrypt it first "
-                "(e.g. qpdf --decrypt in.pdf out.pdf)"
-            )
-    try:
-        texts = [page.extract_text() or "" for page in reader.pages]
-    except Exception as exc:
-        raise SekvError(f"cannot read '{name}': the PDF is damaged ({_short(exc)})") from exc
+            reader = PdfReader(io.BytesIO(raw))
+        except Exception as exc:  # pypdf raises many types for malformed files
+            raise SekvError(f"cannot read '{name}': not a readable PDF ({_short(exc)})") from exc
+        if reader.is_encrypted:
+            try:
+                opened = bool(reader.decrypt(""))  # an empty user password opens many PDFs
+            except Exception:  # e.g. AES without a crypto backend
+                opened = False
+            if not opened:
+                raise SekvError(
+                    f"cannot read '{name}': it is encrypted; decrypt it first "
+                    "(e.g. qpdf --decrypt in.pdf out.pdf)"
+                )
+        try:
+            texts = [page.extract_text() or "" for page in reader.pages]
+        except Exception as exc:
+            raise SekvError(f"cannot read '{name}': the PDF is damaged ({_short(exc)})") from exc
     lines = [_normalise(t).split("\n") for t in texts]
     return ["\n".join(page) for page in _strip_running_lines(lines)]
 
@@ -201,16 +197,11 @@ def _short(exc: Exception) -> str:
     return f"{type(exc).__name__}: {msg[0]}" if msg else type(exc).__name__
 
 
-def _tidy_spaces(text: str) -> str:
-    """Unify line ends, collapse runs of spaces/tabs, drop trailing spaces on each line."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = _SPACES.sub(" ", text)
-    return _TRAILING_SPACE.sub("\n", text).rstrip(" ")
-
-
 def _normalise(text: str) -> str:
     """Tidy whitespace, join words hyphenated across line ends, keep paragraphs."""
-    text = _tidy_spaces(text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _SPACES.sub(" ", text)  # runs of spaces/tabs -> one space
+    text = _TRAILING_SPACE.sub("\n", text)
     text = _HYPHEN_BREAK.sub("", text)
     text = _MANY_NEWLINES.sub("\n\n", text)
     return text.strip()

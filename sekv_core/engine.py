@@ -13,7 +13,7 @@ from .errors import SekvError
 from .methods import METHODS, MethodSettings
 from .methods.base import Progress
 from .models import LoadedModel
-from .prompt import chat_template, encode_context, encode_question
+from .prompt import Context, chat_template, encode_context, encode_question
 
 ANSWER_RESERVE = 32  # tokens kept free for the question and the start of an answer
 
@@ -36,6 +36,18 @@ class Answer:
         return asdict(self)
 
 
+def check_window(loaded: LoadedModel, document: Document, context: Context) -> None:
+    """Refuse documents that do not fit the model's window with room for a question."""
+    window = loaded.spec.window
+    if len(context) + ANSWER_RESERVE > window:
+        tokens = len(context) - context.doc_start
+        raise SekvError(
+            f"{document.path.name!r} is {tokens:,} tokens; {loaded.model_id} reads at most "
+            f"{window:,} tokens including the question and answer; split the document or use "
+            "a model with a longer window"
+        )
+
+
 class Session:
     """Prepares ``document`` for ``method`` once; :meth:`ask` answers questions from it."""
 
@@ -54,13 +66,7 @@ class Session:
         self.template = chat_template(tokenizer)
         self.context = encode_context(tokenizer, self.template, document.text)
         self.doc_tokens = len(self.context) - self.context.doc_start
-        window = loaded.spec.window
-        if len(self.context) + ANSWER_RESERVE > window:
-            raise SekvError(
-                f"{document.path.name!r} is {self.doc_tokens:,} tokens; {loaded.model_id} reads at "
-                f"most {window:,} tokens including the question and answer; split the document "
-                "or use a model with a longer window"
-            )
+        check_window(loaded, document, self.context)
         self.pages = token_pages(document, self.context.offsets)
         self.method = METHODS[method](loaded, self.context, settings or MethodSettings())
         start = time.perf_counter()

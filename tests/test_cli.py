@@ -124,3 +124,31 @@ def test_plain_output_is_the_answer(tmp_path, tiny_model_dirs):
     assert result.exit_code == 0, result.output
     assert result.stdout.strip()  # the (random) model's answer, nothing else on stdout
     assert "Error" not in result.stdout
+
+
+def test_ingest_twice_is_a_cache_hit(tmp_path, tiny_model_dirs, sekv_home):
+    doc = tmp_path / "report.md"
+    doc.write_text(
+        " ".join(f"Line {i}: the {i % 7}th gate opens at {i % 24}:00." for i in range(80))
+    )
+    args = ("ingest", doc, "--json", "--model", tiny_model_dirs["llama"])
+    first = run(*args)
+    assert first.exit_code == 0, first.output
+    data = json.loads(first.stdout)
+    assert data["store"]["cache_hit"] is False
+    assert data["spans"] > 0 and data["tokens"] > data["document"]["tokens"]
+    mem = data["memory"]
+    assert 0 < mem["resident_bytes"] < mem["full_kv_bytes"]
+    assert mem["offloaded_bytes"] > 0
+    assert {"anchors_pct", "span_len"} <= data["stats"].keys()
+    second = json.loads(run(*args).stdout)
+    assert second["store"] == {"path": data["store"]["path"], "cache_hit": True}
+    assert len(list((sekv_home / "stores").iterdir())) == 1
+
+
+def test_ingest_bad_input_writes_nothing(tmp_path, tiny_model_dirs, sekv_home):
+    bad = tmp_path / "empty.md"
+    bad.write_text("")
+    result = run("ingest", bad, "--model", tiny_model_dirs["llama"])
+    assert result.exit_code == 1 and result.stderr.startswith("Error: ")
+    assert not (sekv_home / "stores").exists()

@@ -1,0 +1,82 @@
+"""`sekv ingest`: build (or find) a document's span store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .common import handle_errors, open_store, print_json
+from .render import human_bytes
+
+
+@handle_errors
+def ingest(
+    file: Path = typer.Argument(..., help="Document to ingest: .pdf, .txt or .md."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Hugging Face id or local directory (default: embedded SmolLM2).",
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Read FILE once and save its SeKV span store; later questions start from it."""
+    _, document, context, store, hit, seconds = open_store(file, model)
+    m = store.manifest
+    b, stats = m["bytes"], m["stats"]
+    full = b["full_kv_fp16"]
+    data = {
+        "store": {"path": str(store.path), "cache_hit": hit},
+        "document": {
+            "path": str(document.path),
+            "sha256": document.sha256,
+            "tokens": m["document"]["tokens"],
+            "pages": document.pages,
+        },
+        "model": m["model"]["id"],
+        "tokens": len(context),
+        "spans": stats["spans"],
+        "anchors": stats["anchors"],
+        "sinks": stats["sinks"],
+        "stats": stats,
+        "memory": {
+            "resident_bytes": b["resident"],
+            "offloaded_bytes": b["offloaded"],
+            "full_kv_bytes": full,
+            "full_kv_bytes_fp32": b["full_kv_fp32"],
+            "resident_ratio": round(b["resident"] / full, 4),
+            "offloaded_ratio": round(b["offloaded"] / full, 4),
+        },
+        "timings": {"total_s": round(seconds, 4), **({} if hit else m["timings"])},
+    }
+    if json_out:
+        print_json(data)
+        return
+    table = Table(show_header=False, box=None)
+    mem = data["memory"]
+    rows = [
+        ("store", f"{store.path} ({'cache hit' if hit else 'built'})"),
+        (
+            "tokens",
+            f"{len(context):,} ({m['document']['tokens']:,} document, {document.pages} pages)",
+        ),
+        (
+            "spans",
+            f"{stats['spans']} (length p50 {stats['span_len']['p50']:g}, "
+            f"{stats['span_len']['min']}–{stats['span_len']['max']})",
+        ),
+        ("anchors", f"{stats['anchors']} ({stats['anchors_pct']}%), sinks {stats['sinks']}"),
+        ("resident", f"{human_bytes(b['resident'])} ({mem['resident_ratio']:.1%} of fp16 full KV)"),
+        (
+            "offloaded",
+            f"{human_bytes(b['offloaded'])} ({mem['offloaded_ratio']:.1%} of fp16 full KV)",
+        ),
+        ("full KV", f"{human_bytes(full)} fp16, {human_bytes(b['full_kv_fp32'])} fp32"),
+        ("time", f"{seconds:.2f} s"),
+    ]
+    for k, v in rows:
+        table.add_row(f"[bold]{k}[/bold]", v)
+    Console().print(table)

@@ -1,0 +1,326 @@
+"""The span store on disk: one directory per (document, model, settings) under $SEKV_HOME/stores.
+
+Files (safetensors, never pickle) and what they hold:
+
+- ``resident.safetensors`` — the device tier: K/V of sinks and anchors, span summaries, span
+  bounds and the per-span offset/rank tables of the bases;
+- ``offload.safetensors`` — the offload tier: flat fp16 low-rank factors of every span's keys and
+  values; memory-mapped, sliced per zoom, never read whole;
+- ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets);
+- ``manifest.json`` — format version, model id + fingerprint, tokenizer, settings, document,
+  sha256 + size of every file, per-tier bytes, statistics. Written last.
+
+A store is built in a temporary sibling directory and renamed into place, so an interrupted build
+never leaves a directory that loads. Loading verifies format, model, document, settings and
+checksums; :func:`open_or_build` rebuilds (with a warning) any store that fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from .basis import BASIS_DTYPE, factorize, gather_spans, summarize
+from .documents import Document, token_pages
+from .errors import SekvError
+from .methods.base import Progress
+from .models import LoadedModel
+from .paths import sekv_home
+from .prefill import prefill
+from .prompt import Context
+from .segment import ANCHOR, SINK, SegmentSettings, segment
+
+FORMAT = "sekv-span-store"
+FORMAT_VERSION = 1
+FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Everything that changes a store's content (part of its key)."""
+
+    segment: SegmentSettings = field(default_factory=SegmentSettings)
+    key_energy: float = 0.90  # spectrum share kept by the key bases
+    value_energy: float = 0.90  # spectrum share kept by the value bases
+    prefill_chunk: int = 512
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class StoreInvalid(Exception):
+    """A store on disk that must not be used (reason in the message)."""
+
+
+@dataclass
+class SpanStore:
+    """A loaded (verified) span store."""
+
+    path: Path
+    manifest: dict[str, Any]
+    resident: dict[str, torch.Tensor]
+    trace: dict[str, torch.Tensor]
+    _offload: Any = None  # safe_open handle: memory-mapped, sliced on demand
+
+    @property
+    def offload(self) -> Any:
+        if self._offload is None:
+            self._offload = safe_open(self.path / "offload.safetensors", framework="pt")
+        return self._offload
+
+    def offload_slice(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Elements [start, stop) of a flat offload buffer (reads only those bytes)."""
+        return self.offload.get_slice(name)[start:stop]
+
+    @property
+    def n_spans(self) -> int:
+        return int(self.resident["span_starts"].numel())
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        return self.manifest["bytes"]
+
+
+def store_key(
+    loaded: LoadedModel, document: Document, context: Context, settings: StoreSettings
+) -> str:
+    """Directory name: hash of document, model fingerprint, prompt tokens, settings, format."""
+    h = hashlib.sha256()
+    for part in (
+        FORMAT,
+        str(FORMAT_VERSION),
+        document.sha256,
+        loaded.fingerprint,
+        json.dumps(settings.to_dict(), sort_keys=True),
+    ):
+        h.update(part.encode() + b"\0")
+    h.update(np.asarray(context.ids, dtype=np.int64).tobytes())
+    return f"{document.sha256[:12]}-{h.hexdigest()[:20]}"
+
+
+def open_or_build(
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings | None = None,
+    progress: Progress | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[SpanStore, bool]:
+    """Load the document's store if a valid one exists, else build it. Returns (store, cache_hit).
+
+    A stale, foreign or corrupt store is rebuilt, and ``warn`` is told why.
+    """
+    settings = settings or StoreSettings()
+    path = sekv_home() / "stores" / store_key(loaded, document, context, settings)
+    if path.exists():
+        try:
+            return load_store(path, loaded, document, settings), True
+        except StoreInvalid as exc:
+            if warn:
+                warn(f"rebuilding the span store at {path}: {exc}")
+    build_store(path, loaded, document, context, settings, progress)
+    return load_store(path, loaded, document, settings), False
+
+
+def load_store(
+    path: Path, loaded: LoadedModel, document: Document, settings: StoreSettings
+) -> SpanStore:
+    """Load and verify a store; raise :class:`StoreInvalid` if it must not be used."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise StoreInvalid(f"manifest unreadable ({exc})") from None
+    expect = {
+        ("format",): FORMAT,
+        ("version",): FORMAT_VERSION,
+        ("model", "fingerprint"): loaded.fingerprint,
+        ("document", "sha256"): document.sha256,
+        ("settings",): json.loads(json.dumps(settings.to_dict())),
+    }
+    for keys, value in expect.items():
+        found: Any = manifest
+        for k in keys:
+            found = found.get(k) if isinstance(found, dict) else None
+        if found != value:
+            raise StoreInvalid(f"{'.'.join(keys)} is {found!r}, expected {value!r}")
+    for name in FILES:
+        meta = manifest.get("files", {}).get(name, {})
+        file = path / name
+        if not file.is_file() or file.stat().st_size != meta.get("bytes"):
+            raise StoreInvalid(f"{name} missing or truncated")
+        if _sha256(file) != meta.get("sha256"):
+            raise StoreInvalid(f"{name} checksum mismatch (corrupt)")
+    try:
+        resident = load_file(path / "resident.safetensors")
+        trace = load_file(path / "trace.safetensors")
+    except Exception as exc:  # safetensors raises its own error types
+        raise StoreInvalid(f"unreadable tensors ({exc})") from None
+    device, dtype = loaded.device, loaded.dtype
+    for name in ("fixed_k", "fixed_v", "summary_k", "summary_v"):
+        resident[name] = resident[name].to(device=device, dtype=dtype)
+    return SpanStore(path, manifest, resident, trace)
+
+
+def build_store(
+    path: Path,
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+    progress: Progress | None = None,
+) -> None:
+    """Prefill, segment, factorise and write a store atomically at ``path``."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    pre = prefill(loaded.model, context.ids, settings.prefill_chunk, progress)
+    timings["prefill_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    seg = segment(pre.surprisal, context.doc_start, settings.segment)
+    starts, ends = torch.from_numpy(seg.starts), torch.from_numpy(seg.ends)
+    lengths = ends - starts
+    fixed = torch.from_numpy(np.flatnonzero(seg.roles != 2))  # sinks + anchors, ascending
+    keys, values = pre.keys.float(), pre.values.float()  # (L, H, T, D)
+    k_blocks = gather_spans(keys, starts, ends)  # (L, H, N, M, D)
+    v_blocks = gather_spans(values, starts, ends)
+    weights = gather_spans(torch.from_numpy(pre.surprisal)[:, None], starts, ends)[..., 0]
+    summary_k, summary_v = summarize(k_blocks, v_blocks, weights, lengths)
+    timings["segment_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    kb = factorize(k_blocks, lengths, settings.key_energy)
+    vb = factorize(v_blocks, lengths, settings.value_energy)
+    timings["basis_s"] = time.perf_counter() - t0
+
+    resident = {
+        "fixed_pos": fixed,
+        "fixed_k": keys[:, :, fixed].to(BASIS_DTYPE),
+        "fixed_v": values[:, :, fixed].to(BASIS_DTYPE),
+        "span_starts": starts,
+        "span_ends": ends,
+        "summary_k": summary_k.to(BASIS_DTYPE),
+        "summary_v": summary_v.to(BASIS_DTYPE),
+        **kb.tables("k"),
+        **vb.tables("v"),
+    }
+    offload = {"k_coef": kb.coef, "k_basis": kb.basis, "v_coef": vb.coef, "v_basis": vb.basis}
+    doc_offsets = np.full((len(context), 2), -1, dtype=np.int32)
+    doc_offsets[context.doc_start :] = np.asarray(context.offsets, dtype=np.int32).reshape(-1, 2)
+    pages = np.ones(len(context), dtype=np.int32)
+    pages[context.doc_start :] = token_pages(document, context.offsets)
+    trace = {
+        "token_ids": torch.tensor(context.ids, dtype=torch.int64),
+        "surprisal": torch.from_numpy(pre.surprisal),
+        "roles": torch.from_numpy(seg.roles),
+        "pages": torch.from_numpy(pages),
+        "offsets": torch.from_numpy(doc_offsets),
+    }
+    spec = loaded.spec
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": {"id": loaded.model_id, "fingerprint": loaded.fingerprint, "spec": asdict(spec)},
+        "tokenizer": {
+            "class": type(loaded.tokenizer).__name__,
+            "vocab_size": len(loaded.tokenizer),
+        },
+        "settings": settings.to_dict(),
+        "document": {
+            "path": str(document.path),
+            "sha256": document.sha256,
+            "tokens": len(context) - context.doc_start,
+            "pages": document.pages,
+            "context_tokens": len(context),
+            "doc_start": context.doc_start,
+        },
+        "bytes": {
+            "resident": _nbytes(resident),
+            "offloaded": _nbytes(offload),
+            "trace": _nbytes(trace),
+            "full_kv_fp16": spec.kv_bytes(len(context), 2),
+            "full_kv_fp32": spec.kv_bytes(len(context), 4),
+        },
+        "stats": {
+            **seg.stats(),
+            "key_rank_mean": round(float(kb.rank[~kb.raw].float().mean()), 2)
+            if (~kb.raw).any()
+            else None,
+            "value_rank_mean": round(float(vb.rank[~vb.raw].float().mean()), 2)
+            if (~vb.raw).any()
+            else None,
+            "raw_share": round(float(torch.cat([kb.raw, vb.raw]).float().mean()), 4),
+        },
+        "timings": {k: round(v, 4) for k, v in timings.items()},
+    }
+    _write_atomically(
+        path,
+        {
+            "resident.safetensors": resident,
+            "offload.safetensors": offload,
+            "trace.safetensors": trace,
+        },
+        manifest,
+    )
+
+
+def _write_atomically(
+    path: Path, files: dict[str, dict[str, torch.Tensor]], manifest: dict
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        manifest["files"] = {}
+        for name, tensors in files.items():
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
+            manifest["files"][name] = {
+                "sha256": _sha256(tmp / name),
+                "bytes": (tmp / name).stat().st_size,
+            }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        if path.exists():  # a stale or corrupt store being replaced
+            trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+            os.replace(path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def roles_summary(store: SpanStore) -> dict[str, int]:
+    roles = store.trace["roles"]
+    return {"sinks": int((roles == SINK).sum()), "anchors": int((roles == ANCHOR).sum())}
+
+
+def require_store(path: Path) -> dict[str, Any]:
+    """The manifest of a store directory, or an actionable error."""
+    try:
+        return json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        raise SekvError(f"no valid span store at {path}; run `sekv ingest` first") from None

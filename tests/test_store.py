@@ -1,0 +1,135 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sekv_core.documents import load_document
+from sekv_core.models import load_model
+from sekv_core.prompt import chat_template, encode_context
+from sekv_core.store import FILES, StoreSettings, load_store, open_or_build
+
+TEXT = "\n\n".join(
+    f"Section {i}. The {w} vault on floor {i % 9} holds crate {i * 37 % 101} of copper."
+    for i, w in enumerate(["north", "south", "old", "new", "red", "blue"] * 8)
+)
+
+
+def prepare(loaded, tmp_path, text=TEXT):
+    doc_path = tmp_path / "doc.md"
+    doc_path.write_text(text)
+    document = load_document(doc_path)
+    context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+    return document, context
+
+
+def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
+    document, context = prepare(tiny_loaded, tmp_path)
+    store, hit = open_or_build(tiny_loaded, document, context)
+    assert not hit and store.path.parent == sekv_home / "stores"
+    again, hit = open_or_build(tiny_loaded, document, context)
+    assert hit and again.path == store.path
+    on_disk = load_file(store.path / "resident.safetensors")
+    for name, tensor in on_disk.items():
+        assert torch.equal(again.resident[name].to(tensor.dtype).cpu(), tensor), name
+    m = store.manifest
+    assert m["model"]["fingerprint"] == tiny_loaded.fingerprint
+    assert m["document"]["sha256"] == document.sha256
+    assert set(m["files"]) == set(FILES)
+    assert m["bytes"]["resident"] < m["bytes"]["full_kv_fp16"]
+    # offloaded tier: sliced from the memory-mapped file, equal to what was written
+    flat = load_file(store.path / "offload.safetensors")["k_coef"]
+    assert torch.equal(store.offload_slice("k_coef", 5, 50), flat[5:50])
+    # every token role partition is stored and consistent with the span table
+    roles = store.trace["roles"]
+    assert len(roles) == len(context)
+    assert int((roles == 2).sum()) == int(
+        (store.resident["span_ends"] - store.resident["span_starts"]).sum()
+    )
+
+
+@pytest.mark.parametrize("target", ["offload.safetensors", "resident.safetensors", "manifest.json"])
+def test_flipped_byte_is_detected_and_rebuilt(tiny_model_dirs, tmp_path, target):
+    loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    document, context = prepare(loaded, tmp_path)
+    store, _ = open_or_build(loaded, document, context)
+    path = store.path / target
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2 if target != "manifest.json" else data.index(b'"sha256"') + 12
+    data[middle] ^= 0x01
+    path.write_bytes(bytes(data))
+    warnings = []
+    rebuilt, hit = open_or_build(loaded, document, context, warn=warnings.append)
+    assert not hit and len(warnings) == 1, warnings
+    assert "rebuilding" in warnings[0]
+    # the rebuilt store verifies
+    load_store(rebuilt.path, loaded, document, StoreSettings())
+
+
+def test_store_of_another_model_is_not_used(tiny_model_dirs, tmp_path):
+    llama = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    qwen = load_model(str(tiny_model_dirs["qwen2"]), device="cpu")
+    document, context = prepare(llama, tmp_path)
+    store, _ = open_or_build(llama, document, context)
+    from sekv_core.store import StoreInvalid
+
+    with pytest.raises(StoreInvalid, match="fingerprint"):
+        load_store(store.path, qwen, document, StoreSettings())
+    # and the other model gets a store of its own
+    other, hit = open_or_build(qwen, document, context)
+    assert not hit and other.path != store.path
+
+
+def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv_home):
+    """SIGKILL the process while it writes the store's files: no store directory appears."""
+    doc = tmp_path / "doc.md"
+    doc.write_text(TEXT)
+    script = textwrap.dedent(f"""
+        import os, signal
+        import sekv_core.store as store
+        real = store.save_file
+        def save_then_die(tensors, path):
+            real(tensors, path)
+            os.kill(os.getpid(), signal.SIGKILL)  # after the first file, mid-store
+        store.save_file = save_then_die
+        from sekv_core.documents import load_document
+        from sekv_core.models import load_model
+        from sekv_core.prompt import chat_template, encode_context
+        loaded = load_model({str(tiny_model_dirs["llama"])!r}, device="cpu")
+        document = load_document({str(doc)!r})
+        ctx = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+        store.open_or_build(loaded, document, ctx)
+    """)
+    env = dict(os.environ, SEKV_HOME=str(sekv_home))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
+    assert proc.returncode == -9, proc.stderr.decode()
+    stores = sekv_home / "stores"
+    assert [p for p in stores.iterdir() if not p.name.startswith(".tmp-")] == []
+    # a later ingest builds a fresh, valid store
+    loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    document = load_document(doc)
+    ctx = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+    store, hit = open_or_build(loaded, document, ctx)
+    assert not hit and json.loads((store.path / "manifest.json").read_text())["version"] == 1
+
+
+def test_interrupted_write_cleans_up(tiny_loaded, tmp_path, sekv_home, monkeypatch):
+    import sekv_core.store as store_mod
+
+    document, context = prepare(tiny_loaded, tmp_path)
+    real, calls = store_mod.save_file, []
+
+    def flaky(tensors, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(tensors, path)
+
+    monkeypatch.setattr(store_mod, "save_file", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        open_or_build(tiny_loaded, document, context)
+    assert list((sekv_home / "stores").iterdir()) == []
