@@ -129,7 +129,7 @@ def test_plain_output_is_the_answer(tmp_path, tiny_model_dirs):
 def test_ingest_twice_is_a_cache_hit(tmp_path, tiny_model_dirs, sekv_home):
     doc = tmp_path / "report.md"
     doc.write_text(
-        " ".join(f"Line {i}: the {i % 7}th gate opens at {i % 24}:00." for i in range(80))
+        " ".join(f"Line {i}: the {i % 7}th gate opens at {i % 24}:00." for i in range(25))
     )
     args = ("ingest", doc, "--json", "--model", tiny_model_dirs["llama"])
     first = run(*args)
