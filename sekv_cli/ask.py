@@ -12,7 +12,7 @@ from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.methods import METHODS, MethodSettings
 
-from .common import handle_errors, load_model_quietly, prefill_progress, print_json
+from .common import handle_errors, load_model_quietly, prefill_progress, print_json, warn
 
 
 @handle_errors
@@ -25,9 +25,12 @@ def ask(
         "-m",
         help="Hugging Face id or local directory (default: embedded SmolLM2).",
     ),
-    method: str = typer.Option("full", "--method", help=f"One of: {', '.join(METHODS)}."),
+    method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
     budget: int | None = typer.Option(
-        None, "--budget", min=1, help="Token-level KV budget in tokens (methods with spans)."
+        None,
+        "--budget",
+        min=1,
+        help="Tokens reconstructed per layer and KV head when zooming (sekv; default 256).",
     ),
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
@@ -41,7 +44,8 @@ def ask(
     loaded = load_model_quietly(model)
     load_s = time.perf_counter() - start
     with prefill_progress(f"Reading {file.name}") as progress:
-        session = Session(loaded, document, method, MethodSettings(budget=budget), progress)
+        settings = MethodSettings(budget=budget, warn=warn)
+        session = Session(loaded, document, method, settings, progress)
 
     def stream(delta: str) -> None:
         sys.stdout.write(delta)

@@ -41,6 +41,10 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def warn(message: str) -> None:
+    err.print(f"[yellow]Warning:[/yellow] {message}")
+
+
 def load_model_quietly(name: str | None):
     from sekv_core.models import load_model
 
@@ -94,6 +98,6 @@ def open_store(file, model: str | None):
             document,
             context,
             progress=progress,
-            warn=lambda msg: err.print(f"[yellow]Warning:[/yellow] {msg}"),
+            warn=warn,
         )
     return loaded, document, context, store, hit, time.perf_counter() - start

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .ask import ask
+from .bench import bench_app
 from .ingest import ingest
 
 app = typer.Typer(
@@ -15,6 +16,7 @@ app = typer.Typer(
 )
 app.command()(ask)
 app.command()(ingest)
+app.add_typer(bench_app, name="bench")
 
 
 @app.callback()

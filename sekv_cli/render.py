@@ -8,6 +8,7 @@ from rich.table import Table
 from sekv_core.engine import Answer
 
 out = Console()
+SHOWN = 8  # spans listed in the terminal (all are in --json)
 
 
 def human_bytes(n: int) -> str:
@@ -23,20 +24,36 @@ def print_zoom(result: Answer) -> None:
     if not result.zoom:
         out.print(f"[dim]No spans zoomed (method {result.method} keeps token-level KV).[/dim]")
     else:
-        table = Table(title="Zoomed spans")
-        for col in ("span", "page", "tokens", "layers×heads", "score / threshold", "preview"):
-            table.add_column(col)
-        for z in result.zoom:
+        table = Table(title="Zoomed spans, by the attention they received", expand=True)
+        table.add_column("span", justify="right")
+        table.add_column("page", justify="right")
+        table.add_column("tokens", no_wrap=True)
+        table.add_column("attn", justify="right")
+        table.add_column("layers/heads", justify="right")
+        table.add_column("score / thr", no_wrap=True)
+        table.add_column("preview", min_width=30, ratio=1)
+        for z in result.zoom[:SHOWN]:
             table.add_row(
                 str(z["span"]),
                 str(z.get("page", "")),
                 f"{z['start']}–{z['end']}",
-                str(z.get("heads", "")),
-                f"{z.get('score', 0):.2f} / {z.get('threshold', 0):.2f}",
+                f"{z['attention']:.1%}",
+                f"{z['layers']}/{z['heads']}",
+                f"{z['score']:.1f} / {z['threshold']:.1f}",
                 z.get("preview", ""),
             )
         out.print(table)
+        if len(result.zoom) > SHOWN:
+            out.print(
+                f"[dim]… and {len(result.zoom) - SHOWN} more spans zoomed less (--json)[/dim]"
+            )
+    if result.routing:
+        r = result.routing
+        out.print(
+            f"routing: {r['router']} router, budget {r['budget']} tokens per layer and head, "
+            f"margin {r['margin']:g}; at most {r['zoomed_tokens_max']} tokens zoomed"
+        )
     out.print(
-        f"memory: resident {human_bytes(mem['resident_bytes'])}, offloaded "
+        f"memory: resident {human_bytes(mem['resident_bytes'])} (incl. zoom peak), offloaded "
         f"{human_bytes(mem['offloaded_bytes'])}, full KV {human_bytes(mem['full_kv_bytes'])}"
     )

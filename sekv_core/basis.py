@@ -1,7 +1,7 @@
 """Span summaries and low-rank SVD bases of span keys / values, packed flat for the offload tier.
 
 For a span S with token-level matrix X (|S| x d) of one layer and KV head, X = U diag(s) V^T
-(V and s^2 from the eigendecomposition of the d x d Gram matrix X^T X).
+(from the eigendecomposition of the smaller Gram matrix, X X^T or X^T X).
 The stored factorisation keeps ``coef = U_r diag(s_r)`` (|S| x r) and ``basis = V_r^T`` (r x d),
 with r the smallest rank holding ``energy`` of the spectrum's squared mass. Storage r(|S| + d)
 numbers; when that is not smaller than |S| d the span is stored raw (``coef = X``, no basis).
@@ -77,24 +77,41 @@ def summarize(
     return summary_k, summary_v
 
 
+def key_sketch(keys: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing sketch: every span key projected on its head's top ``dim`` principal directions.
+
+    keys : (L, H, S, D) span-token keys. Returns the projection (L, H, D, dim) (uncentred: the
+    mean direction of keys matters for logits) and the sketch (L, H, S, dim), so that
+    q . k ~= (q P) . (k P) for the spans' keys.
+    """
+    _, vecs = torch.linalg.eigh(keys.transpose(-1, -2) @ keys)  # (L, H, D, D) ascending
+    proj = vecs[..., -dim:].flip(-1)  # (L, H, D, dim)
+    return proj, keys @ proj
+
+
+def quantize_sketch(sketch: torch.Tensor) -> dict[str, torch.Tensor]:
+    """int8 sketch (L, H, S, R) with one fp16 scale per (layer, head, dim): 4x smaller than fp32."""
+    scale = sketch.abs().amax(dim=2).clamp(min=1e-6) / 127  # (L, H, R)
+    q = (sketch / scale[:, :, None]).round().clamp(-127, 127).to(torch.int8)
+    return {"sketch": q, "sketch_scale": scale.to(BASIS_DTYPE)}
+
+
 def factorize(blocks: torch.Tensor, lengths: torch.Tensor, energy: float) -> PackedBasis:
     """Adaptive-rank SVD of padded span blocks (L, H, N, M, D); see the module docstring."""
     L, H, N, M, D = blocks.shape
     coef_parts, basis_parts, ranks, raws = [], [], [], []
     rows = torch.arange(M)[None, None, :, None] < lengths[None, :, None, None]  # (1, N, M, 1)
+    widths = _bucket_widths(lengths, M)  # (N,)
     for layer in range(L):  # one batched solve per layer bounds memory; batched over heads, spans
         x = blocks[layer].float()  # (H, N, M, D)
-        # right singular vectors and s^2 from the D x D Gram matrix (2x faster than svd here)
-        evals, evecs = torch.linalg.eigh(x.transpose(-1, -2) @ x)  # (H, N, D), (H, N, D, D)
-        s2, v = evals.flip(-1).clamp(min=0), evecs.flip(-1)  # descending
+        s2, us, vh = _spectrum(x, widths)
         share = s2.cumsum(-1) / s2.sum(-1, keepdim=True).clamp(min=1e-12)
         rank = ((share < energy).sum(-1) + 1).clamp(max=D)  # (H, N)
         raw = rank * (lengths + D) >= lengths * D  # factorisation not smaller than raw
         rank = torch.where(raw, torch.full_like(rank, D), rank)
-        coef_full = torch.where(raw[..., None, None], x, x @ v)  # x @ v = U diag(s)
+        coef_full = torch.where(raw[..., None, None], x, us)
         cols = torch.arange(D)[None, None, None, :] < rank[..., None, None]  # (H, N, 1, D)
         coef_parts.append(coef_full[rows & cols].to(BASIS_DTYPE))  # row-major |S| x r blocks
-        vh = v.transpose(-1, -2)  # (H, N, D, D): row i is the i-th basis vector
         brows = torch.arange(D)[None, None, :, None] < torch.where(raw, 0, rank)[..., None, None]
         basis_parts.append(vh[brows.expand_as(vh)].to(BASIS_DTYPE))  # row-major r x D blocks
         ranks.append(rank)
@@ -111,6 +128,42 @@ def factorize(blocks: torch.Tensor, lengths: torch.Tensor, energy: float) -> Pac
         coef_off=_exclusive_cumsum(coef_size),
         basis_off=_exclusive_cumsum(basis_size),
     )
+
+
+def _bucket_widths(lengths: torch.Tensor, most: int) -> torch.Tensor:
+    """Padded width per span: the next power of two >= its length (at most ``most``)."""
+    pow2 = 2 ** torch.ceil(torch.log2(lengths.clamp(min=1).double())).long()
+    return pow2.clamp(max=most)
+
+
+def _spectrum(
+    x: torch.Tensor, widths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """s^2, U diag(s) and V^T of each (head, span) block, padded to D, spectrum descending.
+
+    x : (H, N, M, D). Spans are solved in buckets of equal padded width w: through the w x w
+    Gram matrix X X^T when w < D (eigh costs w^3), else through the D x D matrix X^T X.
+    Returns s2 (H, N, D), us (H, N, M, D), vh (H, N, D, D).
+    """
+    H, N, M, D = x.shape
+    s2, us, vh = x.new_zeros(H, N, D), x.new_zeros(H, N, M, D), x.new_zeros(H, N, D, D)
+    for w in widths.unique().tolist():  # a handful of buckets, each one batched solve
+        idx = torch.nonzero(widths == w)[:, 0]
+        xb = x[:, idx, :w]  # (H, n, w, D)
+        if w < D:
+            ev, u = torch.linalg.eigh(xb @ xb.transpose(-1, -2))  # (H, n, w), (H, n, w, w)
+            ev, u = ev.flip(-1).clamp(min=0), u.flip(-1)
+            sv = ev.sqrt()
+            s2[:, idx, :w] = ev
+            us[:, idx, :w, :w] = u * sv[..., None, :]
+            vh[:, idx, :w] = (u.transpose(-1, -2) @ xb) / sv.clamp(min=1e-12)[..., None]
+        else:
+            ev, v = torch.linalg.eigh(xb.transpose(-1, -2) @ xb)  # (H, n, D), (H, n, D, D)
+            ev, v = ev.flip(-1).clamp(min=0), v.flip(-1)
+            s2[:, idx] = ev
+            us[:, idx, :w] = xb @ v
+            vh[:, idx] = v.transpose(-1, -2)
+    return s2, us, vh
 
 
 def _exclusive_cumsum(sizes: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ class Answer:
     timings: dict[str, float]
     store: dict[str, Any]
     zoom: list[dict[str, Any]] = field(default_factory=list)
+    routing: dict[str, Any] = field(default_factory=dict)
     tokens_generated: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -55,7 +56,7 @@ class Session:
         self,
         loaded: LoadedModel,
         document: Document,
-        method: str = "full",
+        method: str = "sekv",
         settings: MethodSettings | None = None,
         progress: Progress | None = None,
     ) -> None:
@@ -68,7 +69,7 @@ class Session:
         self.doc_tokens = len(self.context) - self.context.doc_start
         check_window(loaded, document, self.context)
         self.pages = token_pages(document, self.context.offsets)
-        self.method = METHODS[method](loaded, self.context, settings or MethodSettings())
+        self.method = METHODS[method](loaded, document, self.context, settings or MethodSettings())
         start = time.perf_counter()
         self.method.prepare(progress)
         self.prepare_s = time.perf_counter() - start
@@ -122,6 +123,7 @@ class Session:
             timings=timings,
             store=self.method.store_info(),
             zoom=self.method.zoom_trace(),
+            routing=self.method.routing(),
             tokens_generated=n,
         )
 

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from sekv_core.basis import factorize, gather_spans, reconstruct, summarize
@@ -26,8 +27,9 @@ def unpack(pb, x, starts, ends, prefix="k"):
     return out
 
 
-def test_full_rank_reconstructs_exactly():
-    x, starts, ends = spans_data()
+@pytest.mark.parametrize("dim", [16, 64])
+def test_full_rank_reconstructs_exactly(dim):
+    x, starts, ends = spans_data(D=dim)
     pb = factorize(gather_spans(x, starts, ends), ends - starts, energy=1.0)
     rec = unpack(pb, x, starts, ends)
     assert torch.allclose(rec, x, atol=5e-3 * x.abs().max(), rtol=0)  # fp16 storage

@@ -10,7 +10,7 @@ def test_full_kv_matches_generate(tiny_loaded):
     tok, model = tiny_loaded.tokenizer, tiny_loaded.model
     tpl = chat_template(tok)
     ctx = encode_context(tok, tpl, DOC)
-    method = FullKV(tiny_loaded, ctx, MethodSettings(prefill_chunk=64))  # several chunks
+    method = FullKV(tiny_loaded, None, ctx, MethodSettings(prefill_chunk=64))  # several chunks
     method.prepare()
     for question in ("Where is item 3?", "Which room holds item 12?"):
         q = encode_question(tok, tpl, question)
@@ -26,7 +26,7 @@ def test_each_question_starts_from_the_document(tiny_loaded):
     tok = tiny_loaded.tokenizer
     tpl = chat_template(tok)
     ctx = encode_context(tok, tpl, DOC)
-    method = FullKV(tiny_loaded, ctx, MethodSettings())
+    method = FullKV(tiny_loaded, None, ctx, MethodSettings())
     method.prepare()
     q = encode_question(tok, tpl, "Where is item 3?")
     first = list(method.generate(q, 8))

@@ -2,7 +2,8 @@
 
 from .base import Method, MethodSettings
 from .full import FullKV
+from .sekv import SeKV
 
-METHODS: dict[str, type[Method]] = {FullKV.name: FullKV}
+METHODS: dict[str, type[Method]] = {SeKV.name: SeKV, FullKV.name: FullKV}
 
-__all__ = ["METHODS", "Method", "MethodSettings", "FullKV"]
+__all__ = ["METHODS", "Method", "MethodSettings", "FullKV", "SeKV"]

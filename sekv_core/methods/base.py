@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..documents import Document
 from ..models import LoadedModel
 from ..prompt import Context
 
@@ -18,8 +19,12 @@ Progress = Callable[[int, int], None]
 class MethodSettings:
     """Settings shared by methods; each method reads the ones it understands."""
 
-    budget: int | None = None  # tokens of token-level KV allowed beyond the always-kept ones
+    budget: int | None = None  # reconstructed tokens allowed per (layer, KV head)
     prefill_chunk: int = 512
+    router: str = "sketch"
+    use_summaries: bool = True
+    measure_recall: bool = False  # run the oracle router alongside and report routing recall
+    warn: Callable[[str], None] | None = None  # told about stale stores being rebuilt
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -32,8 +37,11 @@ class Method(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, loaded: LoadedModel, context: Context, settings: MethodSettings) -> None:
+    def __init__(
+        self, loaded: LoadedModel, document: Document, context: Context, settings: MethodSettings
+    ) -> None:
         self.loaded = loaded
+        self.document = document
         self.context = context
         self.settings = settings
 
@@ -51,6 +59,10 @@ class Method(ABC):
     def zoom_trace(self) -> list[dict[str, Any]]:
         """Spans zoomed for the last answer (empty for methods without spans)."""
         return []
+
+    def routing(self) -> dict[str, Any]:
+        """How the last answer routed (router, budget, recall vs the oracle); empty if n/a."""
+        return {}
 
     def store_info(self) -> dict[str, Any]:
         """Where the method's persistent memory lives, and whether it was a cache hit."""

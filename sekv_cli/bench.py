@@ -1,0 +1,37 @@
+"""`sekv bench …`: benchmarks that print side-by-side figures (never asserted in tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .common import handle_errors, load_model_quietly, print_json
+
+bench_app = typer.Typer(
+    help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True
+)
+
+
+@bench_app.command("ingest")
+@handle_errors
+def ingest_bench(
+    files: list[Path] = typer.Argument(..., help="Documents to ingest."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model id or directory."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Span-store build vs plain full-KV prefill: time ratio, resident and stored bytes."""
+    from sekv_core.bench.ingest import bench_ingest
+
+    rows = bench_ingest(load_model_quietly(model), files)
+    if json_out:
+        print_json({"ingest": rows})
+        return
+    table = Table(title="ingest vs full-KV prefill (ratios: resident & stored vs fp16 full KV)")
+    for col in rows[0]:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    Console().print(table)

@@ -1,0 +1,191 @@
+"""`sekv inspect`: show how a document was cut into spans, what each span costs, and where."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from sekv_core.errors import SekvError
+from sekv_core.html_report import INK, SCALE, render_html, scale_top
+from sekv_core.report import build_report
+
+from .common import err, handle_errors, open_store, print_json
+from .render import human_bytes
+
+TEXT_LIMIT = 4000  # document tokens shown on the terminal; the table always lists every span
+SPAN_MARK = "│"
+
+
+@handle_errors
+def inspect(
+    file: Path = typer.Argument(..., help="Document to inspect: .pdf, .txt or .md."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Hugging Face id or local directory (default: embedded SmolLM2).",
+    ),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print the whole report (spans, tokens, bytes) as one JSON object."
+    ),
+    html_out: Path | None = typer.Option(
+        None,
+        "--html",
+        metavar="OUT",
+        help="Write a self-contained HTML page of the report to OUT (no network needed).",
+    ),
+) -> None:
+    """Show FILE's span segmentation: text coloured by surprisal, spans, anchors, ranks, bytes."""
+    if html_out is not None:
+        _check_writable(html_out)
+    loaded, document, _, store, _, _ = open_store(file, model)
+    report = build_report(store, document, loaded.tokenizer)
+    if html_out is not None:
+        write_atomically(html_out, render_html(report))
+        err.print(f"wrote {html_out}", highlight=False, soft_wrap=True)
+    if json_out:
+        print_json(report)
+        return
+    out = Console()
+    out.print(_header(report), highlight=False)
+    if html_out is None:
+        out.print(_text(report, plain=out.color_system is None))
+        out.print(_table(report))
+    out.print(_summary(report), highlight=False)
+
+
+def write_atomically(path: Path, content: str) -> None:
+    """Write ``content`` to ``path`` via a temporary sibling file and a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise SekvError(f"cannot write '{path}': {exc.strerror or exc}") from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before the (slow) model work if the HTML cannot be written."""
+    if path.is_dir():
+        raise SekvError(f"cannot write '{path}': it is a directory; pass a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        raise SekvError(f"cannot write '{path}': no such directory '{parent}'")
+    if not os.access(parent, os.W_OK):
+        raise SekvError(f"cannot write '{path}': permission denied")
+
+
+def _header(report: dict[str, Any]) -> str:
+    doc, st = report["document"], report["stats"]
+    sl = st["span_len"]
+    return (
+        f"[bold]{doc['name']}[/bold] · {report['model']} · {_n(doc['tokens'], 'token')}, "
+        f"{_n(doc['pages'], 'page')} · {_n(st['spans'], 'span')} "
+        f"(length p50 {sl['p50']:g}, {sl['min']}–{sl['max']}) · {_n(st['anchors'], 'anchor')} "
+        f"({st['anchors_pct']:g}%) · threshold {st['threshold_nats']:.2f} nats"
+    )
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def _text(report: dict[str, Any], plain: bool = False) -> Text:
+    """Document text: surprisal as background, `│` before each span, anchors in blue.
+
+    Without colours (``plain``) anchors are bracketed «like this» instead.
+    """
+    doc_start = report["document"]["doc_start"]
+    tokens = report["tokens"][doc_start:]
+    top = scale_top(report)
+    styles = ["", ""] + [f"{ink} on {bg}" for bg, ink in zip(SCALE[2:], INK[2:], strict=True)]
+    text = Text()
+    current = None
+    for t in tokens[:TEXT_LIMIT]:
+        piece = t["text"]
+        starts_span = t["span"] is not None and t["span"] != current
+        if starts_span or t["role"] == "anchor":  # marks go after leading whitespace
+            lead = piece[: len(piece) - len(piece.lstrip())]
+            text.append(lead)
+            piece = piece[len(lead) :]
+        if starts_span:
+            text.append(SPAN_MARK, style="bold cyan")
+        current = t["span"]
+        if t["role"] == "anchor":
+            style = "bold white on blue"
+            piece = f"«{piece}»" if plain else piece
+        elif t["role"] == "sink":
+            style = "dim italic"
+        else:
+            level = int(len(SCALE) * t["surprisal"] / top)
+            style = styles[max(0, min(len(SCALE) - 1, level))]
+        text.append(piece, style=style)
+    if len(tokens) > TEXT_LIMIT:
+        text.append(
+            f"\n… {len(tokens) - TEXT_LIMIT:,} more tokens (the table lists every span; "
+            "--html OUT shows the whole text)",
+            style="dim",
+        )
+    text.append("\n\n")
+    text.append("legend: ", style="dim")
+    text.append(SPAN_MARK, style="bold cyan")
+    text.append(" span start  ")
+    text.append("«anchor»" if plain else "anchor", style="bold white on blue")
+    text.append("  ")
+    text.append("sink", style="dim italic")
+    text.append("  surprisal: low ")
+    for bg, ink in zip(SCALE[2:], INK[2:], strict=True):
+        text.append("  ", style=f"{ink} on {bg}")
+    text.append(f" {top:.1f}+ nats")
+    return text
+
+
+def _table(report: dict[str, Any]) -> Table:
+    table = Table(title="Spans", title_justify="left", header_style="bold")
+    for name, justify in (
+        ("span", "right"),
+        ("tokens", "left"),
+        ("page", "right"),
+        ("len", "right"),
+        ("key rank", "right"),
+        ("value rank", "right"),
+        ("offloaded", "right"),
+        ("preview", "left"),
+    ):
+        # numbers never wrap; the preview gives way (one line per span, cut with an ellipsis)
+        table.add_column(name, justify=justify, no_wrap=name != "preview", min_width=len(name))
+    for s in report["spans"]:
+        table.add_row(
+            str(s["id"]),
+            f"{s['start']}–{s['end']}",
+            str(s["page"]),
+            str(s["length"]),
+            f"{s['key_rank']:.1f}",
+            f"{s['value_rank']:.1f}",
+            human_bytes(s["offloaded_bytes"]),
+            Text(s["preview"], no_wrap=True, overflow="ellipsis"),
+        )
+    return table
+
+
+def _summary(report: dict[str, Any]) -> str:
+    b, r = report["bytes"], report["ratios"]
+    return (
+        f"[bold]memory[/bold]: resident {human_bytes(b['resident'])} "
+        f"({r['resident']:.1%} of fp16 full KV) · offloaded {human_bytes(b['offloaded'])} "
+        f"({r['offloaded']:.1%}) · trace {human_bytes(b['trace'])} · full KV "
+        f"{human_bytes(b['full_kv_fp16'])} fp16, {human_bytes(b['full_kv_fp32'])} fp32"
+    )

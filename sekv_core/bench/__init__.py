@@ -1,0 +1,1 @@
+"""Benchmarks: figures measured side by side in one run (ratios against full KV)."""

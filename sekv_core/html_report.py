@@ -1,0 +1,440 @@
+"""One self-contained HTML page of a span store report (:func:`sekv_core.report.build_report`).
+
+The page loads nothing from the network: CSS and the tooltip script are inline, the surprisal plot
+is inline SVG and text uses the system's fonts. Every piece of document text is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+# sequential scale for surprisal (low -> high), then the text colour readable on each
+SCALE = ("#ffffff", "#fff7db", "#ffebb0", "#fed98a", "#fdbb63", "#fb9447", "#ef5b3a", "#c81e1e")
+INK = ("#1f2937",) * 6 + ("#ffffff", "#ffffff")
+PLOT_W, PLOT_H = 1120, 230
+PAD_L, PAD_R, PAD_T, PAD_B = 44, 12, 14, 40
+
+CSS = """
+:root{--ink:#1f2937;--mute:#6b7280;--line:#e5e7eb;--bg:#f8fafc;--card:#ffffff;--anchor:#2455c3}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--ink);
+ font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
+main{max-width:1180px;margin:0 auto;padding:28px 28px 60px}
+h1{font-size:24px;margin:0 0 2px;letter-spacing:-.01em}
+h2{font-size:15px;margin:0 0 12px;text-transform:uppercase;letter-spacing:.06em;color:#374151}
+.sub{color:var(--mute);font-size:13px;margin-bottom:18px;word-break:break-all}
+.sub code{font-size:12px}
+section{background:var(--card);border:1px solid var(--line);border-radius:10px;
+ padding:18px 20px;margin:16px 0;box-shadow:0 1px 2px rgba(0,0,0,.03)}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(220px,1fr));gap:10px}
+.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:10px 14px}
+.card .k{font-size:12px;color:var(--mute);text-transform:uppercase;letter-spacing:.05em}
+.card .v{font-size:22px;font-weight:650;font-variant-numeric:tabular-nums}
+.card .d{font-size:12px;color:var(--mute)}
+.mem{display:grid;grid-template-columns:150px 1fr 190px;gap:6px 12px;align-items:center;
+ font-size:13px;font-variant-numeric:tabular-nums}
+.mem .track{background:#f1f5f9;border-radius:4px;height:14px;overflow:hidden}
+.mem .fill{height:100%;border-radius:4px}
+.mem .n{text-align:right;color:#374151}
+svg{display:block;width:100%;height:auto}
+svg text{font:11px system-ui,sans-serif;fill:#6b7280}
+svg text.halo{paint-order:stroke;stroke:#fff;stroke-width:4px}
+.legend{display:flex;flex-wrap:wrap;gap:18px;align-items:center;font-size:12px;color:#374151;
+ margin-bottom:14px}
+.legend .ramp{display:inline-flex;vertical-align:middle;border:1px solid var(--line);
+ border-radius:3px;overflow:hidden;margin:0 6px}
+.legend .ramp i{width:22px;height:12px;display:block}
+.doc{white-space:pre-wrap;overflow-wrap:anywhere;line-height:2.05;font-size:15px}
+.head{white-space:pre-wrap;font:12px/1.6 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;
+ color:#9ca3af;background:#f9fafb;border:1px dashed #d1d5db;border-radius:6px;padding:6px 10px;
+ margin-bottom:12px}
+.span{border:1px solid #7c8aa0;border-radius:4px;padding:1px 1px;margin:0 1px;
+ -webkit-box-decoration-break:clone;box-decoration-break:clone}
+.span.alt{border-color:#19a89a}
+.span:hover,.span.on{border-color:#2563eb;box-shadow:0 0 0 1px #2563eb}
+.span.cont::before{content:none}
+.span::before{content:attr(data-id);font-size:9px;color:#64748b;vertical-align:super;
+ line-height:0;margin-right:2px;font-variant-numeric:tabular-nums}
+.anchor{background:var(--anchor);color:#fff;border-radius:3px;padding:1px 1px;font-weight:600}
+.sink{color:#9ca3af;background:#f3f4f6;font-style:italic}
+.page{font-size:11px;font-weight:600;color:#fff;background:#334155;border-radius:3px;
+ padding:1px 6px;margin-right:6px;vertical-align:1px;white-space:nowrap;letter-spacing:.03em}
+"""
+CSS += "".join(
+    f".h{i}{{background:{c};color:{k}}}" for i, (c, k) in enumerate(zip(SCALE, INK, strict=True))
+)
+CSS += """
+.t:hover{outline:1px solid #111827}
+table{border-collapse:collapse;width:100%;font-size:13px;font-variant-numeric:tabular-nums}
+th{text-align:left;color:#6b7280;font-weight:600;border-bottom:1px solid var(--line);
+ padding:6px 8px;position:sticky;top:0;background:#fff}
+td{border-bottom:1px solid #f1f5f9;padding:4px 8px;vertical-align:top}
+td.num,th.num{text-align:right}
+tr:hover td{background:#f8fafc}
+tr.on td{background:#eff6ff}
+td a{color:#2563eb;text-decoration:none;font-weight:600}
+td.pre{color:#374151;max-width:420px}
+.rk{display:inline-block;height:6px;background:#93c5fd;border-radius:2px;margin-right:6px;
+ vertical-align:middle}
+.rk.v{background:#c4b5fd}
+footer{color:var(--mute);font-size:12px;margin-top:18px}
+#tip{position:fixed;z-index:9;pointer-events:none;background:#111827;color:#f9fafb;
+ font:12px/1.45 system-ui,sans-serif;padding:6px 9px;border-radius:6px;white-space:pre;
+ box-shadow:0 4px 14px rgba(0,0,0,.25)}
+"""
+SCRIPT = """
+(() => {
+  const tip = document.getElementById('tip');
+  for (const el of document.querySelectorAll('.doc [title], .head [title]')) {
+    el.dataset.tip = el.title; el.removeAttribute('title');
+  }
+  let row = null;
+  document.addEventListener('mouseover', (e) => {
+    const tok = e.target.closest('[data-tip]:not(.span)');
+    const span = e.target.closest('.doc .span');
+    const lines = [];
+    if (span) lines.push(span.dataset.tip);
+    if (tok) lines.push(tok.dataset.tip);
+    if (row) row.classList.remove('on');
+    row = span ? document.getElementById('row-' + span.dataset.id) : null;
+    if (row) row.classList.add('on');
+    tip.hidden = !lines.length;
+    tip.textContent = lines.join('\\n');
+  });
+  document.addEventListener('mousemove', (e) => {
+    tip.style.left = Math.min(e.clientX + 14, innerWidth - tip.offsetWidth - 8) + 'px';
+    tip.style.top = (e.clientY + 16) + 'px';
+  });
+})();
+"""
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """The whole page for one report (a string of HTML, nothing external)."""
+    doc = report["document"]
+    title = f"sekv inspect · {doc['name']}"
+    body = "\n".join(
+        [
+            f"<h1>{_e(doc['name'])}</h1>",
+            f'<div class="sub">{_e(report["model"])} · store <code>'
+            f"{_e(report['store']['path'])}</code></div>",
+            _cards(report),
+            _memory(report),
+            _plot(report),
+            _text(report),
+            _table(report),
+            _footer(report),
+        ]
+    )
+    return (
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{CSS}</style></head>\n"
+        f"<body><main>\n{body}\n</main>"
+        f'<div id="tip" hidden></div><script>{SCRIPT}</script></body></html>\n'
+    )
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _cards(report: dict[str, Any]) -> str:
+    doc, st, b, r = report["document"], report["stats"], report["bytes"], report["ratios"]
+    sl = st["span_len"]
+    pages = f"{doc['pages']} page{'s' if doc['pages'] != 1 else ''}"
+    fp32 = human_bytes(b["full_kv_fp32"])
+    cards = [
+        ("tokens", f"{doc['tokens']:,}", f"{pages} · +{doc['doc_start']} prompt head"),
+        ("spans", f"{st['spans']:,}", f"length {sl['min']}–{sl['max']}, p50 {sl['p50']:g}"),
+        ("anchors", f"{st['anchors_pct']:g}%", f"{st['anchors']} tokens · {st['sinks']} sinks"),
+        ("threshold", f"{st['threshold_nats']:.2f}", "nats (μ + α·σ)"),
+        (
+            "key / value rank",
+            f"{_num(st['key_rank_mean'])} / {_num(st['value_rank_mean'])}",
+            f"of {report['model_spec']['head_dim']} dims · raw {st['raw_share']:.0%}",
+        ),
+        ("resident", human_bytes(b["resident"]), f"{r['resident']:.1%} of fp16 full KV"),
+        ("offloaded", human_bytes(b["offloaded"]), f"{r['offloaded']:.1%} of fp16 full KV"),
+        ("full KV", human_bytes(b["full_kv_fp16"]), f"fp16 · {fp32} fp32"),
+    ]
+    inner = "".join(
+        f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
+        f'<div class="d">{_e(d)}</div></div>'
+        for k, v, d in cards
+    )
+    return f'<div class="cards">{inner}</div>'
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
+def _memory(report: dict[str, Any]) -> str:
+    b = report["bytes"]
+    full = max(b["full_kv_fp32"], 1)
+    rows = [
+        ("resident (device)", b["resident"], "#2455c3"),
+        ("offloaded (CPU/disk)", b["offloaded"], "#7c3aed"),
+        ("trace (explanations)", b["trace"], "#94a3b8"),
+        ("full KV fp16", b["full_kv_fp16"], "#f59e0b"),
+        ("full KV fp32", b["full_kv_fp32"], "#fcd34d"),
+    ]
+    fp16 = max(b["full_kv_fp16"], 1)
+    cells = "".join(
+        f"<div>{_e(name)}</div><div class='track'><div class='fill' style='width:"
+        f"{max(100 * n / full, 0.3):.2f}%;background:{color}'></div></div>"
+        f"<div class='n'>{_e(human_bytes(n))} · {n / fp16:.1%}</div>"
+        for name, n, color in rows
+    )
+    return (
+        "<section><h2>Memory per tier</h2>"
+        f'<div class="mem">{cells}</div>'
+        '<div class="sub" style="margin:10px 0 0">Percentages are of an fp16 full KV cache of '
+        "the same context; bars are to scale.</div></section>"
+    )
+
+
+def _plot(report: dict[str, Any]) -> str:
+    tokens, spans = report["tokens"], report["spans"]
+    n = max(len(tokens), 1)
+    hs = [t["surprisal"] for t in tokens]
+    top = max(max(hs, default=1.0), report["stats"]["threshold_nats"]) * 1.05
+    iw, ih = PLOT_W - PAD_L - PAD_R, PLOT_H - PAD_T - PAD_B
+    y0 = PAD_T + ih
+
+    def x(i: float) -> float:
+        return PAD_L + iw * i / n
+
+    def y(h: float) -> float:
+        return y0 - ih * h / top
+
+    parts = [
+        f'<svg viewBox="0 0 {PLOT_W} {PLOT_H}" role="img" '
+        f'aria-label="Surprisal per token with span boundaries">'
+    ]
+    # span bands (alternating) with a tooltip each, sinks shaded
+    for s in spans:
+        fill = "#eef2ff" if s["id"] % 2 else "#f0fdfa"
+        parts.append(
+            f'<rect x="{x(s["start"]):.2f}" y="{PAD_T}" width="{x(s["end"]) - x(s["start"]):.2f}" '
+            f'height="{ih}" fill="{fill}"><title>span {s["id"]} · tokens {s["start"]}–'
+            f"{s['end']} · key rank {s['key_rank']:.1f}</title></rect>"
+        )
+    sinks = sum(1 for t in tokens if t["role"] == "sink")
+    parts.append(
+        f'<rect x="{PAD_L}" y="{PAD_T}" width="{x(sinks) - PAD_L:.2f}" height="{ih}" '
+        'fill="#e5e7eb"><title>sinks (prompt head and first document tokens)</title></rect>'
+    )
+    # y grid
+    step = 5 if top > 12 else 2
+    for v in range(0, int(top) + 1, step):
+        parts.append(
+            f'<line x1="{PAD_L}" x2="{PLOT_W - PAD_R}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+            f'stroke="#e5e7eb" stroke-width="0.6"/><text x="{PAD_L - 6}" y="{y(v) + 4:.1f}" '
+            f'text-anchor="end">{v}</text>'
+        )
+    # surprisal bars: one path, a vertical stroke per token
+    bw = max(min(iw / n * 0.8, 4), 0.6)
+    bars = "".join(f"M{x(i + 0.5):.1f} {y0}V{y(h):.1f}" for i, h in enumerate(hs))
+    parts.append(f'<path d="{bars}" stroke="#fb923c" stroke-width="{bw:.2f}" fill="none"/>')
+    # moving mean (16 tokens) to show the trend
+    w = 16
+    acc, pts = 0.0, []
+    for i, h in enumerate(hs):
+        acc += h - (hs[i - w] if i >= w else 0.0)
+        pts.append(f"{x(i + 0.5):.1f},{y(acc / min(i + 1, w)):.1f}")
+    parts.append(
+        f'<polyline points="{" ".join(pts)}" fill="none" stroke="#7c2d12" stroke-width="1.2" '
+        'stroke-opacity="0.7"/>'
+    )
+    # anchors
+    for i, t in enumerate(tokens):
+        if t["role"] == "anchor":
+            parts.append(
+                f'<circle cx="{x(i + 0.5):.1f}" cy="{y(t["surprisal"]):.1f}" r="2.6" '
+                f'fill="#2455c3"><title>anchor {_e(t["text"].strip())} · '
+                f"{t['surprisal']:.2f} nats</title></circle>"
+            )
+    # threshold
+    th = report["stats"]["threshold_nats"]
+    parts.append(
+        f'<line x1="{PAD_L}" x2="{PLOT_W - PAD_R}" y1="{y(th):.1f}" y2="{y(th):.1f}" '
+        'stroke="#dc2626" stroke-width="1.2" stroke-dasharray="5 4"/>'
+        f'<text x="{PLOT_W - PAD_R - 4}" y="{y(th) - 5:.1f}" text-anchor="end" '
+        f'class="halo" style="fill:#dc2626">threshold {th:.2f} nats</text>'
+    )
+    # span boundary ticks under the axis, token index labels
+    ticks = "".join(f"M{x(s['start']):.1f} {y0}v7" for s in spans)
+    parts.append(
+        f'<line x1="{PAD_L}" x2="{PLOT_W - PAD_R}" y1="{y0}" y2="{y0}" stroke="#9ca3af"/>'
+        f'<path d="{ticks}" stroke="#475569" stroke-width="1"/>'
+    )
+    for v in _nice_ticks(n):
+        parts.append(f'<text x="{x(v):.1f}" y="{y0 + 20}" text-anchor="middle">{v:,}</text>')
+    parts.append(
+        f'<text x="{PAD_L + iw / 2:.1f}" y="{PLOT_H - 4}" text-anchor="middle">token index '
+        "(ticks: span starts; bands: spans; dots: anchors; line: 16-token mean)</text>"
+        f'<text x="12" y="{PAD_T + ih / 2:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 12 {PAD_T + ih / 2:.1f})">nats</text></svg>'
+    )
+    return "<section><h2>Surprisal along the context</h2>" + "".join(parts) + "</section>"
+
+
+def _nice_ticks(n: int) -> list[int]:
+    raw = n / 8
+    step = next(s for s in (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 10**9) if s >= raw)
+    return list(range(0, n + 1, step))
+
+
+def scale_top(report: dict[str, Any]) -> float:
+    """Surprisal (nats) at the top of the colour scale: the 99th percentile, at least 1.2x the
+    threshold so that anchors and near-threshold tokens stay apart."""
+    return max(report["surprisal"]["p99"], report["stats"]["threshold_nats"] * 1.2, 1e-6)
+
+
+def _bin(h: float, top: float) -> int:
+    return max(0, min(len(SCALE) - 1, int(len(SCALE) * h / top)))
+
+
+def _text(report: dict[str, Any]) -> str:
+    tokens = report["tokens"]
+    doc_start = report["document"]["doc_start"]
+    top = scale_top(report)
+    head = "".join(_token(t, t["text"], top) for t in tokens[:doc_start])
+    boxes = _SpanBoxes({s["id"]: s for s in report["spans"]})
+    page = 1
+    for t in tokens[doc_start:]:
+        boxes.enter(t["span"])
+        for piece in _NEWLINES.split(t["text"]):
+            if piece.startswith("\n"):  # line breaks sit between boxes, never inside one
+                boxes.close()
+                boxes.out.append(piece)
+            elif piece:
+                if t["page"] != page:  # a page marker where a new page's text begins
+                    page = t["page"]
+                    boxes.out.append(f'<span class="page">page {page}</span>')
+                boxes.open()
+                boxes.out.append(_token(t, piece, top))
+    boxes.close()
+    out = boxes.out
+    ramp = "".join(f'<i style="background:{c}"></i>' for c in SCALE)
+    legend = (
+        '<div class="legend">'
+        f"<span>surprisal 0<span class='ramp'>{ramp}</span>{top:.1f}+ nats</span>"
+        '<span><span class="span" data-id="n">span</span> boxed</span>'
+        '<span><span class="anchor">anchor</span> full resolution</span>'
+        '<span><span class="sink">sink</span> attention sink</span>'
+        "<span>hover for ranks and surprisal</span></div>"
+    )
+    head_block = (
+        f'<div class="head" title="prompt head: {doc_start} sink tokens before the document">'
+        f"{head}</div>"
+        if head
+        else ""
+    )
+    return (
+        "<section><h2>Document, segmented</h2>"
+        f'{legend}{head_block}<div class="doc">{"".join(out)}</div></section>'
+    )
+
+
+_NEWLINES = re.compile(r"(\n+)")
+
+
+def _token(t: dict[str, Any], text: str, top: float) -> str:
+    h = t["surprisal"]
+    if t["role"] == "anchor":
+        return f'<span class="anchor" title="anchor · {h:.2f} nats">{_e(text)}</span>'
+    if t["role"] == "sink":
+        return f'<span class="sink" title="sink · {h:.2f} nats">{_e(text)}</span>'
+    return f'<span class="t h{_bin(h, top)}" title="{h:.2f} nats">{_e(text)}</span>'
+
+
+class _SpanBoxes:
+    """Emits span elements around tokens; a span broken by line breaks continues in a second
+    element (class ``cont``, no id) so that each span has exactly one element with an id."""
+
+    def __init__(self, spans: dict[int, dict[str, Any]]) -> None:
+        self.spans, self.out = spans, []
+        self.current: int | None = None
+        self.is_open = False
+        self.started: set[int] = set()
+
+    def enter(self, span: int | None) -> None:
+        if span != self.current:
+            self.close()
+            self.current = span
+
+    def open(self) -> None:
+        if self.is_open or self.current is None:
+            return
+        i, s = self.current, self.spans[self.current]
+        tip = (
+            f"span {i} · tokens {s['start']}–{s['end']} ({s['length']}) · page {s['page']}\n"
+            f"key rank {s['key_rank']:.1f} · value rank {s['value_rank']:.1f} · "
+            f"offloaded {human_bytes(s['offloaded_bytes'])}"
+        )
+        cls = "span alt" if i % 2 else "span"
+        ident = f' id="span-{i}"' if i not in self.started else ""
+        cls += " cont" if i in self.started else ""
+        self.out.append(f'<span class="{cls}"{ident} data-id="{i}" title="{_e(tip)}">')
+        self.started.add(i)
+        self.is_open = True
+
+    def close(self) -> None:
+        if self.is_open:
+            self.out.append("</span>")
+            self.is_open = False
+
+
+def _table(report: dict[str, Any]) -> str:
+    ranks = [r for s in report["spans"] for r in (s["key_rank"], s["value_rank"])]
+    dim = max(ranks, default=1.0) or 1.0  # rank bars are drawn to the largest rank in the table
+    heads = ("span", "tokens", "page", "length", "key rank", "value rank", "raw", "offloaded")
+    head = "".join(
+        f'<th class="{"num" if i > 1 else ""}">{_e(h)}</th>' for i, h in enumerate(heads)
+    )
+    rows = "".join(
+        f'<tr id="row-{s["id"]}"><td><a href="#span-{s["id"]}">{s["id"]}</a></td>'
+        f"<td>{s['start']}–{s['end']}</td><td class='num'>{s['page']}</td>"
+        f"<td class='num'>{s['length']}</td>"
+        f"<td class='num'><span class='rk' style='width:{48 * s['key_rank'] / dim:.1f}px'></span>"
+        f"{s['key_rank']:.1f}</td>"
+        f"<td class='num'><span class='rk v' style='width:{48 * s['value_rank'] / dim:.1f}px'>"
+        f"</span>{s['value_rank']:.1f}</td>"
+        f"<td class='num'>{s['raw_share']:.0%}</td>"
+        f"<td class='num'>{_e(human_bytes(s['offloaded_bytes']))}</td>"
+        f"<td class='pre'>{_e(s['preview'])}</td></tr>"
+        for s in report["spans"]
+    )
+    return (
+        "<section><h2>Spans</h2>"
+        f"<table><thead><tr>{head}<th>preview</th></tr></thead><tbody>{rows}</tbody></table>"
+        "</section>"
+    )
+
+
+def _footer(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    seg = s.get("segment", {})
+    bits = [f"{k} {v}" for k, v in seg.items()] + [
+        f"key energy {s.get('key_energy')}",
+        f"value energy {s.get('value_energy')}",
+    ]
+    return (
+        f"<footer>Settings: {_e(', '.join(bits))}. Document sha256 "
+        f"{_e(report['document']['sha256'][:16])}… · store created "
+        f"{_e(report['store'].get('created') or '?')} · generated by sekv inspect.</footer>"
+    )

@@ -1,0 +1,149 @@
+"""SeKV: answer from the span store with zoom-in (mixed-resolution attention).
+
+The context's memory is the span store (built once, then loaded from disk); the question and the
+answer form the local window, kept at full resolution in an ordinary cache. The document's full
+KV cache is never materialised while answering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from ..attention import ZoomPolicy, sekv_attention
+from ..decode import greedy
+from ..prompt import stop_ids
+from ..rope import Rope
+from ..router import ROUTERS, OracleRouter
+from ..store import SpanStore, StoreSettings, open_or_build
+from ..zoom import SpanMemory
+from .base import Method, Progress
+
+DEFAULT_BUDGET = 256
+PREVIEW_CHARS = 80
+
+
+class SeKV(Method):
+    name = "sekv"
+
+    store: SpanStore
+    spans: SpanMemory
+    policy: ZoomPolicy | None = None
+    cache_hit: bool = False
+    local_tokens: int = 0
+
+    def prepare(self, progress: Progress | None = None) -> None:
+        store_settings = self.settings.extra.get("store_settings") or StoreSettings()
+        self.store, self.cache_hit = open_or_build(
+            self.loaded,
+            self.document,
+            self.context,
+            store_settings,
+            progress,
+            warn=self.settings.warn,
+        )
+        self.spans = SpanMemory(
+            self.store, Rope(self.loaded.model), self.loaded.device, self.loaded.dtype
+        )
+
+    def new_policy(self) -> ZoomPolicy:
+        s = self.settings
+        return ZoomPolicy(
+            router=ROUTERS[s.router](),
+            budget=s.budget or DEFAULT_BUDGET,
+            margin=s.extra.get("margin", ZoomPolicy.margin),
+            use_summaries=s.use_summaries,
+            oracle=OracleRouter() if s.measure_recall else None,
+        )
+
+    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+        model, device, spans = self.loaded.model, self.loaded.device, self.spans
+        self.policy = policy = self.new_policy()
+        spans.clear(capacity=policy.budget * spans.num_kv_heads)  # a layer's largest zoom set
+        local = DynamicCache(config=model.config)
+        start = len(self.context)  # local tokens continue after the document's positions
+        self.local_tokens = 0
+
+        def step(ids: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(ids.shape[1], device=device)[None] + start + self.local_tokens
+            with torch.inference_mode(), sekv_attention(model):
+                out = model(
+                    input_ids=ids.to(device),
+                    position_ids=pos,
+                    cache=local,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    sekv_memory=spans,
+                    sekv_policy=policy,
+                )
+            self.local_tokens += ids.shape[1]
+            return out.logits[:, -1].float()
+
+        yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
+
+    def memory(self) -> dict[str, int]:
+        resident = self.spans.resident_bytes()
+        local = self.loaded.spec.kv_bytes(self.local_tokens, self.loaded.dtype.itemsize)
+        return {
+            "resident_bytes": resident + self.spans.peak_cached_bytes,
+            "resident_tier_bytes": resident,
+            "zoom_peak_bytes": self.spans.peak_cached_bytes,
+            "local_window_bytes": local,
+            "offloaded_bytes": self.store.bytes["offloaded"],
+        }
+
+    def store_info(self) -> dict[str, Any]:
+        return {"path": str(self.store.path), "cache_hit": self.cache_hit}
+
+    def routing(self) -> dict[str, Any]:
+        """Routing summary of the last answer (recall vs the oracle when measured)."""
+        p = self.policy
+        if p is None:
+            return {}
+        t = p.trace
+        out: dict[str, Any] = {
+            "router": p.router.name,
+            "budget": p.budget,
+            "margin": p.margin,
+            "summaries": p.use_summaries,
+            "zoomed_tokens_max": t.zoomed_tokens_max,
+            "reconstructions": self.spans.reconstructions,
+        }
+        if p.oracle is not None:
+            out["recall_vs_oracle"] = (
+                round(t.recall_hits / t.recall_total, 4) if t.recall_total else 1.0
+            )
+        return out
+
+    def zoom_trace(self) -> list[dict[str, Any]]:
+        if self.policy is None:
+            return []
+        trace, text = self.policy.trace, self.document.text
+        share = trace.attention_share()
+        pages, offsets = self.store.trace["pages"], self.store.trace["offsets"]
+        out = []
+        for span, heads in trace.heads.items():
+            s, e = int(self.spans.starts[span]), int(self.spans.ends[span])
+            c0, c1 = int(offsets[s][0]), int(offsets[e - 1][1])
+            score, threshold = trace.best[span]
+            preview = " ".join(text[c0:c1].split())
+            out.append(
+                {
+                    "span": span,
+                    "start": s,
+                    "end": e,
+                    "page": int(pages[s]),
+                    "layers": len({layer for layer, _ in heads}),
+                    "heads": len(heads),
+                    "attention": round(share[span], 5) if share else 0.0,
+                    "score": round(score, 3),
+                    "threshold": round(threshold, 3),
+                    "preview": preview[:PREVIEW_CHARS]
+                    + ("…" if len(preview) > PREVIEW_CHARS else ""),
+                }
+            )
+        out.sort(key=lambda z: -z["attention"])  # the spans the answer actually read first
+        return out

@@ -1,0 +1,96 @@
+"""Routing: which spans to zoom into, per layer and KV head, for the current queries.
+
+A router estimates, for every span, the largest attention logit any current query of a KV head's
+group would give one of the span's tokens (scaled, natural-log units). :func:`select` then zooms
+the best spans under a token budget, but only those within ``margin`` of the best span: a span
+whose best token would weigh e^-margin of the best one is not worth its reconstruction.
+
+Routers (training-free; a trained router plugs in through the same ``scores`` method):
+
+- ``sketch`` (default): each span key projected on its head's top principal directions (16 dims,
+  int8, resident); a span scores its max approximate logit.
+- ``summary``: query . span summary + log|S| (the paper's coarse score; routes poorly untrained).
+- ``oracle``: the exact max logit over the span's reconstructed keys (a diagnostic: it reads every
+  span's basis, so it saves nothing).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from .zoom import SpanMemory
+
+
+class Router(Protocol):
+    name: str
+
+    def scores(
+        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        """q: (H_kv, G, Tq, D) queries of one layer -> (H_kv, N) estimated max logit per span."""
+        ...
+
+
+def segment_max(values: torch.Tensor, segment_ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Max of ``values`` (H, S) over segments given by ``segment_ids`` (S,) -> (H, n)."""
+    out = values.new_full((values.shape[0], n), float("-inf"))
+    index = segment_ids[None].expand_as(values)
+    return out.scatter_reduce(1, index, values, reduce="amax", include_self=True)
+
+
+class SketchRouter:
+    name = "sketch"
+
+    def scores(
+        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        proj = memory.sketch_proj[layer]  # (H, D, R)
+        qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * memory.sketch_scale[layer][:, None, None]
+        sketch = memory.sketch[layer].to(q.dtype)  # (H, S, R) int8 -> float
+        logits = torch.einsum("hgtr,hsr->hgts", qs, sketch)  # (H, G, Tq, S)
+        best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
+        return segment_max(best, memory.sketch_span, memory.n_spans)
+
+
+class SummaryRouter:
+    name = "summary"
+
+    def scores(
+        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        logits = torch.einsum("hgtd,hnd->hgtn", q, memory.summary_k[layer])  # (H, G, Tq, N)
+        return logits.amax(dim=(1, 2)) * scaling + memory.log_len[None]
+
+
+class OracleRouter:
+    name = "oracle"
+
+    def scores(
+        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        keys = memory.all_span_keys(layer)  # (H, S, D) every span token, reconstructed
+        logits = torch.einsum("hgtd,hsd->hgts", q, keys.to(q.dtype))
+        best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
+        return segment_max(best, memory.sketch_span, memory.n_spans)
+
+
+ROUTERS = {r.name: r for r in (SketchRouter, SummaryRouter, OracleRouter)}
+
+
+def select(
+    scores: torch.Tensor, lengths: torch.Tensor, budget: int, margin: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zoom decision per KV head: best spans first while the token budget lasts.
+
+    scores : (H, N) estimated max logits; lengths : (N,) span lengths.
+    Returns zoom (H, N) bool and the per-head threshold (H,) a span had to reach.
+    """
+    threshold = scores.amax(dim=1) - margin  # (H,)
+    order = scores.argsort(dim=1, descending=True)  # (H, N)
+    used = lengths[order].cumsum(dim=1)  # tokens needed to zoom the top-k spans
+    ranked_ok = (used <= budget) & (scores.gather(1, order) >= threshold[:, None])
+    zoom = torch.zeros_like(ranked_ok).scatter(1, order, ranked_ok)
+    return zoom, threshold
