@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
-from .methods.base import Progress
+Progress = Callable[[int, int], None]
+"""progress(done_tokens, total_tokens) during context prefill."""
 
 
 @dataclass

@@ -43,10 +43,9 @@ from .basis import (
 )
 from .documents import Document, token_pages
 from .errors import SekvError
-from .methods.base import Progress
 from .models import LoadedModel
 from .paths import sekv_home
-from .prefill import prefill
+from .prefill import Progress, prefill
 from .prompt import Context
 from .rope import Rope
 from .segment import ANCHOR, SINK, SPAN, SegmentSettings, segment

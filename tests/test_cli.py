@@ -3,12 +3,14 @@
 import json
 import re
 
+import pytest
 from fpdf import FPDF
 from typer.testing import CliRunner
 
 from sekv_cli.main import app
 
 runner = CliRunner()
+FILLER = " ".join(f"Shelf {i} holds {i * 3} jars." for i in range(40))
 CONTRACT = {"answer", "method", "model", "document", "memory", "timings", "store", "zoom"}
 
 
@@ -87,9 +89,11 @@ def test_usage_errors_exit_2(tmp_path):
     assert run("ask", doc, "q", "--budget", "0").exit_code == 2
 
 
-def test_json_contract(tmp_path, tiny_model_dirs):
+@pytest.mark.parametrize("method", ["full", "sekv"])
+def test_json_contract(tmp_path, tiny_model_dirs, method):
     pdf = make_pdf(
-        tmp_path / "two.pdf", ["First page: the vault code is 7781.", "Second page: the end."]
+        tmp_path / "two.pdf",
+        [f"First page: the vault code is 7781. {FILLER}", f"Second page: the end. {FILLER}"],
     )
     result = run(
         "ask",
@@ -100,19 +104,43 @@ def test_json_contract(tmp_path, tiny_model_dirs):
         tiny_model_dirs["llama"],
         "--max-new-tokens",
         "5",
+        "--method",
+        method,
+        "--budget",
+        "32",
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert CONTRACT <= data.keys()
-    assert data["method"] == "full" and data["zoom"] == []
+    assert data["method"] == method
     assert data["document"]["pages"] == 2 and data["document"]["tokens"] > 10
     assert len(data["document"]["sha256"]) == 64
     mem = data["memory"]
     assert {"resident_bytes", "offloaded_bytes", "full_kv_bytes"} <= mem.keys()
-    assert mem["full_kv_bytes"] > 0 and mem["resident_bytes"] == mem["full_kv_bytes"]
     assert {"total_s", "first_token_s"} <= data["timings"].keys()
     assert {"path", "cache_hit"} <= data["store"].keys()
     assert 0 < data["tokens_generated"] <= 5
+    if method == "full":
+        assert data["zoom"] == [] and mem["resident_bytes"] == mem["full_kv_bytes"]
+        return
+    assert 0 < mem["resident_bytes"] < mem["full_kv_bytes"] and mem["offloaded_bytes"] > 0
+    assert data["store"]["path"] and data["store"]["cache_hit"] is False
+    assert data["zoom"], "a question over a multi-span document zooms somewhere"
+    for z in data["zoom"]:
+        assert {
+            "span",
+            "start",
+            "end",
+            "page",
+            "preview",
+            "layers",
+            "heads",
+            "score",
+            "threshold",
+            "attention",
+        } <= z.keys()
+        assert z["page"] in (1, 2) and z["end"] > z["start"] and z["score"] >= z["threshold"]
+    assert data["routing"]["zoomed_tokens_max"] <= 32
 
 
 def test_plain_output_is_the_answer(tmp_path, tiny_model_dirs):

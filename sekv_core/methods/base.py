@@ -9,10 +9,8 @@ from typing import Any, ClassVar
 
 from ..documents import Document
 from ..models import LoadedModel
+from ..prefill import Progress
 from ..prompt import Context
-
-Progress = Callable[[int, int], None]
-"""progress(done_tokens, total_tokens) during context prefill."""
 
 
 @dataclass
