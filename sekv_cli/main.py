@@ -6,7 +6,9 @@ import typer
 
 from .ask import ask
 from .bench import bench_app
+from .chat import chat
 from .ingest import ingest
+from .inspect import inspect
 
 app = typer.Typer(
     help="Ask questions about long documents with a local LLM and a resolution-adaptive KV cache.",
@@ -16,6 +18,8 @@ app = typer.Typer(
 )
 app.command()(ask)
 app.command()(ingest)
+app.command()(inspect)
+app.command()(chat)
 app.add_typer(bench_app, name="bench")
 
 

@@ -180,3 +180,34 @@ def test_ingest_bad_input_writes_nothing(tmp_path, tiny_model_dirs, sekv_home):
     result = run("ingest", bad, "--model", tiny_model_dirs["llama"])
     assert result.exit_code == 1 and result.stderr.startswith("Error: ")
     assert not (sekv_home / "stores").exists()
+
+
+def test_chat_answers_two_questions_with_one_model_load(tmp_path, tiny_model_dirs, monkeypatch):
+    import sekv_cli.chat as chat_mod
+
+    loads = []
+    real = chat_mod.load_model_quietly
+    monkeypatch.setattr(chat_mod, "load_model_quietly", lambda m: loads.append(m) or real(m))
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\n" + FILLER)
+    stdin = "Which shelf holds 9 jars?\n/budget 16\n/zoom\nAnd shelf 4?\n/bogus\n/quit\n"
+    result = runner.invoke(
+        app,
+        ["chat", str(doc), "--model", str(tiny_model_dirs["llama"]), "--max-new-tokens", "3"],
+        input=stdin,
+    )
+    assert result.exit_code == 0, result.output
+    assert len(loads) == 1
+    answers = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(answers) >= 2  # two answers (+ the zoom table after the second)
+    assert "Zoomed spans" in result.stdout or "No spans zoomed" in result.stdout
+    assert "budget 16 tokens" in result.stderr and "unknown or malformed" in result.stderr
+
+
+def test_chat_exits_cleanly_on_eof(tmp_path, tiny_model_dirs):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\n" + FILLER)
+    result = runner.invoke(
+        app, ["chat", str(doc), "--model", str(tiny_model_dirs["qwen2"])], input=""
+    )
+    assert result.exit_code == 0 and result.stdout == ""

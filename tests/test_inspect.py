@@ -10,18 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import typer
 from fpdf import FPDF
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from sekv_cli.inspect import inspect
+from sekv_cli.main import app
 from sekv_core.documents import load_document
 from sekv_core.report import span_index, token_texts
 
 runner = CliRunner()
-app = typer.Typer()
-app.command()(inspect)  # a one-command app: invoked without the command name
 CHROMIUM = Path("/usr/bin/chromium")
 PAGES = [
     "Harbour log, first page. The ferry Corran left at 07:40 with 212 passengers and a cargo "
@@ -34,7 +31,7 @@ PAGES = [
 
 
 def run(*args) -> object:
-    return runner.invoke(app, [str(a) for a in args])
+    return runner.invoke(app, ["inspect", *(str(a) for a in args)])
 
 
 def make_pdf(path: Path) -> Path:

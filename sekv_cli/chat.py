@@ -1,0 +1,91 @@
+"""`sekv chat`: a REPL over a document's cached store (model and store loaded once)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.methods import METHODS, MethodSettings
+
+from .common import err, handle_errors, load_model_quietly, prefill_progress, warn
+
+HELP = """Commands:
+  /zoom       toggle the zoom trace after each answer
+  /budget N   tokens reconstructed per layer and KV head (sekv)
+  /help       this help
+  /quit       leave (Ctrl-D too)"""
+
+
+@handle_errors
+def chat(
+    file: Path = typer.Argument(..., help="Document to talk about: .pdf, .txt or .md."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Hugging Face id or local directory (default: embedded SmolLM2).",
+    ),
+    method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
+    budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
+) -> None:
+    """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
+    if method not in METHODS:
+        raise typer.BadParameter(f"choose one of: {', '.join(METHODS)}", param_hint="--method")
+    document = load_document(file)
+    loaded = load_model_quietly(model)
+    with prefill_progress(f"Reading {file.name}") as progress:
+        settings = MethodSettings(budget=budget, warn=warn)
+        session = Session(loaded, document, method, settings, progress)
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    show_zoom = False
+    interactive = sys.stdin.isatty()
+    err.print(
+        f"[bold]{document.path.name}[/bold]: {session.doc_tokens:,} tokens, "
+        f"method {method}. Ask a question; /help for commands."
+    )
+    while True:
+        try:
+            line = input("> " if interactive else "").strip()
+        except (EOFError, KeyboardInterrupt):
+            err.print()
+            return
+        if not line:
+            continue
+        if line.startswith("/"):
+            cmd, _, arg = line.partition(" ")
+            if cmd in ("/quit", "/exit"):
+                return
+            if cmd == "/help":
+                err.print(HELP)
+            elif cmd == "/zoom":
+                show_zoom = not show_zoom
+                err.print(f"zoom trace {'on' if show_zoom else 'off'}")
+            elif cmd == "/budget" and arg.strip().isdigit() and int(arg) > 0:
+                session.method.settings.budget = int(arg)
+                err.print(f"budget {int(arg)} tokens")
+            else:
+                err.print(f"unknown or malformed command {line!r}; /help lists them")
+            continue
+        try:
+            result = session.ask(line, max_new_tokens, on_text=_stream)
+        except KeyboardInterrupt:
+            err.print("\n(interrupted)")
+            continue
+        sys.stdout.write("\n")
+        if show_zoom:
+            from .render import print_zoom
+
+            print_zoom(result)
+
+
+def _stream(delta: str) -> None:
+    sys.stdout.write(delta)
+    sys.stdout.flush()
