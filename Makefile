@@ -1,7 +1,7 @@
 # Two commands for a newcomer: `make demo` and `make test` (both install into .venv first).
 VENV := .venv
 PY := $(VENV)/bin/python
-QUESTION ?= Who leads the Security team?
+QUESTION ?= Who is the head of the Security team?
 DOC ?= sample_docs/handbook.pdf
 
 .PHONY: install demo test lint
@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	$(VENV)/bin/sekv ask $(DOC) "$(QUESTION)"
+	$(VENV)/bin/sekv ask $(DOC) "$(QUESTION)" --show-zoom
 
 test: install
 	$(PY) -m pytest -q

@@ -35,3 +35,38 @@ def ingest_bench(
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
     Console().print(table)
+
+
+@bench_app.command("needle")
+@handle_errors
+def needle_bench(
+    lengths: str = typer.Option(
+        "1000,2000,4000", help="Haystack lengths in tokens, comma-separated."
+    ),
+    depths: str = typer.Option("0.1,0.3,0.5,0.7,0.9", help="Needle depths (0..1)."),
+    budget: int = typer.Option(128, min=1, help="Zoom budget (tokens per layer and KV head)."),
+    recall: bool = typer.Option(True, help="Measure routing recall against the oracle router."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model id or directory."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Needle grid: SeKV vs full KV accuracy, memory, recall, time to first token, decode speed."""
+    from sekv_core.bench.needle import bench_needle, summarize_rows
+
+    rows = bench_needle(
+        load_model_quietly(model),
+        [int(x) for x in lengths.split(",")],
+        tuple(float(x) for x in depths.split(",")),
+        budget=budget,
+        recall=recall,
+    )
+    summary = summarize_rows(rows)
+    if json_out:
+        print_json({"needle": rows, "summary": summary, "budget": budget})
+        return
+    table = Table(title=f"needle grid, budget {budget}")
+    for col in rows[0]:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    Console().print(table)
+    Console().print(summary)

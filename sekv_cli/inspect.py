@@ -162,6 +162,7 @@ def _table(report: dict[str, Any]) -> Table:
         ("len", "right"),
         ("key rank", "right"),
         ("value rank", "right"),
+        ("raw", "right"),
         ("offloaded", "right"),
         ("preview", "left"),
     ):
@@ -175,6 +176,7 @@ def _table(report: dict[str, Any]) -> Table:
             str(s["length"]),
             f"{s['key_rank']:.1f}",
             f"{s['value_rank']:.1f}",
+            f"{s['raw_share']:.0%}",
             human_bytes(s["offloaded_bytes"]),
             Text(s["preview"], no_wrap=True, overflow="ellipsis"),
         )

@@ -161,7 +161,7 @@ def _cards(report: dict[str, Any]) -> str:
         ("anchors", f"{st['anchors_pct']:g}%", f"{st['anchors']} tokens · {st['sinks']} sinks"),
         ("threshold", f"{st['threshold_nats']:.2f}", "nats (μ + α·σ)"),
         (
-            "key / value rank",
+            "rank k / v (factorised)",
             f"{_num(st['key_rank_mean'])} / {_num(st['value_rank_mean'])}",
             f"of {report['model_spec']['head_dim']} dims · raw {st['raw_share']:.0%}",
         ),

@@ -129,7 +129,11 @@ def span_index(starts: np.ndarray, ends: np.ndarray, total: int) -> np.ndarray:
 
 
 def span_bytes(store: SpanStore) -> dict[str, np.ndarray]:
-    """Per-span ranks (mean over layers and KV heads), raw share and offloaded bytes, each (N,)."""
+    """Per-span ranks (mean over layers and KV heads), raw share and offloaded bytes, each (N,).
+
+    A (layer, head) stored raw counts with rank D (its stored width), so a span's rank can exceed
+    the manifest's ``key_rank_mean`` / ``value_rank_mean``, which average factorised heads only.
+    """
     res = store.resident
     dim = int(store.manifest["model"]["spec"]["head_dim"])
     lengths = (res["span_ends"] - res["span_starts"]).cpu().numpy().astype(np.int64)  # (N,)

@@ -142,9 +142,10 @@ class SpanMemory:
         """Every span token's key of one layer (H, S, D), for the oracle diagnostic only: kept
         apart from the zoom cache and not counted as answer memory."""
         if layer not in self._oracle_keys:
+            heads = range(self.num_kv_heads)
             keys = [
                 self.rope.rotate(
-                    self._reconstruct("k", layer, s),
+                    torch.stack([self._reconstruct("k", layer, s, h) for h in heads]),
                     torch.arange(int(self.starts[s]), int(self.ends[s])),
                 )
                 for s in range(self.n_spans)

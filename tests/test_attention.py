@@ -137,3 +137,15 @@ def test_budget_never_exceeded(tiny_loaded, tmp_path, budget):
     per_layer = method.spans.capacity
     assert all(tokens <= per_layer for tokens in method.spans.cache_tokens)
     assert method.memory()["zoom_peak_bytes"] > 0
+
+
+def test_oracle_recall_is_measured(tiny_loaded, tmp_path):
+    method, _ = sekv_method(tiny_loaded, tmp_path, budget=40, measure_recall=True)
+    tok = tiny_loaded.tokenizer
+    list(method.generate(encode_question(tok, chat_template(tok), "Where is item 4?"), 3))
+    routing = method.routing()
+    assert 0.0 <= routing["recall_vs_oracle"] <= 1.0
+    # the oracle against itself is perfect
+    oracle, _ = sekv_method(tiny_loaded, tmp_path, budget=40, measure_recall=True, router="oracle")
+    list(oracle.generate(encode_question(tok, chat_template(tok), "Where is item 4?"), 3))
+    assert oracle.routing()["recall_vs_oracle"] == 1.0

@@ -47,3 +47,29 @@ def test_cli_ask_on_sample_doc(default_model, shared_home):
     assert proc.returncode == 0, proc.stderr
     assert item["answer"].lower() in proc.stdout.lower()
     assert "Error" not in proc.stderr
+
+
+def test_sekv_finds_a_planted_needle(default_model, tmp_path):
+    """A needle fact mid-document is answered from the span store, with the needle's span zoomed
+    and resident memory (incl. the zoom peak) at most 20% of the full KV cache."""
+    from sekv_core.bench.haystack import NEEDLES, haystack
+    from sekv_core.methods import MethodSettings
+
+    needle = NEEDLES[2]
+    path = tmp_path / "haystack.txt"
+    path.write_text(haystack(default_model.tokenizer, 3500, 0.5, needle, seed=7))
+    session = Session(default_model, load_document(path), "sekv", MethodSettings(budget=128))
+    assert 3000 <= session.doc_tokens <= 4500
+    answer = session.ask(needle.question, max_new_tokens=24)
+    assert needle.answer in answer.answer, answer.answer
+    mem = answer.memory
+    assert mem["resident_bytes"] <= 0.20 * mem["full_kv_bytes"], mem
+    # the needle's tokens lie in a span the answer zoomed into
+    text = session.document.text
+    lo = text.index(needle.fact)
+    ctx = session.context
+    needle_tokens = {
+        ctx.doc_start + i for i, (s, e) in enumerate(ctx.offsets) if lo <= s < lo + len(needle.fact)
+    }
+    zoomed = [z for z in answer.zoom if needle_tokens & set(range(z["start"], z["end"]))]
+    assert zoomed, "the needle's span is missing from the zoom trace"
