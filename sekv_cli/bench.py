@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .common import handle_errors, load_model_quietly, print_json
+from .common import err, handle_errors, load_model_quietly, print_json
 
 bench_app = typer.Typer(
     help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True
@@ -58,6 +58,11 @@ def needle_bench(
         tuple(float(x) for x in depths.split(",")),
         budget=budget,
         recall=recall,
+        progress=lambda row: err.print(
+            f"{row['tokens']} tokens, depth {row['depth']}: full {row['full_ok']}, "
+            f"sekv {row['sekv_ok']}, resident {row['resident_ratio']:.1%}, "
+            f"recall {row['recall_vs_oracle']}"
+        ),
     )
     summary = summarize_rows(rows)
     if json_out:

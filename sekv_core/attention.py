@@ -97,12 +97,11 @@ def sekv_attention_forward(
 
     scores = policy.router.scores(memory, layer, q, scaling)  # (Hkv, N)
     zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)
-    policy.trace.record(layer, zoom, scores, threshold, memory.lengths)
+    policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
     if policy.oracle is not None:
         best = policy.oracle.scores(memory, layer, q, scaling)
         want, _ = select(best, memory.lengths, policy.budget, policy.margin)
-        policy.trace.recall_hits += int((want & zoom).sum())
-        policy.trace.recall_total += int(want.sum())
+        policy.trace.add_recall(zoom, want)
 
     pool_k, pool_v, owner = memory.zoom_pool(layer, zoom)  # (Hkv, P, D), owner (Hkv, P)
     neg_inf = torch.finfo(torch.float32).min
@@ -112,8 +111,8 @@ def sekv_attention_forward(
     else:
         summary_bias = torch.full_like(zoom, neg_inf, dtype=torch.float32)
     fixed_k, fixed_v = memory.fixed_k[layer], memory.fixed_v[layer]  # (Hkv, F, D)
-    k_mem = torch.cat([fixed_k, memory.summary_k[layer], pool_k], dim=1)
-    v_mem = torch.cat([fixed_v, memory.summary_v[layer], pool_v], dim=1)
+    k_mem = torch.cat([fixed_k, memory.summary_k[layer], pool_k.to(fixed_k.dtype)], dim=1)
+    v_mem = torch.cat([fixed_v, memory.summary_v[layer], pool_v.to(fixed_v.dtype)], dim=1)
     bias = torch.cat(
         [fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32), summary_bias, pool_bias],
         dim=1,

@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .basis import (
@@ -83,17 +83,18 @@ class SpanStore:
     manifest: dict[str, Any]
     resident: dict[str, torch.Tensor]
     trace: dict[str, torch.Tensor]
-    _offload: Any = None  # safe_open handle: memory-mapped, sliced on demand
+    _offload: dict[str, torch.Tensor] | None = None  # flat buffers mapped from the file
 
     @property
-    def offload(self) -> Any:
+    def offload(self) -> dict[str, torch.Tensor]:
+        """The offload tier's flat buffers, memory-mapped (pages are read when sliced)."""
         if self._offload is None:
-            self._offload = safe_open(self.path / "offload.safetensors", framework="pt")
+            self._offload = map_safetensors(self.path / "offload.safetensors")
         return self._offload
 
     def offload_slice(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Elements [start, stop) of a flat offload buffer (reads only those bytes)."""
-        return self.offload.get_slice(name)[start:stop]
+        """Elements [start, stop) of a flat offload buffer (reads only those pages)."""
+        return self.offload[name][start:stop]
 
     @property
     def n_spans(self) -> int:
@@ -102,6 +103,31 @@ class SpanStore:
     @property
     def bytes(self) -> dict[str, int]:
         return self.manifest["bytes"]
+
+
+def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Memory-map the 1-D tensors of a safetensors file as read-only torch views (no copy)."""
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    dtypes = {"F16": np.float16, "F32": np.float32, "I64": np.int64, "I32": np.int32}
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, stop = meta["data_offsets"]
+        dtype = np.dtype(dtypes[meta["dtype"]])
+        count = (stop - start) // dtype.itemsize
+        if count == 0:
+            out[name] = torch.zeros(0, dtype=getattr(torch, dtype.name))
+            continue
+        array = np.memmap(
+            path, dtype=dtype, mode="r", offset=8 + header_len + start, shape=(count,)
+        )
+        with warnings.catch_warnings():  # read-only map: torch warns it is not writable
+            warnings.simplefilter("ignore")
+            out[name] = torch.from_numpy(array)
+    return out
 
 
 def store_key(

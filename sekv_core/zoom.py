@@ -9,7 +9,7 @@ keeping reconstructions in a small per-(layer, span) cache so decoding does not 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -51,6 +51,8 @@ class SpanMemory:
         self.peak_cached_bytes = 0
         self.reconstructions = 0
         self._oracle_keys: dict[int, torch.Tensor] = {}
+        # per layer: the last zoom picks and the pool built for them (reused while unchanged)
+        self._pools: dict[int, tuple[list[list[int]], tuple[torch.Tensor, ...]]] = {}
 
     def resident_bytes(self) -> int:
         """Bytes of the resident tier held on the device (routing structures included)."""
@@ -75,6 +77,7 @@ class SpanMemory:
         """Drop reconstructions (between questions); keep ``capacity`` head-tokens per layer."""
         for layer_cache in self.cache:
             layer_cache.clear()
+        self._pools.clear()
         self.cache_tokens = [0] * self.num_layers
         self.capacity = capacity
         self.peak_cached_bytes = 0
@@ -116,16 +119,20 @@ class SpanMemory:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Reconstructed tokens of the spans each KV head zoomed, padded to a common length.
 
-        zoom : (H, N) bool. Returns K, V (H, P, D) in the model dtype and owner (H, P): the span
-        of each pooled token, -1 on padding.
+        zoom : (H, N) bool. Returns K, V (H, P, D) in CACHE_DTYPE and owner (H, P): the span of
+        each pooled token, -1 on padding. A layer whose picks did not change since its last call
+        gets the same pool back (decoding rarely changes the zoom from one token to the next).
         """
         H, D = self.num_kv_heads, self.head_dim
         picks = [torch.nonzero(row)[:, 0].tolist() for row in zoom.cpu()]  # host: which reads
+        last = self._pools.get(layer)
+        if last is not None and last[0] == picks:  # same zoom as this layer's last call: reuse
+            return last[1]
         per_head = [[self.span_kv(layer, s, h) for s in spans] for h, spans in enumerate(picks)]
         sizes = [sum(k.shape[0] for k, _ in kv) for kv in per_head]
         P = max(sizes, default=0)
-        keys = self.fixed_k.new_zeros(H, P, D)
-        values = self.fixed_k.new_zeros(H, P, D)
+        keys = self.fixed_k.new_zeros(H, P, D, dtype=CACHE_DTYPE)
+        values = self.fixed_k.new_zeros(H, P, D, dtype=CACHE_DTYPE)
         owner = torch.full((H, P), -1, dtype=torch.long)
         for h, (spans, kv) in enumerate(zip(picks, per_head, strict=True)):
             if kv:
@@ -134,9 +141,12 @@ class SpanMemory:
                 owner[h, : sizes[h]] = torch.repeat_interleave(
                     torch.tensor(spans), torch.tensor([k.shape[0] for k, _ in kv])
                 )
-        live = self.cached_bytes() + H * P * 2 * D * self.dtype.itemsize  # cache + this pool
+        self._pools[layer] = (picks, (keys, values, owner.to(self.device)))
+        pooled = sum(k.shape[0] * k.shape[1] for _, (k, _, _) in self._pools.values())
+        # live: the cache + every layer's pool (fp16) + this call's pool in the model dtype
+        live = self.cached_bytes() + pooled * self.token_bytes + H * P * 2 * D * self.dtype.itemsize
         self.peak_cached_bytes = max(self.peak_cached_bytes, live)
-        return keys, values, owner.to(self.device)
+        return self._pools[layer][1]
 
     def all_span_keys(self, layer: int) -> torch.Tensor:
         """Every span token's key of one layer (H, S, D), for the oracle diagnostic only: kept
@@ -158,48 +168,94 @@ class SpanMemory:
 
 @dataclass
 class ZoomTrace:
-    """What the router did during one answer."""
+    """What the router did during one answer, accumulated on the device (no host syncs)."""
 
-    heads: dict[int, set[tuple[int, int]]] = field(default_factory=dict)  # span -> {(layer, h)}
-    best: dict[int, tuple[float, float]] = field(default_factory=dict)  # span -> (score, thr)
-    recall_hits: int = 0
-    recall_total: int = 0
-    zoomed_tokens_max: int = 0  # most reconstructed tokens one (layer, head) attended to
-    mass: torch.Tensor | None = None  # (N + 1,) attention share each span's tokens received, summed
+    zoomed: torch.Tensor | None = None  # (L, H, N) bool: (layer, head) zoomed the span
+    best_margin: torch.Tensor | None = None  # (N,) best score - threshold when zoomed
+    best_score: torch.Tensor | None = None  # (N,) the score at that best margin
+    best_threshold: torch.Tensor | None = None  # (N,) the threshold at that best margin
+    tokens_max: torch.Tensor | None = None  # () most reconstructed tokens one (layer, head) used
+    mass: torch.Tensor | None = None  # (N + 1,) attention share of zoomed tokens (+ padding)
     calls: int = 0  # attention calls that contributed to ``mass`` (layers x steps)
-
-    def add_mass(self, owner: torch.Tensor, pool_mass: torch.Tensor, n_spans: int) -> None:
-        """Accumulate the attention share of zoomed tokens per span (stays on the device)."""
-        if self.mass is None:
-            self.mass = pool_mass.new_zeros(n_spans + 1)  # the last slot collects padding
-        self.mass.index_add_(0, owner.flatten().clamp(min=-1) % (n_spans + 1), pool_mass.flatten())
-        self.calls += 1
-
-    def attention_share(self) -> list[float]:
-        """Mean attention share per span over all calls (host copy, once per answer)."""
-        if self.mass is None or self.calls == 0:
-            return []
-        return (self.mass[:-1] / self.calls).tolist()
+    recall: torch.Tensor | None = None  # (2,) oracle-picked spans also picked, oracle-picked
 
     def record(
         self,
         layer: int,
+        num_layers: int,
         zoom: torch.Tensor,
         scores: torch.Tensor,
         threshold: torch.Tensor,
         lengths: torch.Tensor,
     ) -> None:
-        """zoom, scores: (H, N); threshold: (H,). One host sync per layer call."""
-        heads, spans = torch.nonzero(zoom, as_tuple=True)
-        if len(spans) == 0:
-            return
-        margin = (scores - threshold[:, None])[heads, spans]
-        rows = torch.stack([heads, spans]).tolist()
-        vals = torch.stack([scores[heads, spans], threshold[heads], margin]).tolist()
-        for h, s, score, thr, m in zip(*rows, *vals, strict=True):
-            self.heads.setdefault(s, set()).add((layer, h))
-            old = self.best.get(s)
-            if old is None or m > old[0] - old[1]:
-                self.best[s] = (score, thr)
-        per_head = (zoom * lengths[None]).sum(dim=1).max()
-        self.zoomed_tokens_max = max(self.zoomed_tokens_max, int(per_head))
+        """zoom, scores: (H, N); threshold: (H,)."""
+        H, N = zoom.shape
+        if self.zoomed is None:
+            self.zoomed = torch.zeros(num_layers, H, N, dtype=torch.bool, device=zoom.device)
+            self.best_margin = scores.new_full((N,), float("-inf"))
+            self.best_score, self.best_threshold = scores.new_zeros(N), scores.new_zeros(N)
+            self.tokens_max = lengths.new_zeros(())
+            self.recall = lengths.new_zeros(2)
+        self.zoomed[layer] |= zoom
+        margin = torch.where(zoom, scores - threshold[:, None], float("-inf"))  # (H, N)
+        best, head = margin.max(dim=0)  # (N,)
+        better = best > self.best_margin
+        self.best_margin = torch.where(better, best, self.best_margin)
+        self.best_score = torch.where(better, scores.gather(0, head[None])[0], self.best_score)
+        self.best_threshold = torch.where(better, threshold[head], self.best_threshold)
+        used = (zoom * lengths[None]).sum(dim=1).max()
+        self.tokens_max = torch.maximum(self.tokens_max, used)
+
+    def add_recall(self, zoom: torch.Tensor, oracle_zoom: torch.Tensor) -> None:
+        self.recall += torch.stack([(zoom & oracle_zoom).sum(), oracle_zoom.sum()])
+
+    def add_mass(self, owner: torch.Tensor, pool_mass: torch.Tensor, n_spans: int) -> None:
+        """Accumulate the attention share of zoomed tokens per span (stays on the device)."""
+        if self.mass is None:
+            self.mass = pool_mass.new_zeros(n_spans + 1)  # the last slot collects padding
+        self.mass.index_add_(0, owner.flatten() % (n_spans + 1), pool_mass.flatten())
+        self.calls += 1
+
+    def spans(self) -> list[dict]:
+        """Per zoomed span: layers, (layer, head) pairs, best score/threshold, attention share.
+
+        One host copy per answer.
+        """
+        if self.zoomed is None:
+            return []
+        layers = self.zoomed.any(dim=1).sum(dim=0)  # (N,)
+        heads = self.zoomed.sum(dim=(0, 1))  # (N,)
+        share = self.mass[:-1] / max(self.calls, 1) if self.mass is not None else heads * 0.0
+        rows = torch.stack(
+            [
+                layers.float(),
+                heads.float(),
+                self.best_score.float(),
+                self.best_threshold.float(),
+                share.float(),
+            ],
+            dim=1,
+        ).tolist()
+        return [
+            {
+                "span": n,
+                "layers": int(r[0]),
+                "heads": int(r[1]),
+                "score": r[2],
+                "threshold": r[3],
+                "attention": r[4],
+            }
+            for n, r in enumerate(rows)
+            if r[1] > 0
+        ]
+
+    @property
+    def zoomed_tokens_max(self) -> int:
+        return int(self.tokens_max) if self.tokens_max is not None else 0
+
+    @property
+    def recall_vs_oracle(self) -> float | None:
+        if self.recall is None:
+            return None
+        hits, total = self.recall.tolist()
+        return hits / total if total else 1.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ def bench_needle(
     needle: int = 2,
     recall: bool = True,
     max_new_tokens: int = 24,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     nd = NEEDLES[needle]
     rows = []
