@@ -46,6 +46,7 @@ def needle_bench(
     depths: str = typer.Option("0.1,0.3,0.5,0.7,0.9", help="Needle depths (0..1)."),
     budget: int = typer.Option(128, min=1, help="Zoom budget (tokens per layer and KV head)."),
     recall: bool = typer.Option(True, help="Measure routing recall against the oracle router."),
+    summaries: bool = typer.Option(True, help="Non-zoomed spans' summaries join the softmax."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model id or directory."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
@@ -58,6 +59,7 @@ def needle_bench(
         tuple(float(x) for x in depths.split(",")),
         budget=budget,
         recall=recall,
+        summaries=summaries,
         progress=lambda row: err.print(
             f"{row['tokens']} tokens, depth {row['depth']}: full {row['full_ok']}, "
             f"sekv {row['sekv_ok']}, resident {row['resident_ratio']:.1%}, "
@@ -66,7 +68,7 @@ def needle_bench(
     )
     summary = summarize_rows(rows)
     if json_out:
-        print_json({"needle": rows, "summary": summary, "budget": budget})
+        print_json({"needle": rows, "summary": summary, "budget": budget, "summaries": summaries})
         return
     table = Table(title=f"needle grid, budget {budget}")
     for col in rows[0]:

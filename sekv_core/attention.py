@@ -111,8 +111,8 @@ def sekv_attention_forward(
     else:
         summary_bias = torch.full_like(zoom, neg_inf, dtype=torch.float32)
     fixed_k, fixed_v = memory.fixed_k[layer], memory.fixed_v[layer]  # (Hkv, F, D)
-    k_mem = torch.cat([fixed_k, memory.summary_k[layer], pool_k.to(fixed_k.dtype)], dim=1)
-    v_mem = torch.cat([fixed_v, memory.summary_v[layer], pool_v.to(fixed_v.dtype)], dim=1)
+    k_mem = torch.cat([fixed_k, memory.summary_k[layer], pool_k], dim=1).to(q.dtype)
+    v_mem = torch.cat([fixed_v, memory.summary_v[layer], pool_v], dim=1).to(q.dtype)
     bias = torch.cat(
         [fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32), summary_bias, pool_bias],
         dim=1,

@@ -7,7 +7,7 @@ whose best token would weigh e^-margin of the best one is not worth its reconstr
 
 Routers (training-free; a trained router plugs in through the same ``scores`` method):
 
-- ``sketch`` (default): each span key projected on its head's top principal directions (16 dims,
+- ``sketch`` (default): each span key projected on its head's top principal directions (32 dims,
   int8, resident); a span scores its max approximate logit.
 - ``summary``: query . span summary + log|S| (the paper's coarse score; routes poorly untrained).
 - ``oracle``: the exact max logit over the span's reconstructed keys (a diagnostic: it reads every
@@ -47,8 +47,9 @@ class SketchRouter:
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
-        proj = memory.sketch_proj[layer]  # (H, D, R)
-        qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * memory.sketch_scale[layer][:, None, None]
+        proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
+        scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]  # (H, 1, 1, R)
+        qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * scale
         sketch = memory.sketch[layer].to(q.dtype)  # (H, S, R) int8 -> float
         logits = torch.einsum("hgtr,hsr->hgts", qs, sketch)  # (H, G, Tq, S)
         best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
@@ -61,7 +62,8 @@ class SummaryRouter:
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
-        logits = torch.einsum("hgtd,hnd->hgtn", q, memory.summary_k[layer])  # (H, G, Tq, N)
+        summary = memory.summary_k[layer].to(q.dtype)
+        logits = torch.einsum("hgtd,hnd->hgtn", q, summary)  # (H, G, Tq, N)
         return logits.amax(dim=(1, 2)) * scaling + memory.log_len[None]
 
 

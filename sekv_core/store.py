@@ -64,7 +64,7 @@ class StoreSettings:
     # needle's digits (0.9: 0/4, 0.95: 1/4, 0.99: 4/4 at budget 256), values tolerate 0.95
     key_energy: float = 0.99
     value_energy: float = 0.95
-    sketch_dim: int = 16  # routing sketch: span keys on their top principal directions (int8)
+    sketch_dim: int = 32  # routing sketch: span keys on their top principal directions (int8)
     prefill_chunk: int = 512
 
     def to_dict(self) -> dict[str, Any]:
@@ -204,7 +204,9 @@ def load_store(
         trace = load_file(path / "trace.safetensors")
     except Exception as exc:  # safetensors raises its own error types
         raise StoreInvalid(f"unreadable tensors ({exc})") from None
-    device, dtype = loaded.device, loaded.dtype
+    device = loaded.device
+    # the resident tier stays in half precision on the device (fp32 models compute on copies)
+    dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else BASIS_DTYPE
     for name in ("fixed_k", "fixed_v", "summary_k", "summary_v", "sketch_proj", "sketch_scale"):
         resident[name] = resident[name].to(device=device, dtype=dtype)
     resident["sketch"] = resident["sketch"].to(device)  # stays int8

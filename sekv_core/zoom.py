@@ -34,7 +34,7 @@ class SpanMemory:
         self.sketch_scale = r["sketch_scale"]  # (L, H, R)
         self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
         self.lengths = (self.ends - self.starts).to(device)
-        self.log_len = self.lengths.to(dtype).log()  # (N,)
+        self.log_len = self.lengths.float().log()  # (N,)
         self.n_spans = int(self.starts.numel())
         self.sketch_span = torch.repeat_interleave(
             torch.arange(self.n_spans), self.ends - self.starts
@@ -143,8 +143,14 @@ class SpanMemory:
                 )
         self._pools[layer] = (picks, (keys, values, owner.to(self.device)))
         pooled = sum(k.shape[0] * k.shape[1] for _, (k, _, _) in self._pools.values())
-        # live: the cache + every layer's pool (fp16) + this call's pool in the model dtype
-        live = self.cached_bytes() + pooled * self.token_bytes + H * P * 2 * D * self.dtype.itemsize
+        # live: the cache + every layer's pool (fp16) + this call's memory entries (fixed,
+        # summaries, pool) copied to the model dtype for the softmax
+        entries = self.fixed_k.shape[2] + self.n_spans + P
+        live = (
+            self.cached_bytes()
+            + pooled * self.token_bytes
+            + H * entries * 2 * D * self.dtype.itemsize
+        )
         self.peak_cached_bytes = max(self.peak_cached_bytes, live)
         return self._pools[layer][1]
 

@@ -30,6 +30,7 @@ def bench_needle(
     budget: int = 128,
     needle: int = 2,
     recall: bool = True,
+    summaries: bool = True,
     max_new_tokens: int = 24,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -42,7 +43,9 @@ def bench_needle(
                 path.write_text(haystack(loaded.tokenizer, n, depth, nd, seed=n))
                 doc = load_document(path)
                 full = Session(loaded, doc, "full").ask(nd.question, max_new_tokens)
-                settings = MethodSettings(budget=budget, measure_recall=recall)
+                settings = MethodSettings(
+                    budget=budget, measure_recall=recall, use_summaries=summaries
+                )
                 Session(loaded, doc, "sekv", settings)  # ingest: builds the store once
                 t0 = time.perf_counter()  # a repeat question: the store is loaded from disk
                 session = Session(loaded, doc, "sekv", settings)

@@ -62,8 +62,7 @@ class SeKV(Method):
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         model, device, spans = self.loaded.model, self.loaded.device, self.spans
         self.policy = policy = self.new_policy()
-        # keep twice a layer's largest zoom set: decoding shifts the zoom a little at each token
-        spans.clear(capacity=2 * policy.budget * spans.num_kv_heads)
+        spans.clear(capacity=policy.budget * spans.num_kv_heads)  # a layer's largest zoom set
         local = DynamicCache(config=model.config)
         start = len(self.context)  # local tokens continue after the document's positions
         self.local_tokens = 0
