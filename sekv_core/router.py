@@ -8,7 +8,7 @@ whose best token would weigh e^-margin of the best one is not worth its reconstr
 Routers (training-free; a trained router plugs in through the same ``scores`` method):
 
 - ``sketch`` (default): each span key projected on its head's top principal directions (32 dims,
-  int8, resident); a span scores its max approximate logit.
+  4-bit, resident); a span scores its max approximate logit.
 - ``summary``: query . span summary + log|S| (the paper's coarse score; routes poorly untrained).
 - ``oracle``: the exact max logit over the span's reconstructed keys (a diagnostic: it reads every
   span's basis, so it saves nothing).
@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+from .basis import dequantize_sketch
 
 if TYPE_CHECKING:
     from .zoom import SpanMemory
@@ -50,7 +52,7 @@ class SketchRouter:
         proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
         scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]  # (H, 1, 1, R)
         qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * scale
-        sketch = memory.sketch[layer].to(q.dtype)  # (H, S, R) int8 -> float
+        sketch = dequantize_sketch(memory.sketch[layer], proj.shape[-1], q.dtype)  # (H, S, R)
         logits = torch.einsum("hgtr,hsr->hgts", qs, sketch)  # (H, G, Tq, S)
         best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
         return segment_max(best, memory.sketch_span, memory.n_spans)

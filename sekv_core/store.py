@@ -64,7 +64,8 @@ class StoreSettings:
     # needle's digits (0.9: 0/4, 0.95: 1/4, 0.99: 4/4 at budget 256), values tolerate 0.95
     key_energy: float = 0.99
     value_energy: float = 0.95
-    sketch_dim: int = 32  # routing sketch: span keys on their top principal directions (int8)
+    sketch_dim: int = 32  # routing sketch: span keys on their top principal directions
+    sketch_bits: int = 4  # its quantisation (4: two values per byte; 8: int8)
     prefill_chunk: int = 512
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,7 +210,7 @@ def load_store(
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else BASIS_DTYPE
     for name in ("fixed_k", "fixed_v", "summary_k", "summary_v", "sketch_proj", "sketch_scale"):
         resident[name] = resident[name].to(device=device, dtype=dtype)
-    resident["sketch"] = resident["sketch"].to(device)  # stays int8
+    resident["sketch"] = resident["sketch"].to(device)  # stays quantised
     return SpanStore(path, manifest, resident, trace)
 
 
@@ -258,7 +259,7 @@ def build_store(
         "summary_k": summary_k.to(BASIS_DTYPE),
         "summary_v": summary_v.to(BASIS_DTYPE),
         "sketch_proj": sketch_proj.to(BASIS_DTYPE),
-        **quantize_sketch(sketch),
+        **quantize_sketch(sketch, settings.sketch_bits),
         **kb.tables("k"),
         **vb.tables("v"),
     }
