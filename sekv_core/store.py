@@ -168,7 +168,13 @@ def open_or_build(
         except StoreInvalid as exc:
             if warn:
                 warn(f"rebuilding the span store at {path}: {exc}")
-    build_store(path, loaded, document, context, settings, progress)
+    try:
+        build_store(path, loaded, document, context, settings, progress)
+    except OSError as exc:
+        raise SekvError(
+            f"cannot write the span store under {path.parent} ({exc.strerror or exc}); "
+            "set SEKV_HOME to a writable directory with free space"
+        ) from None
     return load_store(path, loaded, document, settings), False
 
 

@@ -211,3 +211,14 @@ def test_chat_exits_cleanly_on_eof(tmp_path, tiny_model_dirs):
         app, ["chat", str(doc), "--model", str(tiny_model_dirs["qwen2"])], input=""
     )
     assert result.exit_code == 0 and result.stdout == ""
+
+
+def test_unusable_sekv_home_is_an_error(tmp_path, tiny_model_dirs, monkeypatch):
+    bad = tmp_path / "a-file"
+    bad.write_text("x")
+    monkeypatch.setenv("SEKV_HOME", str(bad / "sub"))
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\n" + FILLER)
+    result = run("ingest", doc, "--model", tiny_model_dirs["llama"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: cannot use") and "SEKV_HOME" in result.stderr

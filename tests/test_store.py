@@ -133,3 +133,17 @@ def test_interrupted_write_cleans_up(tiny_loaded, tmp_path, sekv_home, monkeypat
     with pytest.raises(KeyboardInterrupt):
         open_or_build(tiny_loaded, document, context)
     assert list((sekv_home / "stores").iterdir()) == []
+
+
+def test_unwritable_home_is_an_actionable_error(tiny_loaded, tmp_path, monkeypatch):
+    from sekv_core.errors import SekvError
+
+    home = tmp_path / "home-file"
+    home.write_text("not a directory")  # $SEKV_HOME/stores cannot be created under a file
+    monkeypatch.setenv("SEKV_HOME", str(tmp_path / "ok"))
+    document, context = prepare(tiny_loaded, tmp_path)
+    import sekv_core.store as store_mod
+
+    monkeypatch.setattr(store_mod, "sekv_home", lambda: home)
+    with pytest.raises(SekvError, match="set SEKV_HOME to a writable directory"):
+        open_or_build(tiny_loaded, document, context)
