@@ -62,6 +62,7 @@ def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
         TimeElapsedColumn(),
         console=err,
         transient=True,
+        disable=not err.is_terminal,  # no bar (nor its blank line) when stderr is a file
     ) as bar:
         task = bar.add_task(label, total=None)
 
