@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .basis import BASIS_DTYPE
-from .rope import Rope
+from .rope import Rope, rotate_half
 from .store import SpanStore
 
 CACHE_DTYPE = BASIS_DTYPE  # reconstructions wait between steps in half precision
@@ -40,6 +40,10 @@ class SpanMemory:
             torch.arange(self.n_spans), self.ends - self.starts
         ).to(device)  # (S,) span of each span token
         self.num_layers, self.num_kv_heads, _, self.head_dim = self.fixed_k.shape
+        # RoPE tables of the context positions, to rotate reconstructed pre-RoPE keys
+        context = int(store.manifest["document"]["context_tokens"])
+        like = torch.zeros(1, device=device, dtype=dtype)
+        self.cos, self.sin = rope.tables(torch.arange(context), like)  # (T, D)
         self.tables = {k: v for k, v in r.items() if k.startswith(("k_", "v_"))}
         # per layer: (span, head) -> reconstructed (K, V) in fp16, least recently used first
         self.cache: list[OrderedDict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]] = [
@@ -66,6 +70,8 @@ class SpanMemory:
             self.sketch_scale,
             self.lengths,
             self.sketch_span,
+            self.cos,
+            self.sin,
             *self.tables.values(),
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -89,11 +95,12 @@ class SpanMemory:
         if hit is not None:
             layer_cache.move_to_end((span, head))
             return hit
-        positions = torch.arange(int(self.starts[span]), int(self.ends[span]))
-        keys = self.rope.rotate(self._reconstruct("k", layer, span, head), positions)  # pre-RoPE
+        s, e = int(self.starts[span]), int(self.ends[span])
+        keys = self._reconstruct("k", layer, span, head)  # pre-RoPE: rotate to its positions
+        keys = keys * self.cos[s:e] + rotate_half(keys) * self.sin[s:e]
         hit = (keys.to(CACHE_DTYPE), self._reconstruct("v", layer, span, head).to(CACHE_DTYPE))
         layer_cache[(span, head)] = hit
-        self.cache_tokens[layer] += len(positions)
+        self.cache_tokens[layer] += e - s
         while self.cache_tokens[layer] > self.capacity and len(layer_cache) > 1:
             _, (old, _) = layer_cache.popitem(last=False)
             self.cache_tokens[layer] -= old.shape[0]
@@ -106,13 +113,13 @@ class SpanMemory:
         length = int(self.ends[span] - self.starts[span])
         r = int(t[f"{kind}_rank"][layer, head, span])
         c0 = int(t[f"{kind}_coef_off"][layer, head, span])
-        coef = self.store.offload_slice(f"{kind}_coef", c0, c0 + length * r)
-        coef = coef.to(self.device, non_blocking=True).view(length, r).to(self.dtype)
+        coef = self.store.offload_slice(f"{kind}_coef", c0, c0 + length * r).view(length, r)
+        coef = coef.to(device=self.device, dtype=self.dtype, non_blocking=True)
         if t[f"{kind}_raw"][layer, head, span]:
             return coef
         b0 = int(t[f"{kind}_basis_off"][layer, head, span])
-        basis = self.store.offload_slice(f"{kind}_basis", b0, b0 + r * D)
-        return coef @ basis.to(self.device, non_blocking=True).view(r, D).to(self.dtype)
+        basis = self.store.offload_slice(f"{kind}_basis", b0, b0 + r * D).view(r, D)
+        return coef @ basis.to(device=self.device, dtype=self.dtype, non_blocking=True)
 
     def zoom_pool(
         self, layer: int, zoom: torch.Tensor
