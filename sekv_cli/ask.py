@@ -32,6 +32,9 @@ def ask(
         min=1,
         help="Tokens reconstructed per layer and KV head when zooming (sekv; default 256).",
     ),
+    summaries: bool = typer.Option(
+        False, "--summaries", help="Let non-zoomed spans join attention as summaries (sekv)."
+    ),
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
@@ -44,7 +47,7 @@ def ask(
     loaded = load_model_quietly(model)
     load_s = time.perf_counter() - start
     with prefill_progress(f"Reading {file.name}") as progress:
-        settings = MethodSettings(budget=budget, warn=warn)
+        settings = MethodSettings(budget=budget, use_summaries=summaries, warn=warn)
         session = Session(loaded, document, method, settings, progress)
 
     def stream(delta: str) -> None:

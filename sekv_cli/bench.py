@@ -46,7 +46,7 @@ def needle_bench(
     depths: str = typer.Option("0.1,0.3,0.5,0.7,0.9", help="Needle depths (0..1)."),
     budget: int = typer.Option(128, min=1, help="Zoom budget (tokens per layer and KV head)."),
     recall: bool = typer.Option(True, help="Measure routing recall against the oracle router."),
-    summaries: bool = typer.Option(True, help="Non-zoomed spans' summaries join the softmax."),
+    summaries: bool = typer.Option(False, help="Non-zoomed spans' summaries join the softmax."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model id or directory."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
@@ -77,3 +77,30 @@ def needle_bench(
         table.add_row(*(str(v) for v in row.values()))
     Console().print(table)
     Console().print(summary)
+
+
+@bench_app.command("qa")
+@handle_errors
+def qa_bench(
+    files: list[Path] = typer.Argument(..., help="Documents with a .qa.json beside them."),
+    methods: str = typer.Option("full,sekv", help="Methods to compare, comma-separated."),
+    budget: int | None = typer.Option(None, min=1, help="Zoom budget (sekv)."),
+    summaries: bool = typer.Option(False, help="Non-zoomed spans' summaries join the softmax."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model id or directory."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Ground-truth questions answered correctly by each method, with resident memory."""
+    from sekv_core.bench.qa import bench_qa
+    from sekv_core.methods import MethodSettings
+
+    settings = MethodSettings(budget=budget, use_summaries=summaries)
+    rows = bench_qa(load_model_quietly(model), files, methods.split(","), settings)
+    if json_out:
+        print_json({"qa": rows})
+        return
+    table = Table(title="ground-truth QA (answer string contained in the answer)")
+    for col in rows[0]:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    Console().print(table)

@@ -36,7 +36,7 @@ class ZoomPolicy:
     router: Router
     budget: int = 256
     margin: float = 6.0
-    use_summaries: bool = True
+    use_summaries: bool = False
     oracle: Router | None = None  # when set: measure routing recall against it
     trace: ZoomTrace = field(default_factory=ZoomTrace)
 

@@ -30,7 +30,7 @@ def bench_needle(
     budget: int = 128,
     needle: int = 2,
     recall: bool = True,
-    summaries: bool = True,
+    summaries: bool = False,
     max_new_tokens: int = 24,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:

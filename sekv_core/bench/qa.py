@@ -1,0 +1,47 @@
+"""Ground-truth QA on documents with a `.qa.json` beside them: each method, side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..documents import load_document
+from ..engine import Session
+from ..errors import SekvError
+from ..methods import MethodSettings
+from ..models import LoadedModel
+
+
+def bench_qa(
+    loaded: LoadedModel,
+    paths: list[Path],
+    methods: list[str],
+    settings: MethodSettings | None = None,
+) -> list[dict[str, Any]]:
+    """Per document and method: questions answered correctly (answer string contained)."""
+    rows = []
+    for path in paths:
+        qa_file = path.with_suffix(".qa.json")
+        if not qa_file.is_file():
+            raise SekvError(f"no ground truth for '{path}': expected {qa_file}")
+        items = json.loads(qa_file.read_text())
+        document = load_document(path)
+        for method in methods:
+            session = Session(loaded, document, method, settings or MethodSettings())
+            hits, memory = [], {}
+            for item in items:
+                answer = session.ask(item["question"], max_new_tokens=48)
+                hits.append(item["answer"].lower() in answer.answer.lower())
+                memory = answer.memory
+            rows.append(
+                {
+                    "document": path.name,
+                    "method": method,
+                    "correct": sum(hits),
+                    "questions": len(items),
+                    "hits": "".join("1" if h else "0" for h in hits),
+                    "resident_ratio": round(memory["resident_bytes"] / memory["full_kv_bytes"], 4),
+                }
+            )
+    return rows
