@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from .common import err, handle_errors, load_model_quietly, print_json
+from .render import print_rows
 
 bench_app = typer.Typer(
     help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True
@@ -29,12 +29,7 @@ def ingest_bench(
     if json_out:
         print_json({"ingest": rows})
         return
-    table = Table(title="ingest vs full-KV prefill (ratios: resident & stored vs fp16 full KV)")
-    for col in rows[0]:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    Console().print(table)
+    print_rows("ingest vs full-KV prefill (ratios: resident & stored vs fp16 full KV)", rows)
 
 
 @bench_app.command("needle")
@@ -70,12 +65,7 @@ def needle_bench(
     if json_out:
         print_json({"needle": rows, "summary": summary, "budget": budget, "summaries": summaries})
         return
-    table = Table(title=f"needle grid, budget {budget}")
-    for col in rows[0]:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    Console().print(table)
+    print_rows(f"needle grid, budget {budget}", rows)
     Console().print(summary)
 
 
@@ -98,9 +88,4 @@ def qa_bench(
     if json_out:
         print_json({"qa": rows})
         return
-    table = Table(title="ground-truth QA (answer string contained in the answer)")
-    for col in rows[0]:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    Console().print(table)
+    print_rows("ground-truth QA (answer string contained in the answer)", rows)

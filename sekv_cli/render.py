@@ -6,17 +6,12 @@ from rich.console import Console
 from rich.table import Table
 
 from sekv_core.engine import Answer
+from sekv_core.html_report import human_bytes
+
+__all__ = ["human_bytes", "print_rows", "print_zoom"]
 
 out = Console()
 SHOWN = 8  # spans listed in the terminal (all are in --json)
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def print_zoom(result: Answer) -> None:
@@ -57,3 +52,13 @@ def print_zoom(result: Answer) -> None:
         f"memory: resident {human_bytes(mem['resident_bytes'])} (incl. zoom peak), offloaded "
         f"{human_bytes(mem['offloaded_bytes'])}, full KV {human_bytes(mem['full_kv_bytes'])}"
     )
+
+
+def print_rows(title: str, rows: list[dict]) -> None:
+    """A table of benchmark rows (dicts with the same keys)."""
+    table = Table(title=title)
+    for col in rows[0]:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    out.print(table)
