@@ -8,23 +8,24 @@ from pathlib import Path
 
 import typer
 
-from sekv_core.documents import load_document
-from sekv_core.engine import Session
 from sekv_core.methods import METHODS, MethodSettings
 
-from .common import handle_errors, load_model_quietly, prefill_progress, print_json, warn
+from .common import (
+    JSON_OPTION,
+    MODEL_OPTION,
+    handle_errors,
+    open_session,
+    print_json,
+    stream_text,
+    warn,
+)
 
 
 @handle_errors
 def ask(
     file: Path = typer.Argument(..., help="Document to read: .pdf, .txt or .md."),
     question: str = typer.Argument(..., help="The question to answer."),
-    model: str | None = typer.Option(
-        None,
-        "--model",
-        "-m",
-        help="Hugging Face id or local directory (default: embedded SmolLM2).",
-    ),
+    model: str | None = MODEL_OPTION,
     method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
     budget: int | None = typer.Option(
         None,
@@ -36,25 +37,14 @@ def ask(
         False, "--summaries", help="Let non-zoomed spans join attention as summaries (sekv)."
     ),
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
-    if method not in METHODS:
-        raise typer.BadParameter(f"choose one of: {', '.join(METHODS)}", param_hint="--method")
     start = time.perf_counter()
-    document = load_document(file)
-    loaded = load_model_quietly(model)
-    load_s = time.perf_counter() - start
-    with prefill_progress(f"Reading {file.name}") as progress:
-        settings = MethodSettings(budget=budget, use_summaries=summaries, warn=warn)
-        session = Session(loaded, document, method, settings, progress)
-
-    def stream(delta: str) -> None:
-        sys.stdout.write(delta)
-        sys.stdout.flush()
-
-    result = session.ask(question, max_new_tokens, on_text=None if json_out else stream)
+    settings = MethodSettings(budget=budget, use_summaries=summaries, warn=warn)
+    session, load_s = open_session(file, model, method, settings)
+    result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)
     result.timings["load_s"] = round(load_s, 4)
     result.timings["total_s"] = round(time.perf_counter() - start, 4)
     if json_out:

@@ -7,7 +7,14 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from .common import err, handle_errors, load_model_quietly, print_json
+from .common import (
+    JSON_OPTION,
+    MODEL_OPTION,
+    err,
+    handle_errors,
+    load_model_quietly,
+    print_json,
+)
 from .render import print_rows
 
 bench_app = typer.Typer(
@@ -19,8 +26,8 @@ bench_app = typer.Typer(
 @handle_errors
 def ingest_bench(
     files: list[Path] = typer.Argument(..., help="Documents to ingest."),
-    model: str | None = typer.Option(None, "--model", "-m", help="Model id or directory."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    model: str | None = MODEL_OPTION,
+    json_out: bool = JSON_OPTION,
 ) -> None:
     """Span-store build vs plain full-KV prefill: time ratio, resident and stored bytes."""
     from sekv_core.bench.ingest import bench_ingest
@@ -42,8 +49,8 @@ def needle_bench(
     budget: int = typer.Option(128, min=1, help="Zoom budget (tokens per layer and KV head)."),
     recall: bool = typer.Option(True, help="Measure routing recall against the oracle router."),
     summaries: bool = typer.Option(False, help="Non-zoomed spans' summaries join the softmax."),
-    model: str | None = typer.Option(None, "--model", "-m", help="Model id or directory."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    model: str | None = MODEL_OPTION,
+    json_out: bool = JSON_OPTION,
 ) -> None:
     """Needle grid: SeKV vs full KV accuracy, memory, recall, time to first token, decode speed."""
     from sekv_core.bench.needle import bench_needle, summarize_rows
@@ -76,8 +83,8 @@ def qa_bench(
     methods: str = typer.Option("full,sekv", help="Methods to compare, comma-separated."),
     budget: int | None = typer.Option(None, min=1, help="Zoom budget (sekv)."),
     summaries: bool = typer.Option(False, help="Non-zoomed spans' summaries join the softmax."),
-    model: str | None = typer.Option(None, "--model", "-m", help="Model id or directory."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    model: str | None = MODEL_OPTION,
+    json_out: bool = JSON_OPTION,
 ) -> None:
     """Ground-truth questions answered correctly by each method, with resident memory."""
     from sekv_core.bench.qa import bench_qa

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import typer
 
-from sekv_core.documents import load_document
-from sekv_core.engine import Session
 from sekv_core.methods import METHODS, MethodSettings
 
-from .common import err, handle_errors, load_model_quietly, prefill_progress, warn
+from .common import (
+    MODEL_OPTION,
+    err,
+    handle_errors,
+    open_session,
+    stream_text,
+    warn,
+)
 
 HELP = """Commands:
   /zoom       toggle the zoom trace after each answer
@@ -23,24 +28,15 @@ HELP = """Commands:
 @handle_errors
 def chat(
     file: Path = typer.Argument(..., help="Document to talk about: .pdf, .txt or .md."),
-    model: str | None = typer.Option(
-        None,
-        "--model",
-        "-m",
-        help="Hugging Face id or local directory (default: embedded SmolLM2).",
-    ),
+    model: str | None = MODEL_OPTION,
     method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
     budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
-    if method not in METHODS:
-        raise typer.BadParameter(f"choose one of: {', '.join(METHODS)}", param_hint="--method")
-    document = load_document(file)
-    loaded = load_model_quietly(model)
-    with prefill_progress(f"Reading {file.name}") as progress:
-        settings = MethodSettings(budget=budget, warn=warn)
-        session = Session(loaded, document, method, settings, progress)
+    settings = MethodSettings(budget=budget, warn=warn)
+    session, _ = open_session(file, model, method, settings)
+    document = session.document
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
@@ -75,7 +71,7 @@ def chat(
                 err.print(f"unknown or malformed command {line!r}; /help lists them")
             continue
         try:
-            result = session.ask(line, max_new_tokens, on_text=_stream)
+            result = session.ask(line, max_new_tokens, on_text=stream_text)
         except KeyboardInterrupt:
             err.print("\n(interrupted)")
             continue
@@ -84,8 +80,3 @@ def chat(
             from .render import print_zoom
 
             print_zoom(result)
-
-
-def _stream(delta: str) -> None:
-    sys.stdout.write(delta)
-    sys.stdout.flush()

@@ -16,6 +16,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from sekv_core.errors import SekvError
 
 err = Console(stderr=True)
+
+MODEL_OPTION = typer.Option(
+    None, "--model", "-m", help="Hugging Face id or local directory (default: embedded SmolLM2)."
+)
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -102,3 +107,31 @@ def open_store(file, model: str | None):
             warn=warn,
         )
     return loaded, document, context, store, hit, time.perf_counter() - start
+
+
+def open_session(file, model: str | None, method: str, settings):
+    """Check the method, load document and model, prepare the session (progress on stderr).
+
+    Returns (session, seconds spent loading document and model).
+    """
+    import time
+
+    from sekv_core.documents import load_document
+    from sekv_core.engine import Session
+    from sekv_core.methods import METHODS
+
+    if method not in METHODS:
+        raise typer.BadParameter(f"choose one of: {', '.join(METHODS)}", param_hint="--method")
+    start = time.perf_counter()
+    document = load_document(file)
+    loaded = load_model_quietly(model)
+    load_s = time.perf_counter() - start
+    with prefill_progress(f"Reading {document.path.name}") as progress:
+        session = Session(loaded, document, method, settings, progress)
+    return session, load_s
+
+
+def stream_text(delta: str) -> None:
+    """Write an answer's text as it is decoded."""
+    sys.stdout.write(delta)
+    sys.stdout.flush()

@@ -8,20 +8,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .common import handle_errors, open_store, print_json
+from .common import (
+    JSON_OPTION,
+    MODEL_OPTION,
+    handle_errors,
+    open_store,
+    print_json,
+)
 from .render import human_bytes
 
 
 @handle_errors
 def ingest(
     file: Path = typer.Argument(..., help="Document to ingest: .pdf, .txt or .md."),
-    model: str | None = typer.Option(
-        None,
-        "--model",
-        "-m",
-        help="Hugging Face id or local directory (default: embedded SmolLM2).",
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    model: str | None = MODEL_OPTION,
+    json_out: bool = JSON_OPTION,
 ) -> None:
     """Read FILE once and save its SeKV span store; later questions start from it."""
     _, document, context, store, hit, seconds = open_store(file, model)

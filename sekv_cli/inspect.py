@@ -16,7 +16,13 @@ from sekv_core.errors import SekvError
 from sekv_core.html_report import INK, SCALE, render_html, scale_top
 from sekv_core.report import build_report
 
-from .common import err, handle_errors, open_store, print_json
+from .common import (
+    MODEL_OPTION,
+    err,
+    handle_errors,
+    open_store,
+    print_json,
+)
 from .render import human_bytes
 
 TEXT_LIMIT = 4000  # document tokens shown on the terminal; the table always lists every span
@@ -26,12 +32,7 @@ SPAN_MARK = "│"
 @handle_errors
 def inspect(
     file: Path = typer.Argument(..., help="Document to inspect: .pdf, .txt or .md."),
-    model: str | None = typer.Option(
-        None,
-        "--model",
-        "-m",
-        help="Hugging Face id or local directory (default: embedded SmolLM2).",
-    ),
+    model: str | None = MODEL_OPTION,
     json_out: bool = typer.Option(
         False, "--json", help="Print the whole report (spans, tokens, bytes) as one JSON object."
     ),

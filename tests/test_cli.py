@@ -183,11 +183,11 @@ def test_ingest_bad_input_writes_nothing(tmp_path, tiny_model_dirs, sekv_home):
 
 
 def test_chat_answers_two_questions_with_one_model_load(tmp_path, tiny_model_dirs, monkeypatch):
-    import sekv_cli.chat as chat_mod
+    import sekv_cli.common as common
 
     loads = []
-    real = chat_mod.load_model_quietly
-    monkeypatch.setattr(chat_mod, "load_model_quietly", lambda m: loads.append(m) or real(m))
+    real = common.load_model_quietly
+    monkeypatch.setattr(common, "load_model_quietly", lambda m: loads.append(m) or real(m))
     doc = tmp_path / "d.md"
     doc.write_text("# Notes\n\n" + FILLER)
     stdin = "Which shelf holds 9 jars?\n/budget 16\n/zoom\nAnd shelf 4?\n/bogus\n/quit\n"
