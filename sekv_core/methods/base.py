@@ -18,6 +18,9 @@ class MethodSettings:
     """Settings shared by methods; each method reads the ones it understands."""
 
     budget: int | None = None  # reconstructed tokens allowed per (layer, KV head)
+    # resident-memory target as a share of the context's full KV cache counted at fp16 (the
+    # bench holds every method to the same share); a method turns it into its own knob
+    memory_ratio: float | None = None
     prefill_chunk: int = 512
     router: str = "sketch"
     # non-zoomed spans' summaries in the softmax: measured, they help on generated needle
@@ -53,8 +56,13 @@ class Method(ABC):
         """Greedy answer tokens for a question appended to the context."""
 
     def memory(self) -> dict[str, int]:
-        """resident_bytes / offloaded_bytes this method holds for the document."""
-        return {"resident_bytes": 0, "offloaded_bytes": 0}
+        """resident_bytes / offloaded_bytes this method holds for the document.
+
+        ``resident_fp16_bytes`` counts what the method keeps resident at 2 bytes per number: the
+        bench compares it with the fp16 full KV cache, so that methods computing in fp32 on a
+        CPU and methods storing fp16 are held to one scale.
+        """
+        return {"resident_bytes": 0, "resident_fp16_bytes": 0, "offloaded_bytes": 0}
 
     def zoom_trace(self) -> list[dict[str, Any]]:
         """Spans zoomed for the last answer (empty for methods without spans)."""

@@ -38,6 +38,7 @@ class FullKV(Method):
         spec, n = self.loaded.spec, len(self.context)
         return {
             "resident_bytes": spec.kv_bytes(n, self.loaded.dtype.itemsize),
+            "resident_fp16_bytes": spec.kv_bytes(n, 2),
             "offloaded_bytes": 0,
         }
 

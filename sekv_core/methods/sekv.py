@@ -23,6 +23,7 @@ from ..zoom import SpanMemory
 from .base import Method, Progress
 
 DEFAULT_BUDGET = 256
+MIN_ZOOM = 32
 PREVIEW_CHARS = 80
 
 
@@ -53,11 +54,26 @@ class SeKV(Method):
         s = self.settings
         return ZoomPolicy(
             router=ROUTERS[s.router](),
-            budget=s.budget or DEFAULT_BUDGET,
+            budget=self.zoom_budget(),
             margin=s.extra.get("margin", ZoomPolicy.margin),
             use_summaries=s.use_summaries,
             oracle=OracleRouter() if s.measure_recall else None,
         )
+
+    def zoom_budget(self) -> int:
+        """Tokens per (layer, KV head) to reconstruct: ``budget``, or what ``memory_ratio`` leaves.
+
+        Under a memory target, the resident tier is paid first; zooming costs about twice its
+        fp16 K/V per token (the reconstruction cache + the pool attention reads). A target below
+        the resident tier still zooms one span of ``MIN_ZOOM`` tokens (reported as measured).
+        """
+        s = self.settings
+        if s.memory_ratio is None:
+            return s.budget or DEFAULT_BUDGET
+        spec = self.loaded.spec
+        target = s.memory_ratio * spec.kv_bytes(len(self.context), 2)
+        per_token = 2 * spec.kv_bytes(1, 2)
+        return max(MIN_ZOOM, int((target - self.spans.resident_bytes()) // per_token))
 
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         model, device, spans = self.loaded.model, self.loaded.device, self.spans
@@ -91,6 +107,7 @@ class SeKV(Method):
         local = self.loaded.spec.kv_bytes(self.local_tokens, self.loaded.dtype.itemsize)
         return {
             "resident_bytes": resident + self.spans.peak_cached_bytes,
+            "resident_fp16_bytes": resident + self.spans.peak_cached_bytes,
             "resident_tier_bytes": resident,
             "zoom_peak_bytes": self.spans.peak_cached_bytes,
             "local_window_bytes": local,
