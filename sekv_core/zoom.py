@@ -9,6 +9,7 @@ keeping reconstructions in a small per-(layer, span) cache so decoding does not 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,10 @@ class SpanMemory:
         self.token_bytes = 2 * self.head_dim * CACHE_DTYPE.itemsize  # K + V of one head-token
         self.peak_cached_bytes = 0
         self.reconstructions = 0
+        # optional rank gate (trained): (kind, layer, head, coef (|S|, r)) -> rank to keep
+        self.rank_gate: Callable[[str, int, int, torch.Tensor], int] | None = None
+        self.rank_sum = {"k": 0, "v": 0}  # ranks used by factorised reconstructions
+        self.rank_count = {"k": 0, "v": 0}
         self._oracle_keys: dict[int, torch.Tensor] = {}
         # per layer: the last zoom picks and the pool built for them (reused while unchanged)
         self._pools: dict[int, tuple[list[list[int]], tuple[torch.Tensor, ...]]] = {}
@@ -119,7 +124,17 @@ class SpanMemory:
             return coef
         b0 = int(t[f"{kind}_basis_off"][layer, head, span])
         basis = self.store.offload_slice(f"{kind}_basis", b0, b0 + r * D).view(r, D)
+        if self.rank_gate is not None:  # coef = U diag(s): columns in descending s
+            keep = max(1, min(r, self.rank_gate(kind, layer, head, coef)))
+            coef, basis = coef[:, :keep], basis[:keep]
+        self.rank_sum[kind] += coef.shape[1]
+        self.rank_count[kind] += 1
         return coef @ basis.to(device=self.device, dtype=self.dtype, non_blocking=True)
+
+    def mean_rank(self, kind: str) -> float | None:
+        """Mean rank of the factorised (non-raw) reconstructions so far."""
+        n = self.rank_count[kind]
+        return round(self.rank_sum[kind] / n, 2) if n else None
 
     def zoom_pool(
         self, layer: int, zoom: torch.Tensor
