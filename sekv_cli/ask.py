@@ -20,6 +20,13 @@ from .common import (
     warn,
 )
 
+ROUTER_OPTION = typer.Option(
+    "auto",
+    "--router",
+    help="sekv routing: auto (the trained router when one fits the model), none "
+    "(training-free), or a router file from `sekv train`.",
+)
+
 
 @handle_errors
 def ask(
@@ -36,13 +43,14 @@ def ask(
     summaries: bool = typer.Option(
         False, "--summaries", help="Let non-zoomed spans join attention as summaries (sekv)."
     ),
+    router: str = ROUTER_OPTION,
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
     json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
     start = time.perf_counter()
-    settings = MethodSettings(budget=budget, use_summaries=summaries, warn=warn)
+    settings = MethodSettings(budget=budget, use_summaries=summaries, router=router, warn=warn)
     session, load_s = open_session(file, model, method, settings)
     result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)
     result.timings["load_s"] = round(load_s, 4)

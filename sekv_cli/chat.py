@@ -9,6 +9,7 @@ import typer
 
 from sekv_core.methods import METHODS, MethodSettings
 
+from .ask import ROUTER_OPTION
 from .common import (
     MODEL_OPTION,
     err,
@@ -31,10 +32,11 @@ def chat(
     model: str | None = MODEL_OPTION,
     method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
     budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
+    router: str = ROUTER_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
-    settings = MethodSettings(budget=budget, warn=warn)
+    settings = MethodSettings(budget=budget, router=router, warn=warn)
     session, _ = open_session(file, model, method, settings)
     document = session.document
     try:

@@ -9,6 +9,7 @@ from .bench import bench_app
 from .chat import chat
 from .ingest import ingest
 from .inspect import inspect
+from .train import train
 
 app = typer.Typer(
     help="Ask questions about long documents with a local LLM and a resolution-adaptive KV cache.",
@@ -20,6 +21,7 @@ app.command()(ask)
 app.command()(ingest)
 app.command()(inspect)
 app.command()(chat)
+app.command()(train)
 app.add_typer(bench_app, name="bench")
 
 

@@ -12,6 +12,9 @@ Routers (training-free; a trained router plugs in through the same ``scores`` me
 - ``summary``: query . span summary + log|S| (the paper's coarse score; routes poorly untrained).
 - ``oracle``: the exact max logit over the span's reconstructed keys (a diagnostic: it reads every
   span's basis, so it saves nothing).
+
+The trained router (:class:`TrainedRouter`, ``sekv train``) scores spans with a learned gate whose
+logit is > 0 for spans to zoom (its ``absolute`` threshold replaces the margin rule).
 """
 
 from __future__ import annotations
@@ -81,18 +84,58 @@ class OracleRouter:
         return segment_max(best, memory.sketch_span, memory.n_spans)
 
 
+class TrainedRouter:
+    """The learned relevance gate (:mod:`sekv_core.zoomnet`): a span is zoomed for a KV head
+    when any query head of its group, at any current query, gives it a gate logit > 0."""
+
+    name = "trained"
+    absolute = True  # scores are gate logits: zoom above 0 (under the budget), no margin
+
+    def __init__(self, net) -> None:
+        self.net = net
+
+    def scores(
+        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        from .zoomnet import span_max_logits
+
+        span_max = span_max_logits(memory, layer, q, scaling)  # (H, G, Tq, N)
+        z = self.net.gate.logits(
+            layer, q, span_max, memory.summary_k[layer], memory.log_len, scaling
+        )
+        return z.amax(dim=(1, 2))
+
+
+class MarginRouter:
+    """Another router's scores shifted so that 0 is its margin threshold: lets a margin-ruled
+    router (the oracle, when measuring recall) sit beside an absolute-threshold one."""
+
+    def __init__(self, inner: Router, margin: float) -> None:
+        self.inner, self.margin, self.name = inner, margin, inner.name
+
+    def scores(
+        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        s = self.inner.scores(memory, layer, q, scaling)
+        return s - (s.amax(dim=1, keepdim=True) - self.margin)
+
+
 ROUTERS = {r.name: r for r in (SketchRouter, SummaryRouter, OracleRouter)}
 
 
 def select(
-    scores: torch.Tensor, lengths: torch.Tensor, budget: int, margin: float
+    scores: torch.Tensor, lengths: torch.Tensor, budget: int, margin: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Zoom decision per KV head: best spans first while the token budget lasts.
 
-    scores : (H, N) estimated max logits; lengths : (N,) span lengths.
+    scores : (H, N) estimated max logits (or gate logits when ``margin`` is None: then a span
+    must score above 0); lengths : (N,) span lengths.
     Returns zoom (H, N) bool and the per-head threshold (H,) a span had to reach.
     """
-    threshold = scores.amax(dim=1) - margin  # (H,)
+    if margin is None:
+        threshold = scores.new_zeros(scores.shape[0])
+    else:
+        threshold = scores.amax(dim=1) - margin  # (H,)
     order = scores.argsort(dim=1, descending=True)  # (H, N)
     used = lengths[order].cumsum(dim=1)  # tokens needed to zoom the top-k spans
     ranked_ok = (used <= budget) & (scores.gather(1, order) >= threshold[:, None])

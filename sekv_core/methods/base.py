@@ -22,7 +22,9 @@ class MethodSettings:
     # bench holds every method to the same share); a method turns it into its own knob
     memory_ratio: float | None = None
     prefill_chunk: int = 512
-    router: str = "sketch"
+    # "auto": the shipped trained router when it fits the model, else the training-free sketch;
+    # "none"/"sketch"/"summary"/"oracle": training-free; else a router file from `sekv train`
+    router: str = "auto"
     # non-zoomed spans' summaries in the softmax: measured, they help on generated needle
     # haystacks (14/15 vs 9/15) but hurt real documents (sample QA 9/18 vs 12/18): off by default
     use_summaries: bool = False

@@ -17,9 +17,10 @@ from ..attention import ZoomPolicy, sekv_attention
 from ..decode import greedy
 from ..prompt import stop_ids
 from ..rope import Rope
-from ..router import ROUTERS, OracleRouter
+from ..router import ROUTERS, MarginRouter, OracleRouter, TrainedRouter
 from ..store import SpanStore, StoreSettings, open_or_build
 from ..zoom import SpanMemory
+from ..zoomnet import RouterFile, resolve_router
 from .base import Method, Progress
 
 DEFAULT_BUDGET = 256
@@ -52,13 +53,33 @@ class SeKV(Method):
 
     def new_policy(self) -> ZoomPolicy:
         s = self.settings
+        margin = s.extra.get("margin", ZoomPolicy.margin)
+        trained = self.trained_router()
+        if trained is None:
+            router = ROUTERS["sketch" if s.router in ("none", "auto") else s.router]()
+            self.spans.rank_gate = None
+            oracle = OracleRouter() if s.measure_recall else None
+        else:  # a learned gate: absolute threshold; the oracle keeps its margin rule
+            router, margin = TrainedRouter(trained.net), None
+            self.spans.rank_gate = trained.net.rank.keep
+            oracle = MarginRouter(OracleRouter(), s.extra.get("margin", ZoomPolicy.margin))
+            oracle = oracle if s.measure_recall else None
         return ZoomPolicy(
-            router=ROUTERS[s.router](),
+            router=router,
             budget=self.zoom_budget(),
-            margin=s.extra.get("margin", ZoomPolicy.margin),
+            margin=margin,
             use_summaries=s.use_summaries,
-            oracle=OracleRouter() if s.measure_recall else None,
+            oracle=oracle,
         )
+
+    def trained_router(self) -> RouterFile | None:
+        """The trained router the settings ask for (``auto``: the shipped one, if it fits)."""
+        if not hasattr(self, "_trained"):
+            loaded = self.loaded
+            self._trained = resolve_router(
+                self.settings.router, loaded.fingerprint, loaded.model_id
+            )
+        return self._trained
 
     def zoom_budget(self) -> int:
         """Tokens per (layer, KV head) to reconstruct: ``budget``, or what ``memory_ratio`` leaves.
@@ -130,6 +151,9 @@ class SeKV(Method):
             "summaries": p.use_summaries,
             "zoomed_tokens_max": t.zoomed_tokens_max,
             "reconstructions": self.spans.reconstructions,
+            "mean_rank": {"k": self.spans.mean_rank("k"), "v": self.spans.mean_rank("v")},
+            # share of (layer, KV head, span) triples zoomed at least once for the answer
+            "zoom_rate": round(float(t.zoomed.float().mean()), 4) if t.zoomed is not None else 0.0,
         }
         if p.oracle is not None:
             out["recall_vs_oracle"] = round(t.recall_vs_oracle, 4)

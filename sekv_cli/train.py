@@ -1,0 +1,73 @@
+"""`sekv train`: learn the zoom-in router for a model (the base model stays frozen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .common import JSON_OPTION, MODEL_OPTION, err, handle_errors, load_model_quietly, print_json
+
+
+@handle_errors
+def train(
+    model: str | None = MODEL_OPTION,
+    steps: int = typer.Option(300, "--steps", min=1, help="Optimizer steps (one example each)."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Router file to write (resumes when it holds an earlier run). "
+        "Default: $SEKV_HOME/routers/<model>.safetensors, used by `sekv ask` automatically.",
+    ),
+    docs: int = typer.Option(8, "--docs", min=1, help="Generated training documents."),
+    doc_tokens: str = typer.Option(
+        "500,1500", "--doc-tokens", help="Training document length range in tokens: MIN,MAX."
+    ),
+    held_out: int = typer.Option(2, "--held-out", min=1, help="Held-out documents (metrics)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated corpus and the order."),
+    lr: float = typer.Option(5e-3, "--lr", min=0.0, help="Adam learning rate."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Train the zoom gate, threshold and rank gate on generated documents (CPU is fine)."""
+    from sekv_core.train.loop import TrainSettings
+    from sekv_core.train.loop import train as run
+    from sekv_core.zoomnet import user_router_path
+
+    parts = doc_tokens.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise typer.BadParameter("give MIN,MAX in tokens", param_hint="--doc-tokens")
+    low, high = (int(p) for p in parts)
+    if not 32 <= low < high:
+        raise typer.BadParameter("give MIN,MAX with 32 <= MIN < MAX", param_hint="--doc-tokens")
+    loaded = load_model_quietly(model)
+    out = out or user_router_path(loaded.model_id, loaded.fingerprint)
+    settings = TrainSettings(
+        steps=steps, docs=docs, held_out=held_out, seed=seed, lr=lr, doc_tokens=(low, high)
+    )
+    with Progress(
+        TextColumn("Training"),
+        BarColumn(),
+        TextColumn("step {task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("train", total=steps)
+        metrics = run(
+            loaded,
+            out,
+            settings,
+            log=lambda line: err.print(line, highlight=False),
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if json_out:
+        print_json({"router": str(out), **metrics})
+        return
+    err.print(
+        f"Router written to {out}: {metrics['parameters']:,} parameters; held-out target recall "
+        f"{metrics['held_out_target_recall']:.1%} (training-free "
+        f"{metrics['training_free']['held_out_target_recall']:.1%})"
+    )

@@ -1,0 +1,1 @@
+"""Training the zoom-in router with the base model frozen (`sekv train`)."""

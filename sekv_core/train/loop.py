@@ -1,0 +1,431 @@
+"""`sekv train`: learn the zoom gate and rank gate with the base model frozen.
+
+Per training example (a generated document, one question about a planted fact, its answer):
+
+- the document's span store is built (or loaded) exactly as for answering, and its full KV cache
+  is computed once (teacher);
+- teacher pass: question + answer over the full cache -> next-token log-probs at the answer
+  positions and per-(layer, head, position) span attention mass; positions whose span mass is
+  >= ``MINE_MASS`` are *mined*; their targets are the fewest spans holding ``rho`` of it;
+- student pass (differentiable): the same tokens with the gated mixed attention.
+
+Loss = KL(teacher || student) on the answer tokens + ``w_zoom`` * zoom BCE on mined positions
+(positives up-weighted) + ``w_budget`` * expected share of context tokens zoomed + ``w_rank`` *
+(reconstruction error of the gated spectrum + ``rank_cost`` * kept rank share).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from ..documents import load_document
+from ..errors import SekvError
+from ..methods.full import prefill_cache, truncate
+from ..models import LoadedModel
+from ..prompt import chat_template, encode_context, encode_question
+from ..rope import Rope
+from ..store import StoreSettings, open_or_build
+from ..zoom import SpanMemory
+from ..zoomnet import NetShape, ZoomNet, load_router, save_router
+from .data import make_corpus
+from .signals import STUDENT, TEACHER, StudentContext, TeacherTrace
+
+MINE_MASS = 0.05  # a position "reaches far back" when >= this share of its attention is on spans
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 300
+    docs: int = 8
+    held_out: int = 2
+    seed: int = 0
+    lr: float = 5e-3
+    rho: float = 0.9
+    w_zoom: float = 1.0
+    w_budget: float = 0.5
+    w_rank: float = 1.0
+    rank_cost: float = 0.1
+    dim: int = 4
+    doc_tokens: tuple[int, int] = (500, 1500)
+    save_every: int = 50
+
+
+@dataclass
+class Example:
+    """One question on one prepared document (teacher targets included)."""
+
+    doc: int
+    ids: list[int]  # question + answer tokens
+    answer_len: int
+    teacher_logp: torch.Tensor  # (Ta, V) log-probs of the answer positions
+    mass: torch.Tensor  # (L, Hq, Tq, N) teacher span mass
+
+
+@dataclass
+class PreparedDoc:
+    memory: SpanMemory
+    context_len: int
+    span_k: list[torch.Tensor]
+    span_v: list[torch.Tensor]
+    span_id: torch.Tensor
+    spectra: tuple[torch.Tensor, ...]  # kind, layer, head (B,) and sigma (B, D)
+
+
+Log = Callable[[str], None]
+
+
+def prepare(loaded: LoadedModel, settings: TrainSettings, log: Log) -> tuple[list, list, list]:
+    """Generate the corpus; build stores and teacher signals. Returns docs, train, held-out."""
+    tok = loaded.tokenizer
+    template = chat_template(tok)
+    corpus = make_corpus(tok, settings.docs + settings.held_out, settings.seed, settings.doc_tokens)
+    docs: list[PreparedDoc] = []
+    examples: list[Example] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, train_doc in enumerate(corpus):
+            t0 = time.perf_counter()
+            path = Path(tmp) / f"train-{settings.seed}-{i}.txt"
+            path.write_text(train_doc.text)
+            document = load_document(path)
+            context = encode_context(tok, template, document.text)
+            store, _ = open_or_build(loaded, document, context, StoreSettings())
+            memory = SpanMemory(store, Rope(loaded.model), loaded.device, loaded.dtype)
+            cache = prefill_cache(loaded.model, context.ids, 512)
+            doc = _prepared(memory, cache, len(context))
+            docs.append(doc)
+            for fact in train_doc.facts:
+                q = encode_question(tok, template, fact.question)
+                a = tok(" " + fact.answer, add_special_tokens=False)["input_ids"]
+                examples.append(_teacher(loaded, cache, doc, i, q + a, len(a)))
+            del cache
+            log(
+                f"prepared document {i + 1}/{len(corpus)} ({len(context)} tokens, "
+                f"{memory.n_spans} spans) in {time.perf_counter() - t0:.1f} s"
+            )
+    held = [e for e in examples if e.doc >= settings.docs]
+    return docs, [e for e in examples if e.doc < settings.docs], held
+
+
+def _prepared(memory: SpanMemory, cache: DynamicCache, context_len: int) -> PreparedDoc:
+    starts, ends = memory.starts, memory.ends
+    tokens = torch.cat([torch.arange(int(s), int(e)) for s, e in zip(starts, ends, strict=True)])
+    span_k = [layer.keys[0][:, tokens].detach().clone() for layer in cache.layers]
+    span_v = [layer.values[0][:, tokens].detach().clone() for layer in cache.layers]
+    kinds, layers, heads, sigmas = [], [], [], []
+    t, D = memory.tables, memory.head_dim
+    for ki, kind in enumerate(("k", "v")):
+        raw = t[f"{kind}_raw"]
+        for layer in range(memory.num_layers):
+            for head in range(memory.num_kv_heads):
+                for span in range(memory.n_spans):
+                    if raw[layer, head, span]:
+                        continue
+                    length = int(ends[span] - starts[span])
+                    r = int(t[f"{kind}_rank"][layer, head, span])
+                    c0 = int(t[f"{kind}_coef_off"][layer, head, span])
+                    coef = memory.store.offload_slice(f"{kind}_coef", c0, c0 + length * r)
+                    sigma = torch.zeros(D)
+                    sigma[:r] = coef.view(length, r).float().norm(dim=0)
+                    kinds.append(ki)
+                    layers.append(layer)
+                    heads.append(head)
+                    sigmas.append(sigma)
+    spectra = (
+        torch.tensor(kinds),
+        torch.tensor(layers),
+        torch.tensor(heads),
+        torch.stack(sigmas) if sigmas else torch.zeros(0, D),
+    )
+    return PreparedDoc(memory, context_len, span_k, span_v, memory.sketch_span.cpu(), spectra)
+
+
+@torch.inference_mode()
+def _teacher(
+    loaded: LoadedModel, cache: DynamicCache, doc: PreparedDoc, index: int, ids, answer_len
+) -> Example:
+    model, memory = loaded.model, doc.memory
+    span_of = torch.full((doc.context_len,), memory.n_spans, dtype=torch.long)
+    span_of[_span_tokens(memory)] = memory.sketch_span.cpu()
+    trace = TeacherTrace(span_of.to(loaded.device), memory.n_spans)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(TEACHER)
+    try:
+        out = model(
+            input_ids=torch.tensor([ids], device=loaded.device),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=answer_len + 1,
+            sekv_teacher=trace,
+        )
+    finally:
+        model.set_attn_implementation(previous)
+        truncate(cache, doc.context_len)
+    logp = out.logits[0, :-1].float().log_softmax(-1).cpu()
+    return Example(index, list(ids), answer_len, logp, torch.stack(trace.mass).cpu())
+
+
+def _span_tokens(memory: SpanMemory) -> torch.Tensor:
+    return torch.cat(
+        [torch.arange(int(s), int(e)) for s, e in zip(memory.starts, memory.ends, strict=True)]
+    )
+
+
+def zoom_targets(mass: torch.Tensor, rho: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mined positions and their targets from teacher span mass (..., N).
+
+    Returns mined (...,) bool — positions putting >= MINE_MASS of attention on spans — and
+    targets (..., N) bool: the fewest spans holding ``rho`` of each position's span mass.
+    """
+    total = mass.sum(-1)
+    order = mass.argsort(-1, descending=True)
+    sorted_mass = mass.gather(-1, order)
+    before = sorted_mass.cumsum(-1) - sorted_mass  # mass of the better spans
+    take = before < rho * total[..., None]
+    targets = torch.zeros_like(take).scatter(-1, order, take)
+    return total >= MINE_MASS, targets
+
+
+def student_forward(loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Example):
+    """Student logits at the answer positions (Ta, V) and gate logits per layer."""
+    model = loaded.model
+    ctx = StudentContext(doc.memory, net, doc.span_k, doc.span_v, doc.span_id.to(loaded.device))
+    n = len(ex.ids)
+    pos = torch.arange(n, device=loaded.device)[None] + doc.context_len
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(STUDENT)
+    try:
+        out = model(
+            input_ids=torch.tensor([ex.ids], device=loaded.device),
+            position_ids=pos,
+            cache=DynamicCache(config=model.config),
+            use_cache=True,
+            logits_to_keep=ex.answer_len + 1,
+            sekv_student=ctx,
+        )
+    finally:
+        model.set_attn_implementation(previous)
+    return out.logits[0, :-1].float(), ctx.gates
+
+
+def losses(
+    loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Example, s: TrainSettings
+) -> dict[str, torch.Tensor]:
+    """Every loss term of one example (see the module docstring)."""
+    logits, gates = student_forward(loaded, net, doc, ex)
+    kl = F.kl_div(
+        logits.log_softmax(-1),
+        ex.teacher_logp.to(logits.device),
+        log_target=True,
+        reduction="batchmean",
+    )
+    z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
+    L, Hkv, G, Tq, N = z.shape
+    z = z.reshape(L, Hkv * G, Tq, N)
+    mined, targets = zoom_targets(ex.mass.to(z.device), s.rho)
+    if mined.any():
+        zm, tm = z[mined], targets[mined].float()  # (M, N)
+        pos = tm.sum().clamp(min=1)
+        weight = ((tm.numel() - pos) / pos).clamp(max=20.0)
+        bce = F.binary_cross_entropy_with_logits(zm, tm, pos_weight=weight)
+    else:
+        bce = z.sum() * 0
+    lengths = doc.memory.lengths.float()
+    budget = (torch.sigmoid(z) * lengths).sum(-1).mean() / doc.context_len
+    recon, rank = rank_losses(net, doc)
+    total = kl + s.w_zoom * bce + s.w_budget * budget + s.w_rank * (recon + s.rank_cost * rank)
+    return {
+        "loss": total,
+        "kl": kl,
+        "zoom_bce": bce,
+        "budget": budget,
+        "recon": recon,
+        "rank": rank,
+    }
+
+
+def rank_losses(net: ZoomNet, doc: PreparedDoc, sample: int = 512) -> tuple[torch.Tensor, ...]:
+    """Reconstruction error of the gated spectrum and the kept rank share, on sampled spans."""
+    kinds, layers, heads, sigma = doc.spectra
+    if len(sigma) == 0:
+        zero = net.rank.bias.sum() * 0
+        return zero, zero
+    pick = torch.randint(len(sigma), (min(sample, len(sigma)),))
+    s = sigma[pick]
+    g = net.rank.gates(0, layers[pick], heads[pick], s)
+    g_v = net.rank.gates(1, layers[pick], heads[pick], s)
+    g = torch.where((kinds[pick] == 0)[:, None], g, g_v)
+    stored = s > 0
+    energy = s.square()
+    recon = (((1 - g) ** 2 * energy).sum(-1) / energy.sum(-1).clamp(min=1e-12)).mean()
+    rank = ((g * stored).sum(-1) / s.shape[-1]).mean()
+    return recon, rank
+
+
+@torch.no_grad()
+def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: TrainSettings):
+    """Held-out: KL, recall of the teacher's target spans by the inference decision, zoom share.
+
+    The inference decision is per KV head (any query head of the group, any position), as at
+    answer time; recall counts (layer, KV head, span) targets of mined positions.
+    """
+    kl, hits, wanted, zoomed = 0.0, 0, 0, 0.0
+    for ex in held:
+        doc = docs[ex.doc]
+        logits, gates = student_forward(loaded, net, doc, ex)
+        kl += float(
+            F.kl_div(
+                logits.log_softmax(-1),
+                ex.teacher_logp.to(logits.device),
+                log_target=True,
+                reduction="batchmean",
+            )
+        )
+        z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
+        L, Hkv, G, Tq, N = z.shape
+        decision = (z > 0).any(dim=3).any(dim=2)  # (L, Hkv, N)
+        mined, targets = zoom_targets(ex.mass.to(z.device), s.rho)
+        want = (targets & mined[..., None]).view(L, Hkv, G, Tq, N).any(3).any(2)
+        hits += int((decision & want).sum())
+        wanted += int(want.sum())
+        lengths = doc.memory.lengths.float()
+        zoomed += float((decision.float() * lengths).sum(-1).mean() / doc.context_len)
+    n = max(len(held), 1)
+    return {
+        "held_out_kl": round(kl / n, 4),
+        "held_out_target_recall": round(hits / max(wanted, 1), 4),
+        "held_out_zoom_share": round(zoomed / n, 4),
+    }
+
+
+def train(
+    loaded: LoadedModel,
+    out: Path,
+    settings: TrainSettings,
+    log: Log = print,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Train (or resume) the zoom router for ``loaded``; write it to ``out``. Returns metrics."""
+    torch.manual_seed(settings.seed)
+    spec = loaded.spec
+    config = loaded.model.config
+    shape = NetShape(
+        spec.num_layers,
+        config.num_attention_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        settings.dim,
+    )
+    net = ZoomNet(shape).to(loaded.device)
+    opt = torch.optim.Adam(net.parameters(), lr=settings.lr)
+    start = _resume(out, net, opt, loaded, settings, log)
+    if start >= settings.steps:
+        log(f"{out} already holds {start} steps (>= --steps {settings.steps}); nothing to do")
+    loaded.model.requires_grad_(False)
+    docs, examples, held = prepare(loaded, settings, log)
+    if not examples:
+        raise SekvError("no training examples were generated; raise --docs")
+    base = evaluate(loaded, ZoomNet(shape).to(loaded.device), docs, held, settings)
+    log(f"training-free start (held out): {base}")
+    order = random.Random(settings.seed)
+    schedule = [
+        i
+        for _ in range(math.ceil(settings.steps / len(examples)))
+        for i in order.sample(range(len(examples)), len(examples))
+    ]
+    running: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for step in range(start, settings.steps):
+        ex = examples[schedule[step]]
+        parts = losses(loaded, net, docs[ex.doc], ex, settings)
+        opt.zero_grad(set_to_none=True)
+        parts["loss"].backward()
+        opt.step()
+        for k, v in parts.items():
+            value = float(v.detach())
+            running[k] = 0.9 * running.get(k, value) + 0.1 * value
+        if progress:
+            progress(step + 1, settings.steps)
+        if (step + 1) % 10 == 0 or step + 1 == settings.steps:
+            log(
+                f"step {step + 1}/{settings.steps} "
+                + " ".join(f"{k} {v:.4f}" for k, v in running.items())
+                + f" ({time.perf_counter() - t0:.0f} s)"
+            )
+        if (step + 1) % settings.save_every == 0 and step + 1 < settings.steps:
+            _save(out, net, opt, loaded, settings, step + 1, running, {}, base)
+    metrics = evaluate(loaded, net, docs, held, settings)
+    log(f"trained (held out): {metrics}")
+    _save(out, net, opt, loaded, settings, max(start, settings.steps), running, metrics, base)
+    return {"parameters": net.num_parameters(), **metrics, "training_free": base}
+
+
+def _manifest(loaded, settings, step, running, metrics, base, net) -> dict[str, Any]:
+    base_params = sum(p.numel() for p in loaded.model.parameters())
+    return {
+        "model": {"id": loaded.model_id, "fingerprint": loaded.fingerprint},
+        "settings": {
+            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()
+        },
+        "step": step,
+        "parameters": net.num_parameters(),
+        "parameter_share": net.num_parameters() / base_params,
+        "losses": {k: round(v, 5) for k, v in running.items()},
+        "metrics": metrics,
+        "training_free_metrics": base,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _save(out, net, opt, loaded, settings, step, running, metrics, base) -> None:
+    names = {id(p): n for n, p in net.named_parameters()}
+    optim = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    optim[f"{names[id(p)]}/{key}"] = state[key].detach().cpu().contiguous()
+            if "step" in state:
+                optim[f"{names[id(p)]}/step"] = torch.as_tensor(state["step"]).reshape(1).float()
+    manifest = _manifest(loaded, settings, step, running, metrics, base, net)
+    save_router(out, net, manifest, optim)
+
+
+def _resume(out: Path, net: ZoomNet, opt, loaded, settings: TrainSettings, log: Log) -> int:
+    """Continue from ``out`` when it holds a compatible run (weights + optimizer state)."""
+    state_file = out.with_name(out.name + ".state")
+    if not out.exists():
+        return 0
+    router = load_router(out, loaded.fingerprint, loaded.model_id)
+    if router.manifest["shape"]["dim"] != settings.dim:
+        raise SekvError(
+            f"{out} was trained with --dim {router.manifest['shape']['dim']}; "
+            "use another --out or the same settings"
+        )
+    net.load_state_dict(router.net.state_dict())
+    net.requires_grad_(True)
+    if state_file.exists():
+        from safetensors.torch import load_file
+
+        saved = load_file(str(state_file))
+        for name, p in net.named_parameters():
+            if f"{name}/exp_avg" in saved:
+                opt.state[p] = {
+                    "step": saved[f"{name}/step"][0].clone(),
+                    "exp_avg": saved[f"{name}/exp_avg"].to(p.device),
+                    "exp_avg_sq": saved[f"{name}/exp_avg_sq"].to(p.device),
+                }
+    step = int(router.manifest.get("step", 0))
+    log(f"resuming from {out} at step {step}")
+    return step

@@ -1,0 +1,115 @@
+"""Teacher signals from the frozen full-KV model, and the student's differentiable zoom attention.
+
+Teacher: the question + answer tokens run over the document's full KV cache; per layer and query
+head, the attention mass each span receives at every one of those positions is summed span by span
+as each layer is computed (one layer's (heads x queries x context) map at a time, never all
+layers' maps), and the next-token log-probabilities at the answer positions are kept.
+
+Student: the same tokens run with a local cache only; every layer attends, in one softmax, to the
+sinks/anchors, the span tokens the gate zooms (exact full-resolution K/V) and the local tokens.
+The zoom decision is hard in the forward pass (z > 0) and passes gradients straight through
+(d hard / dz := d sigmoid(z) / dz), so distillation reaches the gate through the frozen model.
+All context spans lie before every question/answer position, so the student at position t only
+ever sees spans before t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+
+from ..zoom import SpanMemory
+from ..zoomnet import ZoomNet, span_max_logits
+
+TEACHER, STUDENT = "sekv_teacher", "sekv_student"
+
+
+@dataclass
+class TeacherTrace:
+    """Filled by the teacher pass: span mass per layer, (Hq, Tq, N) each."""
+
+    span_of_token: torch.Tensor  # (T,) span index of each context token, N for sinks/anchors
+    n_spans: int
+    mass: list[torch.Tensor] = field(default_factory=list)
+
+
+def _causal_local(q_len: int, local_len: int, device) -> torch.Tensor:
+    """(Tq, Tl) visibility of local keys for the last Tq of Tl local positions."""
+    cols = torch.arange(local_len, device=device)[None]
+    rows = torch.arange(local_len - q_len, local_len, device=device)[:, None]
+    return cols <= rows
+
+
+def teacher_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sekv_teacher=None, **_
+):
+    """Plain causal attention over [context | new tokens] that also sums span mass per head."""
+    trace: TeacherTrace = sekv_teacher
+    _, Hq, Tq, D = query.shape
+    Hkv, Tl = key.shape[1], key.shape[2]
+    T = Tl - Tq  # context tokens in the cache
+    scaling = scaling if scaling is not None else D**-0.5
+    k = key[0].repeat_interleave(Hq // Hkv, dim=0)  # (Hq, Tl, D)
+    v = value[0].repeat_interleave(Hq // Hkv, dim=0)
+    logits = torch.einsum("htd,hsd->hts", query[0], k).float() * scaling
+    visible = torch.ones(Tq, Tl, dtype=torch.bool, device=query.device)
+    visible[:, T:] = _causal_local(Tq, Tq, query.device)
+    probs = logits.masked_fill(~visible, float("-inf")).softmax(-1)
+    mass = probs.new_zeros(Hq, Tq, trace.n_spans + 1)
+    mass.index_add_(2, trace.span_of_token, probs[..., :T])
+    trace.mass.append(mass[..., :-1])
+    out = torch.einsum("hts,hsd->htd", probs.to(v.dtype), v)
+    return out.transpose(0, 1)[None].contiguous(), None
+
+
+@dataclass
+class StudentContext:
+    """What the student's attention reads, and where it leaves its gate logits."""
+
+    memory: SpanMemory
+    net: ZoomNet
+    span_k: list[torch.Tensor]  # per layer (Hkv, S, D) exact post-RoPE keys of span tokens
+    span_v: list[torch.Tensor]
+    span_id: torch.Tensor  # (S,) span of each span token
+    gates: list[torch.Tensor] = field(default_factory=list)  # per layer (Hkv, G, Tq, N)
+
+
+def student_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sekv_student=None, **_
+):
+    """Mixed attention with a straight-through hard zoom per (query head, query, span)."""
+    ctx: StudentContext = sekv_student
+    layer, memory = module.layer_idx, ctx.memory
+    _, Hq, Tq, D = query.shape
+    Hkv = key.shape[1]
+    scaling = scaling if scaling is not None else D**-0.5
+    q = query[0].view(Hkv, Hq // Hkv, Tq, D)
+    with torch.no_grad():
+        span_max = span_max_logits(memory, layer, q.detach(), scaling)
+    z = ctx.net.gate.logits(layer, q, span_max, memory.summary_k[layer], memory.log_len, scaling)
+    ctx.gates.append(z)
+    soft = torch.sigmoid(z)
+    zoom = (z > 0).to(soft.dtype) + soft - soft.detach()  # straight-through estimator
+    keep = zoom[..., ctx.span_id]  # (Hkv, G, Tq, S)
+
+    fixed_k = memory.fixed_k[layer].to(q.dtype)
+    fixed_v = memory.fixed_v[layer].to(q.dtype)
+    lf = torch.einsum("hgtd,hfd->hgtf", q, fixed_k).float() * scaling
+    ls = torch.einsum("hgtd,hsd->hgts", q, ctx.span_k[layer]).float() * scaling
+    ll = torch.einsum("hgtd,hld->hgtl", q, key[0]).float() * scaling
+    ll = ll.masked_fill(~_causal_local(Tq, key.shape[2], q.device), float("-inf"))
+    top = torch.cat([lf, ls, ll], dim=-1).amax(-1, keepdim=True).detach()
+    ef, es, el = (lf - top).exp(), (ls - top).exp() * keep, (ll - top).exp()
+    total = ef.sum(-1, keepdim=True) + es.sum(-1, keepdim=True) + el.sum(-1, keepdim=True)
+    out = (
+        torch.einsum("hgtf,hfd->hgtd", ef, fixed_v.float())
+        + torch.einsum("hgts,hsd->hgtd", es, ctx.span_v[layer].float())
+        + torch.einsum("hgtl,hld->hgtd", el, value[0].float())
+    ) / total
+    return out.to(query.dtype).reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
+
+
+AttentionInterface.register(TEACHER, teacher_attention)
+AttentionInterface.register(STUDENT, student_attention)

@@ -1,0 +1,272 @@
+"""The trainable zoom-in: a relevance gate per (layer, query head) and a rank gate per span.
+
+Both are tiny and sit beside the frozen base model (the only parameters ``sekv train`` learns).
+
+**Relevance gate.** For a query q (post-RoPE) of layer l, query head h, and a span S, the gate logit
+
+    z = a * (m_S - max_S' m_S') + (W_q q) . (W_s summary_S) * scale + b * log|S| - tau
+
+where m_S is the sketch router's approximate max logit of the span's keys (resident 4-bit sketch),
+W_q, W_s project the query and the span summary into a ``dim``-sized routing space, b weighs the
+log|S| prior and tau is the learned zoom threshold. A span is zoomed when z > 0. At
+initialisation (a=1, W_s=0, b=0, tau=-6) this is exactly the training-free rule "within 6 nats of
+the best span", so training starts from the heuristic.
+
+**Rank gate.** A span's stored factor ``coef = U diag(sigma)`` has singular values sigma_1 >= …;
+each gets a gate g_i = sigmoid(w . [log(sigma_i / sigma_1), energy share before i, i / D] + c)
+per (kind, layer, KV head); at answer time the span is reconstructed at rank #{g_i > 1/2}.
+
+Weights live in one safetensors file whose metadata holds a JSON manifest (model fingerprint,
+settings, metrics); the optimizer state for resuming sits beside it (``<file>.state``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .basis import dequantize_sketch
+from .errors import SekvError
+
+FORMAT = "sekv-zoom-router"
+FORMAT_VERSION = 1
+INIT_MARGIN = 6.0  # the training-free threshold the gate starts from (nats below the best span)
+
+
+@dataclass(frozen=True)
+class NetShape:
+    """Sizes of the trainable modules (they follow the base model's attention geometry)."""
+
+    num_layers: int
+    num_heads: int  # query heads
+    num_kv_heads: int
+    head_dim: int
+    dim: int = 4  # routing space
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+class ZoomGate(nn.Module):
+    """Per (layer, query head) relevance gate over spans (see the module docstring)."""
+
+    def __init__(self, shape: NetShape) -> None:
+        super().__init__()
+        L, H, D, R = shape.num_layers, shape.num_heads, shape.head_dim, shape.dim
+        self.shape = shape
+        g = torch.Generator().manual_seed(0)
+        self.w_query = nn.Parameter(torch.randn(L, H, D, R, generator=g) * D**-0.5)
+        self.w_summary = nn.Parameter(torch.zeros(L, H, D, R))  # starts without this term
+        self.sketch_weight = nn.Parameter(torch.ones(L, H))
+        self.prior_weight = nn.Parameter(torch.zeros(L, H))
+        self.threshold = nn.Parameter(torch.full((L, H), -INIT_MARGIN))
+
+    def logits(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        span_max: torch.Tensor,
+        summary_k: torch.Tensor,
+        log_len: torch.Tensor,
+        scaling: float,
+    ) -> torch.Tensor:
+        """Gate logits (Hkv, G, Tq, N).
+
+        q : (Hkv, G, Tq, D) queries; span_max : (Hkv, G, Tq, N) sketch max logit per span;
+        summary_k : (Hkv, N, D) span summaries; log_len : (N,).
+        """
+        Hkv, G = q.shape[:2]
+        view = (Hkv, G, 1, 1)
+        wq = self.w_query[layer].view(Hkv, G, *self.w_query.shape[2:]).to(q.dtype)
+        ws = self.w_summary[layer].view(Hkv, G, *self.w_summary.shape[2:]).to(q.dtype)
+        qr = torch.einsum("hgtd,hgdr->hgtr", q, wq)
+        sr = torch.einsum("hnd,hgdr->hgnr", summary_k.to(q.dtype), ws)
+        bilinear = torch.einsum("hgtr,hgnr->hgtn", qr, sr).float() * scaling
+        rel = span_max.float() - span_max.float().amax(dim=-1, keepdim=True)
+        return (
+            self.sketch_weight[layer].view(view) * rel
+            + bilinear
+            + self.prior_weight[layer].view(view) * log_len.float()
+            - self.threshold[layer].view(view)
+        )
+
+
+class RankGate(nn.Module):
+    """Per (kind, layer, KV head) gate over a span's singular values (see the module docstring)."""
+
+    KINDS = ("k", "v")
+
+    def __init__(self, shape: NetShape) -> None:
+        super().__init__()
+        L, H = shape.num_layers, shape.num_kv_heads
+        self.head_dim = shape.head_dim
+        weight = torch.tensor([0.0, -12.0, 0.0]).expand(2, L, H, 3).clone()
+        self.weight = nn.Parameter(weight)  # starts open: every stored singular value kept
+        self.bias = nn.Parameter(torch.full((2, L, H), 12.0 * 1.2))
+
+    @staticmethod
+    def features(sigma: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """sigma (..., r) descending (0-padded) -> features (..., r, 3)."""
+        s = sigma.float().clamp(min=0)
+        energy = s.square()
+        total = energy.sum(-1, keepdim=True).clamp(min=1e-12)
+        before = (energy.cumsum(-1) - energy) / total
+        rel = (s / s[..., :1].clamp(min=1e-12)).clamp(min=1e-6).log()
+        index = torch.arange(s.shape[-1], dtype=s.dtype, device=s.device) / head_dim
+        return torch.stack([rel, before, index.expand_as(s)], dim=-1)
+
+    def gates(self, kind: int, layer: torch.Tensor, head: torch.Tensor, sigma: torch.Tensor):
+        """Gates (B, r) for spectra sigma (B, r) of (layer, head) index tensors (B,)."""
+        f = self.features(sigma, self.head_dim)  # (B, r, 3)
+        w = self.weight[kind, layer, head]  # (B, 3)
+        return torch.sigmoid(
+            torch.einsum("brf,bf->br", f, w) + self.bias[kind, layer, head][:, None]
+        )
+
+    @torch.no_grad()
+    def keep(self, kind: str, layer: int, head: int, coef: torch.Tensor) -> int:
+        """Rank to reconstruct a span at, from its stored ``coef`` (|S|, r) (answer time)."""
+        sigma = coef.float().norm(dim=0)[None]  # (1, r): column norms of U diag(sigma)
+        idx = torch.tensor([layer]), torch.tensor([head])
+        g = self.gates(self.KINDS.index(kind), *idx, sigma)[0]
+        return max(1, int((g > 0.5).sum()))
+
+
+class ZoomNet(nn.Module):
+    """Everything ``sekv train`` learns: the relevance gate and the rank gate."""
+
+    def __init__(self, shape: NetShape) -> None:
+        super().__init__()
+        self.shape = shape
+        self.gate = ZoomGate(shape)
+        self.rank = RankGate(shape)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def span_max_logits(memory, layer: int, q: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Sketch estimate of each span's max logit per query head and query: (Hkv, G, Tq, N)."""
+    proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
+    scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]
+    qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * scale
+    sketch = dequantize_sketch(memory.sketch[layer], proj.shape[-1], q.dtype)  # (H, S, R)
+    logits = torch.einsum("hgtr,hsr->hgts", qs, sketch) * scaling  # (H, G, Tq, S)
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = flat.new_full((flat.shape[0], memory.n_spans), float("-inf"))
+    index = memory.sketch_span[None].expand_as(flat)
+    out = out.scatter_reduce(1, index, flat, reduce="amax", include_self=True)
+    return out.view(*logits.shape[:-1], memory.n_spans)
+
+
+@dataclass
+class RouterFile:
+    """A trained router on disk: weights + manifest (+ optimizer state beside it)."""
+
+    net: ZoomNet
+    manifest: dict[str, Any]
+
+
+def save_router(path: Path, net: ZoomNet, manifest: dict[str, Any], optim: dict | None) -> None:
+    """Write weights (atomically) and, when given, the optimizer state to ``<path>.state``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "shape": asdict(net.shape),
+        **manifest,
+    }
+    tensors = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata={"manifest": json.dumps(meta)})
+    if optim is not None:
+        state_tmp = path.with_name(f".{path.name}.state.tmp")
+        save_file(optim, str(state_tmp), metadata={"manifest": json.dumps(meta)})
+        state_tmp.replace(path.with_name(path.name + ".state"))
+    tmp.replace(path)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        manifest = json.loads(meta["manifest"])
+    except FileNotFoundError:
+        raise SekvError(
+            f"no router file at {path}; train one with `sekv train --out {path}`"
+        ) from None
+    except Exception as exc:  # safetensors/json raise their own types
+        raise SekvError(f"{path} is not a sekv router file ({exc}); retrain it") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+        raise SekvError(
+            f"{path} is a {manifest.get('format')} v{manifest.get('version')} file, not a "
+            f"{FORMAT} v{FORMAT_VERSION}; retrain it with `sekv train`"
+        )
+    return manifest
+
+
+def load_router(path: Path, fingerprint: str | None = None, model_id: str = "") -> RouterFile:
+    """Load a router file; refuse one trained for another model (fingerprint mismatch)."""
+    manifest = read_manifest(path)
+    if fingerprint is not None and manifest.get("model", {}).get("fingerprint") != fingerprint:
+        trained_for = manifest.get("model", {}).get("id", "another model")
+        raise SekvError(
+            f"the router {path} was trained for {trained_for}, not {model_id or 'this model'}; "
+            "train one for this model with `sekv train`, or pass --router none"
+        )
+    net = ZoomNet(NetShape(**manifest["shape"]))
+    with safe_open(str(path), framework="pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    net.load_state_dict(state)
+    net.requires_grad_(False)
+    return RouterFile(net, manifest)
+
+
+SHIPPED = Path(__file__).parent / "routers"  # trained routers shipped with the package
+TRAINING_FREE = ("none", "sketch", "summary", "oracle")
+
+
+def user_router_path(model_id: str, fingerprint: str) -> Path:
+    """Where `sekv train` writes a model's router by default (found by ``auto`` later)."""
+    from .paths import sekv_home
+
+    name = "".join(c if c.isalnum() or c in "-._" else "-" for c in model_id).strip("-")
+    return sekv_home() / "routers" / f"{name[:60]}-{fingerprint[:8]}.safetensors"
+
+
+def shipped_router(fingerprint: str) -> Path | None:
+    """The router trained for the model with ``fingerprint``: one the user trained (under
+    $SEKV_HOME/routers) first, else one shipped with the package; None if neither."""
+    from .paths import sekv_home
+
+    user = sorted((sekv_home() / "routers").glob("*.safetensors"))
+    for path in [*user, *sorted(SHIPPED.glob("*.safetensors"))]:
+        try:
+            if read_manifest(path).get("model", {}).get("fingerprint") == fingerprint:
+                return path
+        except SekvError:
+            continue
+    return None
+
+
+def resolve_router(choice: str, fingerprint: str, model_id: str = "") -> RouterFile | None:
+    """The trained router ``choice`` names, or None for training-free routing.
+
+    ``auto``: a router trained for this model (the user's, else the shipped one), else none;
+    ``none`` (or a training-free router name): none; anything else: a router file path
+    (refused if trained for another model).
+    """
+    if choice in TRAINING_FREE:
+        return None
+    if choice == "auto":
+        path = shipped_router(fingerprint)
+        return load_router(path) if path is not None else None
+    return load_router(Path(choice).expanduser(), fingerprint, model_id)

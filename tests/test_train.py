@@ -1,0 +1,187 @@
+"""The trained zoom-in: gradients, loss decrease, router files, model checks, CLI."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from sekv_core.errors import SekvError
+from sekv_core.train.loop import (
+    TrainSettings,
+    losses,
+    prepare,
+    rank_losses,
+    student_forward,
+    zoom_targets,
+)
+from sekv_core.zoomnet import NetShape, ZoomNet, load_router, resolve_router, save_router
+
+SMALL = TrainSettings(steps=4, docs=1, held_out=1, doc_tokens=(120, 160), save_every=2)
+
+
+def shape_of(loaded, dim=4) -> NetShape:
+    c = loaded.model.config
+    return NetShape(
+        loaded.spec.num_layers,
+        c.num_attention_heads,
+        loaded.spec.num_kv_heads,
+        loaded.spec.head_dim,
+        dim,
+    )
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny_model_dirs, tmp_path_factory):
+    """A tiny llama (GQA) with one prepared training document (built once for the module)."""
+    import os
+
+    from sekv_core.models import load_model
+
+    os.environ["SEKV_HOME"] = str(tmp_path_factory.mktemp("train-home"))
+    loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    loaded.model.requires_grad_(False)
+    docs, examples, held = prepare(loaded, SMALL, log=lambda _: None)
+    return loaded, docs, examples, held
+
+
+def test_zoom_targets_pick_fewest_spans_holding_rho():
+    mass = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.01, 0.01, 0.0, 0.0]])
+    mined, targets = zoom_targets(mass, rho=0.9)
+    assert mined.tolist() == [True, False]  # the second position barely looks at spans
+    assert targets[0].tolist() == [True, True, True, False]  # 0.5 + 0.3 < 0.9 <= + 0.15
+
+
+def test_gradients_reach_only_the_router_and_base_is_unchanged(prepared):
+    loaded, docs, examples, _ = prepared
+    net = ZoomNet(shape_of(loaded))
+    base = copy.deepcopy(loaded.model.state_dict())
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    ex = examples[0]
+    parts = losses(loaded, net, docs[ex.doc], ex, SMALL)
+    parts["loss"].backward()
+    assert all(p.grad is None for p in loaded.model.parameters())
+    grads = {n: p.grad for n, p in net.named_parameters()}
+    assert all(g is not None for g in grads.values())
+    assert grads["gate.threshold"].abs().sum() > 0  # the zoom threshold learns
+    assert grads["gate.w_summary"].abs().sum() > 0  # so does the routing projection
+    assert grads["rank.bias"].abs().sum() > 0
+    opt.step()
+    after = loaded.model.state_dict()
+    assert all(torch.equal(base[k], after[k]) for k in base)
+
+
+def test_student_with_every_span_zoomed_is_the_teacher(prepared):
+    """Gate wide open: the student's attention covers every context token exactly -> KL = 0."""
+    loaded, docs, examples, _ = prepared
+    net = ZoomNet(shape_of(loaded))
+    with torch.no_grad():
+        net.gate.threshold.fill_(-1e4)
+        logits, _ = student_forward(loaded, net, docs[examples[0].doc], examples[0])
+    teacher = examples[0].teacher_logp
+    assert torch.allclose(logits.log_softmax(-1), teacher, atol=2e-3)
+
+
+def test_a_few_steps_reduce_the_loss(prepared):
+    loaded, docs, examples, _ = prepared
+    torch.manual_seed(0)
+    net = ZoomNet(shape_of(loaded))
+    opt = torch.optim.Adam(net.parameters(), lr=5e-2)
+    ex = examples[0]
+
+    def loss() -> float:
+        torch.manual_seed(1)  # the same sampled spectra for the rank terms each time
+        return float(losses(loaded, net, docs[ex.doc], ex, SMALL)["loss"].detach())
+
+    before = loss()
+    for _ in range(12):
+        opt.zero_grad()
+        losses(loaded, net, docs[ex.doc], ex, SMALL)["loss"].backward()
+        opt.step()
+    assert loss() < 0.9 * before
+
+
+def test_rank_gate_trades_reconstruction_for_rank(prepared):
+    loaded, docs, _, _ = prepared
+    net = ZoomNet(shape_of(loaded))
+    torch.manual_seed(0)
+    recon_open, rank_open = rank_losses(net, docs[0])
+    with torch.no_grad():
+        net.rank.bias.fill_(-20.0)  # every gate shut
+    torch.manual_seed(0)
+    recon_shut, rank_shut = rank_losses(net, docs[0])
+    assert recon_open < 0.01 and rank_open > 0
+    assert recon_shut > 0.99 and rank_shut < 1e-6
+
+
+def test_router_file_round_trip_and_model_check(tmp_path, prepared):
+    loaded, *_ = prepared
+    net = ZoomNet(shape_of(loaded))
+    with torch.no_grad():
+        net.gate.threshold.uniform_(-3, 3)
+    path = tmp_path / "r.safetensors"
+    save_router(path, net, {"model": {"id": "tiny", "fingerprint": loaded.fingerprint}}, None)
+    back = load_router(path, loaded.fingerprint)
+    assert back.manifest["model"]["id"] == "tiny"
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, back.net.state_dict()[k])
+    assert resolve_router(str(path), loaded.fingerprint).net is not None
+    assert resolve_router("none", loaded.fingerprint) is None
+    with pytest.raises(SekvError, match="trained for tiny"):
+        load_router(path, "another-fingerprint", "other-model")
+    (tmp_path / "bad.safetensors").write_bytes(b"not a router")
+    with pytest.raises(SekvError, match="not a sekv router"):
+        load_router(tmp_path / "bad.safetensors")
+    with pytest.raises(SekvError, match="no router file"):
+        load_router(tmp_path / "missing.safetensors")
+
+
+def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, sekv_home):
+    from typer.testing import CliRunner
+
+    from sekv_cli.main import app
+
+    model = str(tiny_model_dirs["llama"])
+    out = tmp_path / "router.safetensors"
+    args = ["train", "--model", model, "--docs", "1", "--held-out", "1"]
+    args += ["--doc-tokens", "100,140", "--out", str(out)]
+    runner = CliRunner()
+    first = runner.invoke(app, [*args, "--steps", "2"])
+    assert first.exit_code == 0, first.output
+    assert out.exists() and out.with_name(out.name + ".state").exists()
+    assert load_router(out).manifest["step"] == 2
+    again = runner.invoke(app, [*args, "--steps", "3"])
+    assert again.exit_code == 0, again.output
+    assert "resuming" in again.output and load_router(out).manifest["step"] == 3
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The keeper is named Orla. " * 30)
+    asked = runner.invoke(
+        app,
+        [
+            "ask",
+            str(doc),
+            "Who is the keeper?",
+            "--model",
+            model,
+            "--router",
+            str(out),
+            "--json",
+            "--max-new-tokens",
+            "4",
+        ],
+    )
+    assert asked.exit_code == 0, asked.output
+    assert '"router": "trained"' in asked.output
+
+    # a router trained for another model is refused
+    router = load_router(out)
+    router.manifest["model"]["fingerprint"] = "0" * 32
+    foreign = tmp_path / "foreign.safetensors"
+    save_router(foreign, router.net, router.manifest, None)
+    refused = runner.invoke(
+        app, ["ask", str(doc), "Who?", "--model", model, "--router", str(foreign)]
+    )
+    assert refused.exit_code == 1 and "Error:" in refused.output
+    assert "trained for" in refused.output
