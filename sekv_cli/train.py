@@ -66,8 +66,13 @@ def train(
     if json_out:
         print_json({"router": str(out), **metrics})
         return
+    free = metrics["training_free"]
+    recall = ", ".join(
+        f"{k.split('@')[1]}: {metrics[k]:.1%} (training-free {free[k]:.1%})"
+        for k in metrics
+        if k.startswith("target_recall@")
+    )
     err.print(
-        f"Router written to {out}: {metrics['parameters']:,} parameters; held-out target recall "
-        f"{metrics['held_out_target_recall']:.1%} (training-free "
-        f"{metrics['training_free']['held_out_target_recall']:.1%})"
+        f"Router written to {out}: {metrics['parameters']:,} parameters. Held-out recall of the "
+        f"teacher's spans at zoom budget share {recall}"
     )

@@ -3,7 +3,8 @@
 from .base import Method, MethodSettings
 from .full import FullKV
 from .sekv import SeKV
+from .sekv_free import SeKVTrainingFree
 
-METHODS: dict[str, type[Method]] = {SeKV.name: SeKV, FullKV.name: FullKV}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (SeKV, SeKVTrainingFree, FullKV)}
 
-__all__ = ["METHODS", "Method", "MethodSettings", "FullKV", "SeKV"]
+__all__ = ["METHODS", "Method", "MethodSettings", "FullKV", "SeKV", "SeKVTrainingFree"]

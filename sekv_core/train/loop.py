@@ -35,6 +35,7 @@ from ..methods.full import prefill_cache, truncate
 from ..models import LoadedModel
 from ..prompt import chat_template, encode_context, encode_question
 from ..rope import Rope
+from ..router import select
 from ..store import StoreSettings, open_or_build
 from ..zoom import SpanMemory
 from ..zoomnet import NetShape, ZoomNet, load_router, save_router
@@ -58,6 +59,8 @@ class TrainSettings:
     rank_cost: float = 0.1
     dim: int = 4
     doc_tokens: tuple[int, int] = (500, 1500)
+    budget_shares: tuple[float, float] = (0.05, 0.3)  # zoom budget drawn per step (span share)
+    eval_shares: tuple[float, ...] = (0.1, 0.2)
     save_every: int = 50
 
 
@@ -196,10 +199,12 @@ def zoom_targets(mass: torch.Tensor, rho: float) -> tuple[torch.Tensor, torch.Te
     return total >= MINE_MASS, targets
 
 
-def student_forward(loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Example):
+def student_forward(loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Example, budget: int):
     """Student logits at the answer positions (Ta, V) and gate logits per layer."""
     model = loaded.model
-    ctx = StudentContext(doc.memory, net, doc.span_k, doc.span_v, doc.span_id.to(loaded.device))
+    ctx = StudentContext(
+        doc.memory, net, doc.span_k, doc.span_v, doc.span_id.to(loaded.device), budget
+    )
     n = len(ex.ids)
     pos = torch.arange(n, device=loaded.device)[None] + doc.context_len
     previous = model.config._attn_implementation
@@ -218,11 +223,25 @@ def student_forward(loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Exa
     return out.logits[0, :-1].float(), ctx.gates
 
 
+def budget_tokens(doc: PreparedDoc, share: float) -> int:
+    """A zoom budget of ``share`` of the document's span tokens (at least the longest span)."""
+    lengths = doc.memory.lengths
+    return max(int(lengths.max()), int(share * int(lengths.sum())))
+
+
 def losses(
-    loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Example, s: TrainSettings
+    loaded: LoadedModel,
+    net: ZoomNet,
+    doc: PreparedDoc,
+    ex: Example,
+    s: TrainSettings,
+    share: float | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Every loss term of one example (see the module docstring)."""
-    logits, gates = student_forward(loaded, net, doc, ex)
+    """Every loss term of one example (see the module docstring); ``share``: the zoom budget
+    as a share of span tokens (default: drawn from ``s.budget_shares``)."""
+    if share is None:
+        share = float(torch.empty(()).uniform_(*s.budget_shares))
+    logits, gates = student_forward(loaded, net, doc, ex, budget_tokens(doc, share))
     kl = F.kl_div(
         logits.log_softmax(-1),
         ex.teacher_logp.to(logits.device),
@@ -274,38 +293,38 @@ def rank_losses(net: ZoomNet, doc: PreparedDoc, sample: int = 512) -> tuple[torc
 
 @torch.no_grad()
 def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: TrainSettings):
-    """Held-out: KL, recall of the teacher's target spans by the inference decision, zoom share.
-
-    The inference decision is per KV head (any query head of the group, any position), as at
-    answer time; recall counts (layer, KV head, span) targets of mined positions.
-    """
-    kl, hits, wanted, zoomed = 0.0, 0, 0, 0.0
-    for ex in held:
-        doc = docs[ex.doc]
-        logits, gates = student_forward(loaded, net, doc, ex)
-        kl += float(
-            F.kl_div(
-                logits.log_softmax(-1),
-                ex.teacher_logp.to(logits.device),
-                log_target=True,
-                reduction="batchmean",
+    """Held-out figures at each budget share: KL to the teacher, and recall of the teacher's
+    target spans by the answer-time decision (per layer and KV head: the union of the targets of
+    the group's mined positions)."""
+    out = {}
+    for share in s.eval_shares:
+        kl, hits, wanted = 0.0, 0, 0
+        for ex in held:
+            doc = docs[ex.doc]
+            budget = budget_tokens(doc, share)
+            logits, gates = student_forward(loaded, net, doc, ex, budget)
+            kl += float(
+                F.kl_div(
+                    logits.log_softmax(-1),
+                    ex.teacher_logp.to(logits.device),
+                    log_target=True,
+                    reduction="batchmean",
+                )
             )
-        )
-        z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
-        L, Hkv, G, Tq, N = z.shape
-        decision = (z > 0).any(dim=3).any(dim=2)  # (L, Hkv, N)
-        mined, targets = zoom_targets(ex.mass.to(z.device), s.rho)
-        want = (targets & mined[..., None]).view(L, Hkv, G, Tq, N).any(3).any(2)
-        hits += int((decision & want).sum())
-        wanted += int(want.sum())
-        lengths = doc.memory.lengths.float()
-        zoomed += float((decision.float() * lengths).sum(-1).mean() / doc.context_len)
-    n = max(len(held), 1)
-    return {
-        "held_out_kl": round(kl / n, 4),
-        "held_out_target_recall": round(hits / max(wanted, 1), 4),
-        "held_out_zoom_share": round(zoomed / n, 4),
-    }
+            z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
+            L, Hkv, G, Tq, N = z.shape
+            best = z.amax(dim=(2, 3))  # (L, Hkv, N)
+            decision = torch.stack(
+                [select(best[i], doc.memory.lengths, budget, None)[0] for i in range(L)]
+            )
+            mined, targets = zoom_targets(ex.mass.to(z.device), s.rho)
+            want = (targets & mined[..., None]).view(L, Hkv, G, Tq, N).any(3).any(2)
+            hits += int((decision & want).sum())
+            wanted += int(want.sum())
+        n = max(len(held), 1)
+        out[f"kl@{share}"] = round(kl / n, 4)
+        out[f"target_recall@{share}"] = round(hits / max(wanted, 1), 4)
+    return out
 
 
 def train(

@@ -7,8 +7,9 @@ layers' maps), and the next-token log-probabilities at the answer positions are 
 
 Student: the same tokens run with a local cache only; every layer attends, in one softmax, to the
 sinks/anchors, the span tokens the gate zooms (exact full-resolution K/V) and the local tokens.
-The zoom decision is hard in the forward pass (z > 0) and passes gradients straight through
-(d hard / dz := d sigmoid(z) / dz), so distillation reaches the gate through the frozen model.
+The zoom decision is the answer-time one (per KV head, gate > 0, best first under a token
+budget), hard in the forward pass, with gradients passed straight through (d hard / dz :=
+d sigmoid(z) / dz), so distillation reaches the gate through the frozen model.
 All context spans lie before every question/answer position, so the student at position t only
 ever sees spans before t.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 
+from ..router import select
 from ..zoom import SpanMemory
 from ..zoomnet import ZoomNet, span_max_logits
 
@@ -73,6 +75,7 @@ class StudentContext:
     span_k: list[torch.Tensor]  # per layer (Hkv, S, D) exact post-RoPE keys of span tokens
     span_v: list[torch.Tensor]
     span_id: torch.Tensor  # (S,) span of each span token
+    budget: int  # tokens zoomed per (layer, KV head)
     gates: list[torch.Tensor] = field(default_factory=list)  # per layer (Hkv, G, Tq, N)
 
 
@@ -90,9 +93,13 @@ def student_attention(
         span_max = span_max_logits(memory, layer, q.detach(), scaling)
     z = ctx.net.gate.logits(layer, q, span_max, memory.summary_k[layer], memory.log_len, scaling)
     ctx.gates.append(z)
-    soft = torch.sigmoid(z)
-    zoom = (z > 0).to(soft.dtype) + soft - soft.detach()  # straight-through estimator
-    keep = zoom[..., ctx.span_id]  # (Hkv, G, Tq, S)
+    # the answer-time decision: per KV head, spans whose best gate logit over the group's heads
+    # and the queries is > 0, best first, under the token budget; straight-through gradients
+    best = z.amax(dim=(1, 2))  # (Hkv, N)
+    hard, _ = select(best.detach(), memory.lengths, ctx.budget, None)
+    soft = torch.sigmoid(best)
+    zoom = hard.to(soft.dtype) + soft - soft.detach()
+    keep = zoom[:, None, None, ctx.span_id]  # (Hkv, 1, 1, S)
 
     fixed_k = memory.fixed_k[layer].to(q.dtype)
     fixed_v = memory.fixed_v[layer].to(q.dtype)
