@@ -1,10 +1,27 @@
 """Answering methods behind one interface; ``METHODS`` maps CLI names to classes."""
 
 from .base import Method, MethodSettings
+from .chunkkv import ChunkKV
 from .full import FullKV
+from .h2o import H2O
 from .sekv import SeKV
 from .sekv_free import SeKVTrainingFree
+from .snapkv import SnapKV
+from .streaming import StreamingLLM
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (SeKV, SeKVTrainingFree, FullKV)}
+METHODS: dict[str, type[Method]] = {
+    m.name: m for m in (SeKV, SeKVTrainingFree, FullKV, StreamingLLM, H2O, SnapKV, ChunkKV)
+}
 
-__all__ = ["METHODS", "Method", "MethodSettings", "FullKV", "SeKV", "SeKVTrainingFree"]
+__all__ = [
+    "METHODS",
+    "Method",
+    "MethodSettings",
+    "ChunkKV",
+    "FullKV",
+    "H2O",
+    "SeKV",
+    "SeKVTrainingFree",
+    "SnapKV",
+    "StreamingLLM",
+]
