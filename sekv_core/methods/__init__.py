@@ -1,20 +1,35 @@
 """Answering methods behind one interface; ``METHODS`` maps CLI names to classes."""
 
 from .base import Method, MethodSettings
+from .blocks import BlockRetrieval
 from .chunkkv import ChunkKV
 from .full import FullKV
 from .h2o import H2O
 from .sekv import SeKV
 from .sekv_free import SeKVTrainingFree
 from .snapkv import SnapKV
+from .static import StaticSemantic
 from .streaming import StreamingLLM
 
 METHODS: dict[str, type[Method]] = {
-    m.name: m for m in (SeKV, SeKVTrainingFree, FullKV, StreamingLLM, H2O, SnapKV, ChunkKV)
+    m.name: m
+    for m in (
+        SeKV,
+        SeKVTrainingFree,
+        FullKV,
+        StreamingLLM,
+        H2O,
+        SnapKV,
+        ChunkKV,
+        StaticSemantic,
+        BlockRetrieval,
+    )
 }
 
 __all__ = [
     "METHODS",
+    "BlockRetrieval",
+    "StaticSemantic",
     "Method",
     "MethodSettings",
     "ChunkKV",

@@ -1,0 +1,240 @@
+"""Static semantic and block-retrieval baselines: memory accounting, exactness, Quest bound."""
+
+import math
+
+import torch
+from safetensors.torch import load_file
+
+from sekv_core import attention
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.methods import METHODS, MethodSettings, SeKV
+from sekv_core.methods.blocks import (
+    NAME,
+    BlockPolicy,
+    BlockRetrieval,
+    BlockSettings,
+    QuestRouter,
+    attention_switch,
+)
+from sekv_core.methods.full import FullKV
+from sekv_core.methods.static import StaticSemantic
+from sekv_core.prompt import chat_template, encode_context, encode_question
+from sekv_core.segment import SegmentSettings
+from sekv_core.store import StoreSettings
+
+TEXT = " ".join(
+    f"Item {i} is kept in room {i * 7 % 31} of the {['north', 'east'][i % 2]} wing."
+    for i in range(20)
+)
+STORE = StoreSettings(segment=SegmentSettings(min_len=8, max_len=32))
+
+
+def make(cls, loaded, tmp_path, **settings):
+    path = tmp_path / "doc.md"
+    path.write_text(TEXT)
+    document = load_document(path)
+    ctx = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+    extra = {"store_settings": STORE, **settings.pop("extra", {})}
+    method = cls(loaded, document, ctx, MethodSettings(extra=extra, **settings))
+    method.prepare()
+    return method
+
+
+def question(loaded, text="Which room keeps item 12?"):
+    return encode_question(loaded.tokenizer, chat_template(loaded.tokenizer), text)
+
+
+def nbytes(*tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Recording:
+    """The Quest router, remembering each layer's queries."""
+
+    name = "quest"
+
+    def __init__(self):
+        self.q = {}
+
+    def scores(self, memory, layer, q, scaling):
+        self.q[layer] = q.clone()
+        return QuestRouter().scores(memory, layer, q, scaling)
+
+
+def block_logits(method, q_ids, blocks, router=None):
+    """Logits of every question position through the block attention."""
+    model, memory = method.loaded.model, method.memory_store
+    memory.clear()
+    policy = BlockPolicy(router or QuestRouter(), blocks)
+    pos = torch.arange(len(q_ids))[None] + len(method.context)
+    with torch.inference_mode(), attention_switch(model, NAME):
+        out = model(
+            input_ids=torch.tensor([q_ids]),
+            position_ids=pos,
+            block_memory=memory,
+            block_policy=policy,
+        )
+    return out.logits[0]
+
+
+# -- static semantic --------------------------------------------------------------------------
+
+
+def test_static_never_reconstructs_and_counts_what_it_reads(tiny_loaded, tmp_path):
+    method = make(StaticSemantic, tiny_loaded, tmp_path, memory_ratio=0.2)
+    answer = list(method.generate(question(tiny_loaded), 6))
+    assert len(answer) > 0
+    spans = method.spans
+    assert spans.reconstructions == 0
+    assert method.store._offload is None  # the offload tier was never even mapped
+    assert not method.policy.trace.zoomed.any()
+    assert method.policy.use_summaries and method.zoom_trace() == []
+    mem = method.memory()
+    read = nbytes(spans.fixed_k, spans.fixed_v, spans.summary_k, spans.summary_v)
+    assert mem["resident_bytes"] == read + nbytes(spans.lengths, spans.log_len)
+    assert mem["resident_fp16_bytes"] == read + 8 * spans.n_spans + 2 * spans.n_spans
+    assert mem["offloaded_bytes"] == 0
+    assert mem["resident_bytes"] < spans.resident_bytes()  # the sketch is not counted
+    assert method.routing()["reconstructions"] == 0
+
+
+def test_static_attends_summaries_with_log_len(tiny_loaded, tmp_path, monkeypatch):
+    """Every attention call: one softmax over fixed + all summaries (+ log|S|) + local."""
+    method = make(StaticSemantic, tiny_loaded, tmp_path)
+    captured = {}
+    real = attention.mixed_attention
+
+    def spy(q, k_local, v_local, k_mem, v_mem, bias, scaling):
+        captured.setdefault("first", (k_mem.shape[1], bias.clone()))
+        return real(q, k_local, v_local, k_mem, v_mem, bias, scaling)
+
+    monkeypatch.setattr(attention, "mixed_attention", spy)
+    list(method.generate(question(tiny_loaded), 1))
+    entries, bias = captured["first"]
+    spans = method.spans
+    F, N = spans.fixed_k.shape[2], spans.n_spans
+    assert entries == F + N  # no reconstructed token ever joins
+    assert torch.equal(bias[:, :F], torch.zeros_like(bias[:, :F]))
+    assert torch.allclose(bias[:, F:], spans.log_len[None].expand(bias.shape[0], N))
+
+
+# -- block retrieval --------------------------------------------------------------------------
+
+
+def test_blocks_covering_budget_equals_full_kv(tiny_loaded, tmp_path):
+    method = make(BlockRetrieval, tiny_loaded, tmp_path)
+    q_ids = question(tiny_loaded)
+    memory = method.memory_store
+    assert memory.n_blocks > 5 and memory.block_tokens % memory.block_size != 0  # partial last
+    got = block_logits(method, q_ids, blocks=memory.n_blocks)
+    ctx = method.context
+    with torch.inference_mode():
+        ref = tiny_loaded.model(input_ids=torch.tensor([ctx.ids + q_ids])).logits[0, len(ctx) :]
+    assert torch.allclose(got, ref, atol=2e-3, rtol=0), (got - ref).abs().max()
+    # and greedy answers agree with FullKV token for token
+    full = FullKV(tiny_loaded, None, ctx, MethodSettings())
+    full.prepare()
+    method.settings.budget = memory.n_blocks * memory.block_size
+    assert list(method.generate(q_ids, 8)) == list(full.generate(q_ids, 8))
+
+
+def test_blocks_small_budget_loads_exactly_the_top_quest_blocks(tiny_loaded, tmp_path):
+    method = make(BlockRetrieval, tiny_loaded, tmp_path)
+    memory, k = method.memory_store, 3
+    router = Recording()
+    block_logits(method, question(tiny_loaded), blocks=k, router=router)
+    kv = load_file(method.path / "blocks.safetensors")["kv"].float()
+    L, H, B, S, D = (
+        memory.num_layers,
+        memory.num_kv_heads,
+        memory.n_blocks,
+        memory.block_size,
+        memory.head_dim,
+    )
+    keys = kv.view(L, H, B, 2, S, D)[:, :, :, 0]  # (L, H, B, S, D) as stored
+    valid = (torch.arange(B * S) < memory.block_tokens).view(B, S)
+    scaling = D**-0.5
+    for layer in range(L):
+        q = router.q[layer].float()  # (H, G, Tq, D)
+        lo = torch.where(valid[..., None], keys[layer], math.inf).amin(dim=2)  # (H, B, D)
+        hi = torch.where(valid[..., None], keys[layer], -math.inf).amax(dim=2)
+        # brute force: every query, every channel, the larger product
+        prod = torch.maximum(
+            q[:, :, :, None, :] * lo[:, None, None], q[:, :, :, None, :] * hi[:, None, None]
+        )  # (H, G, Tq, B, D)
+        bound = prod.sum(-1).amax(dim=(1, 2)) * scaling  # (H, B)
+        want = bound.topk(k, dim=1).indices.sort(dim=1).values
+        ids, loaded = memory.loaded[layer]
+        assert torch.equal(ids.sort(dim=1).values, want)
+        # the loaded K/V are exactly the stored blocks
+        expect = kv.view(L, H, B, 2, S, D)[layer, torch.arange(H)[:, None], ids]
+        assert torch.equal(loaded.float(), expect)
+        # the bound holds for every real token's logit
+        logits = torch.einsum("hgtd,hbsd->hgtbs", q, keys[layer]) * scaling
+        best = logits.masked_fill(~valid, -math.inf).amax(dim=(1, 2, 4))  # (H, B)
+        assert (best <= bound + 1e-4).all()
+        routed = QuestRouter().scores(memory, layer, router.q[layer], scaling)
+        assert torch.allclose(routed.float(), bound, atol=1e-3)
+
+
+def test_blocks_memory_accounting(tiny_loaded, tmp_path):
+    method = make(BlockRetrieval, tiny_loaded, tmp_path, memory_ratio=0.5)
+    memory, spec = method.memory_store, tiny_loaded.spec
+    L, H, B, S, D = (
+        memory.num_layers,
+        memory.num_kv_heads,
+        memory.n_blocks,
+        memory.block_size,
+        memory.head_dim,
+    )
+    F = memory.sink_k.shape[2]
+    n = len(method.context)
+    assert F + memory.block_tokens == n
+    reps = 2 * L * H * B * D * 2
+    sinks = 2 * L * H * F * D * 2
+    budget = int((0.5 * spec.kv_bytes(n, 2) - reps - sinks) // spec.kv_bytes(1, 2))
+    assert method.budget() == budget
+    list(method.generate(question(tiny_loaded), 4))
+    k = budget // S
+    mem = method.memory()
+    loaded = L * H * k * S * 2 * D * 2  # every layer holds k blocks per head, fp16
+    assert mem["offloaded_bytes"] == L * H * B * S * 2 * D * 2
+    assert mem["representative_bytes"] == reps
+    assert mem["resident_fp16_bytes"] == sinks + reps + loaded
+    assert mem["resident_fp16_bytes"] <= 0.5 * spec.kv_bytes(n, 2)
+    assert mem["resident_bytes"] > mem["resident_fp16_bytes"]  # + the fp32 working copy
+    assert method.routing()["blocks_per_head"] == k
+    # decoding mostly reuses loaded blocks: fewer reads than (5 steps x layers x heads x k)
+    assert L * H * k <= method.routing()["blocks_read"] < 5 * L * H * k
+
+
+def test_block_store_is_reused_and_a_corrupt_one_rebuilt(tiny_loaded, tmp_path):
+    first = make(BlockRetrieval, tiny_loaded, tmp_path)
+    assert not first.store_info()["cache_hit"]
+    again = make(BlockRetrieval, tiny_loaded, tmp_path)
+    assert again.store_info()["cache_hit"] and again.path == first.path
+    (first.path / "blocks.safetensors").write_bytes(b"\0" * 64)
+    warnings = []
+    fixed = make(BlockRetrieval, tiny_loaded, tmp_path, warn=warnings.append)
+    assert not fixed.store_info()["cache_hit"] and "truncated" in warnings[0]
+    other = make(BlockRetrieval, tiny_loaded, tmp_path, extra={"block_settings": BlockSettings(8)})
+    assert other.path != first.path and other.memory_store.block_size == 8
+
+
+def test_both_run_end_to_end_through_a_session(tiny_loaded, tmp_path, monkeypatch):
+    monkeypatch.setitem(METHODS, StaticSemantic.name, StaticSemantic)
+    monkeypatch.setitem(METHODS, BlockRetrieval.name, BlockRetrieval)
+    path = tmp_path / "doc.md"
+    path.write_text(TEXT)
+    document = load_document(path)
+    settings = MethodSettings(memory_ratio=0.3, extra={"store_settings": STORE})
+    for name in ("static", "blocks"):
+        session = Session(tiny_loaded, document, name, settings)
+        answer = session.ask("Where is item 4 kept?", max_new_tokens=5)
+        assert answer.method == name and answer.tokens_generated > 0
+        assert answer.memory["resident_bytes"] > 0 and answer.store["path"]
+        assert answer.routing and isinstance(answer.to_json()["zoom"], list)
+        assert answer.memory["resident_fp16_bytes"] < answer.memory["full_kv_bytes_fp16"]
+    sekv = Session(tiny_loaded, document, SeKV.name, settings)  # static shares SeKV's store
+    assert sekv.method.store_info()["cache_hit"]
