@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .common import (
     JSON_OPTION,
@@ -17,9 +19,85 @@ from .common import (
 )
 from .render import print_rows
 
-bench_app = typer.Typer(
-    help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True
-)
+bench_app = typer.Typer()  # help: the suite's docstring
+
+
+def comma_list(value: str, cast: Callable, option: str) -> list:
+    try:
+        return [cast(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected comma-separated values, got {value!r}", param_hint=option
+        ) from None
+
+
+@bench_app.callback(invoke_without_command=True)
+@handle_errors
+def suite(
+    ctx: typer.Context,
+    methods: str | None = typer.Option(
+        None, help="Methods, comma-separated (default: every registered method)."
+    ),
+    tasks: str = typer.Option(
+        "needle,multikey,multivalue,vartrack,qa", help="Tasks, comma-separated."
+    ),
+    lengths: str = typer.Option(
+        "1000,2000,4000", help="Target lengths in tokens (generated tasks)."
+    ),
+    depths: str = typer.Option("0.1,0.5,0.9", help="Depths (0..1) of the asked fact."),
+    budgets: str = typer.Option(
+        "0.1,0.2", help="Resident-memory targets as shares of the fp16 full KV cache."
+    ),
+    seeds: str = typer.Option("1", help="Seeds of the generated samples, comma-separated."),
+    max_new_tokens: int = typer.Option(48, min=1, help="Longest answer, in tokens."),
+    model: str | None = MODEL_OPTION,
+    out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Benchmarks: figures measured side by side in one run.
+
+    Without a subcommand, the suite: every method at every resident-memory budget on generated
+    tasks (needle, multikey, multivalue, vartrack) and on the sample documents' QA. Writes
+    results.jsonl, summary.json, results.md and PNG plots into --out; prints the table.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from sekv_core.bench.suite import Suite, SuiteConfig
+    from sekv_core.methods import METHODS
+
+    config = SuiteConfig(
+        methods=comma_list(methods, str, "--methods") if methods else list(METHODS),
+        tasks=comma_list(tasks, str, "--tasks"),
+        lengths=comma_list(lengths, int, "--lengths"),
+        depths=comma_list(depths, float, "--depths"),
+        budgets=comma_list(budgets, float, "--budgets"),
+        seeds=comma_list(seeds, int, "--seeds"),
+        max_new_tokens=max_new_tokens,
+    )
+    config.check()  # names and ranges before the model loads; lengths against its window after
+    bench = Suite(load_model_quietly(model), config, out)
+    sessions = len(bench.samples) * len(bench.configs)
+    err.print(f"{len(bench.samples)} samples, {sessions} sessions, {bench.total} answers -> {out}/")
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("Answering", total=bench.total)
+        summary = bench.run(
+            on_row=lambda row: bar.update(
+                task, advance=1, description=f"{row['sample']} {row['method']}"
+            ),
+            on_sample=lambda line: bar.console.print(line, soft_wrap=True, highlight=False),
+        )
+    if json_out:
+        print_json(summary)
+        return
+    typer.echo((out / "results.md").read_text(), nl=False)
 
 
 @bench_app.command("ingest")

@@ -108,14 +108,30 @@ def sentence(rng: random.Random) -> str:
     return s if rng.random() < 0.6 else f"{s} {rng.choice(CODA)}"
 
 
-def haystack(tokenizer, tokens: int, depth: float, needle: Needle, seed: int = 0) -> str:
-    """Filler of about ``tokens`` tokens with ``needle.fact`` at relative ``depth`` (0..1)."""
-    rng = random.Random(seed)
+def filler(tokenizer, tokens: int, rng: random.Random) -> list[str]:
+    """Filler sentences until they hold at least ``tokens`` tokens (at most one sentence more)."""
     sentences, count = [], 0
     while count < tokens:
         s = sentence(rng)
         sentences.append(s)
         count += len(tokenizer(" " + s, add_special_tokens=False)["input_ids"])
-    sentences.insert(round(depth * len(sentences)), needle.fact)
-    paragraphs = [" ".join(sentences[i : i + 5]) for i in range(0, len(sentences), 5)]
+    return sentences
+
+
+def plant(sentences: list[str], facts: list[tuple[float, str]]) -> str:
+    """Insert each ``(depth, fact)`` at relative ``depth`` (0..1) of ``sentences``; join the
+    result into paragraphs of five sentences. Facts at the same place keep their given order."""
+    slots: dict[int, list[str]] = {}
+    for depth, fact in facts:
+        slots.setdefault(round(depth * len(sentences)), []).append(fact)
+    merged = []
+    for i in range(len(sentences) + 1):
+        merged += slots.get(i, [])
+        merged += sentences[i : i + 1]
+    paragraphs = [" ".join(merged[i : i + 5]) for i in range(0, len(merged), 5)]
     return "\n\n".join(paragraphs)
+
+
+def haystack(tokenizer, tokens: int, depth: float, needle: Needle, seed: int = 0) -> str:
+    """Filler of about ``tokens`` tokens with ``needle.fact`` at relative ``depth`` (0..1)."""
+    return plant(filler(tokenizer, tokens, random.Random(seed)), [(depth, needle.fact)])

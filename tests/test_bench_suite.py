@@ -1,0 +1,193 @@
+"""`sekv bench` suite: task generators, the scorer, the goal check, and the runner end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from transformers import AutoTokenizer
+from typer.testing import CliRunner
+
+from sekv_cli.main import app
+from sekv_core.bench.score import is_correct, score
+from sekv_core.bench.suite import goal
+from sekv_core.bench.tasks import GENERATED, count_tokens, make_sample, qa_samples, spread
+from sekv_core.errors import SekvError
+
+PNG = b"\x89PNG\r\n\x1a\n"
+ROW_KEYS = {
+    "sample", "task", "method", "budget", "length", "target_length", "depth", "seed",
+    "question", "expected", "mode", "score", "correct", "answer", "resident_ratio",
+    "store_ratio", "ingest_s", "first_token_s", "decode_tps", "routing",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dirs):
+    return AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+
+
+@pytest.mark.parametrize("task", GENERATED)
+def test_generators_are_deterministic_per_seed(tokenizer, task):
+    a = make_sample(task, tokenizer, 1500, 0.3, seed=1)
+    assert a == make_sample(task, tokenizer, 1500, 0.3, seed=1)
+    assert a.text != make_sample(task, tokenizer, 1500, 0.3, seed=2).text
+    assert a.text != make_sample(task, tokenizer, 1500, 0.7, seed=1).text
+    assert 0.8 * 1500 <= count_tokens(tokenizer, a.text) <= 1500
+    assert a.name == f"{task}-1500-d30-s1"
+    for q in a.questions:
+        assert q.mode in ("all", "any") and q.answers
+        assert all(answer in a.text for answer in q.answers)
+
+
+def where(text: str, needle: str) -> float:
+    """Relative position of the sentence holding ``needle``."""
+    return text.index(needle) / len(text)
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.9])
+def test_asked_facts_sit_at_the_requested_depth(tokenizer, depth):
+    needle = make_sample("needle", tokenizer, 3000, depth, seed=3)
+    assert where(needle.text, needle.questions[0].answers[0]) == pytest.approx(depth, abs=0.05)
+    multikey = make_sample("multikey", tokenizer, 3000, depth, seed=3)
+    key = re.search(r"access code for (.+)\?", multikey.questions[0].question).group(1)
+    asked = f"The access code for {key} is {multikey.questions[0].answers[0]}."
+    assert multikey.text.count("The access code for") == 4  # the asked fact + 3 distractors
+    assert where(multikey.text, asked) == pytest.approx(depth, abs=0.05)
+    multivalue = make_sample("multivalue", tokenizer, 3000, depth, seed=3)
+    spots = [where(multivalue.text, v) for v in multivalue.questions[0].answers]
+    assert spots == pytest.approx(spread(depth, 3), abs=0.05)
+
+
+def resolve(text: str) -> dict[str, str]:
+    """Each variable's value, following ``VAR B = VAR A`` copies."""
+    assigned = dict(re.findall(r"VAR (\w+) = ((?:VAR )?\w+)\.", text))
+    values = {}
+    for name in assigned:
+        value = assigned[name]
+        while value.startswith("VAR "):
+            value = assigned[value[4:]]
+        values[name] = value
+    return values
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_vartrack_chains_resolve_to_the_answer_set(tokenizer, seed):
+    sample = make_sample("vartrack", tokenizer, 2000, 0.2, seed)
+    (q,) = sample.questions
+    value = re.search(r"value is (\d+)", q.question).group(1)
+    values = resolve(sample.text)
+    assert len(values) == 5  # a 3-variable chain and a 2-variable distractor chain
+    assert {name for name, v in values.items() if v == value} == set(q.answers)
+    assert q.mode == "all" and len(set(values.values())) == 2
+    first = sample.text.index(f"VAR {q.answers[0]} = {value}.")
+    assert first / len(sample.text) == pytest.approx(0.2, abs=0.05)
+
+
+def test_qa_samples_come_from_the_ground_truth(tokenizer, tmp_path):
+    samples = qa_samples(tokenizer)
+    assert {s.name for s in samples} == {"qa-handbook", "qa-lighthouse"}
+    lighthouse = next(s for s in samples if s.name == "qa-lighthouse")
+    assert len(lighthouse.questions) == 8 and lighthouse.depth is None
+    assert lighthouse.length == count_tokens(tokenizer, lighthouse.text)
+    (tmp_path / "notes.md").write_text("Some notes.")
+    with pytest.raises(SekvError, match="no ground truth"):
+        qa_samples(tokenizer, [tmp_path / "notes.md"])
+
+
+def test_scorer_on_hand_made_cases():
+    assert score("The code is 48213.", ["48213"], "any") == 1.0
+    assert score("The code is 4821.", ["48213"], "any") == 0.0
+    assert score("Marta   QUILL\nleads it", ["marta quill"], "all") == 1.0  # case, whitespace
+    assert score("Tobias Wren", ["Tobias Wrenfield"], "all") == 0.0
+    assert score("AAA and CCC", ["AAA", "BBB", "CCC", "DDD"], "all") == 0.5  # partial
+    assert score("only BBB", ["AAA", "BBB"], "any") == 1.0
+    assert score("", ["AAA"], "all") == 0.0
+    assert is_correct("aaa, bbb", ["AAA", "BBB"], "all")
+    assert not is_correct("aaa", ["AAA", "BBB"], "all")
+    assert is_correct("bbb", ["AAA", "BBB"], "any")
+    with pytest.raises(ValueError, match="mode"):
+        score("x", ["x"], "most")
+
+
+def test_goal_lists_where_sekv_falls_short():
+    def rows(method, budget, task, scores, resident):
+        return [
+            {"method": method, "budget": budget, "task": task, "score": s, "correct": s == 1,
+             "resident_ratio": resident, "store_ratio": 0.0, "ingest_s": 1.0,
+             "cache_hit": False, "first_token_s": 0.1, "decode_tps": 10.0}
+            for s in scores
+        ]  # fmt: skip
+
+    data = (
+        rows("full", None, "needle", [1, 1], 1.0)
+        + rows("sekv", 0.1, "needle", [1, 0], 0.1)  # below full KV at <= 15%: a miss
+        + rows("h2o", 0.1, "needle", [0, 0], 0.1)
+        + rows("sekv", 0.5, "needle", [1, 1], 0.5)  # above 15%: not held to full KV
+        + rows("h2o", 0.5, "needle", [1, 1], 0.5)
+    )
+    g = goal(data)
+    assert g["checked"] == 3 and not g["holds"]
+    (miss,) = g["misses"]
+    assert (miss["sekv"], miss["rival"], miss["sekv_accuracy"]) == ("sekv@0.1", "full", 0.5)
+    heavy = goal(rows("full", None, "qa", [1], 1.0) + rows("sekv", 0.2, "qa", [1], 0.26))
+    assert heavy["checked"] == 0 and not heavy["holds"]
+    assert any("never got to <= 15% resident (lowest measured 26.0%)" in n for n in heavy["notes"])
+    heavy = goal(rows("sekv", 0.2, "qa", [1], 0.26) + rows("snapkv", 0.2, "qa", [1], 0.2))
+    assert [m["why"] for m in heavy["misses"]] == ["more resident memory"]
+
+
+def run(*args):
+    return CliRunner().invoke(app, ["bench", *map(str, args)])
+
+
+def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path):
+    out = tmp_path / "bench"
+    result = run(
+        "--methods", "full,sekv", "--tasks", "needle", "--lengths", "300", "--depths", "0.5",
+        "--budgets", "0.2,0.5", "--max-new-tokens", "3", "--model", tiny_model_dirs["llama"],
+        "--out", out, "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == summary["rows"] == 3  # full once + sekv at two budgets
+    assert {(r["method"], r["budget"]) for r in rows} == {
+        ("full", None),
+        ("sekv", 0.2),
+        ("sekv", 0.5),
+    }
+    for r in rows:
+        assert ROW_KEYS <= set(r) and r["task"] == "needle" and r["depth"] == 0.5
+        assert 0 < r["length"] <= 300 and r["resident_ratio"] > 0
+    assert next(r for r in rows if r["method"] == "full")["resident_ratio"] == 1.0
+    assert [(c["method"], c["budget"]) for c in summary["by_budget"]] == [
+        ("full", None), ("sekv", 0.2), ("sekv", 0.5),
+    ]  # fmt: skip
+    assert {c["task"] for c in summary["cells"]} == {"needle"}
+    assert json.loads((out / "summary.json").read_text()) == summary
+    table = (out / "results.md").read_text()
+    assert "| full | – | needle | 300 | 1 |" in table and "## Goal" in table
+    for png in ("accuracy_vs_memory.png", "needle_heatmap.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == PNG and len(data) > 5000
+    assert (out / "samples" / "needle-300-d50-s1.txt").is_file()
+
+
+def test_suite_names_unknown_methods_and_tasks(tmp_path):
+    result = run("--methods", "full,nope", "--out", tmp_path)
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith("Error: unknown method 'nope'; choose from ")
+    assert "full" in result.stderr
+    result = run("--tasks", "needle,haiku", "--out", tmp_path)
+    assert result.exit_code == 1 and "unknown task 'haiku'" in result.stderr
+    assert run("--depths", "0.5,x").exit_code == 2  # usage error
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_subcommands_still_answer():
+    result = run("--help")
+    assert result.exit_code == 0
+    assert all(name in result.stdout for name in ("needle", "qa", "ingest", "--budgets"))
+    assert run("needle", "--help").exit_code == 0
