@@ -50,6 +50,9 @@ def suite(
     ),
     seeds: str = typer.Option("1", help="Seeds of the generated samples, comma-separated."),
     max_new_tokens: int = typer.Option(48, min=1, help="Longest answer, in tokens."),
+    recall: bool = typer.Option(
+        False, "--recall", help="SeKV methods also report routing recall vs the oracle router."
+    ),
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
     json_out: bool = JSON_OPTION,
@@ -73,6 +76,7 @@ def suite(
         budgets=comma_list(budgets, float, "--budgets"),
         seeds=comma_list(seeds, int, "--seeds"),
         max_new_tokens=max_new_tokens,
+        recall=recall,
     )
     config.check()  # names and ranges before the model loads; lengths against its window after
     bench = Suite(load_model_quietly(model), config, out)

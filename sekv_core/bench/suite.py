@@ -43,6 +43,7 @@ class SuiteConfig:
     budgets: list[float]
     seeds: list[int]
     max_new_tokens: int = 48
+    recall: bool = False  # SeKV methods also run the oracle router: routing recall vs oracle
     qa_docs: list[Path] | None = None  # default: the sample documents
 
     def check(self, window: int | None = None) -> None:
@@ -155,7 +156,8 @@ class Suite:
         self, sample: Sample, document: Document, method: str, budget: float | None
     ) -> Iterator[dict[str, Any]]:
         """One session (prepared once) answering the sample's questions: one row each."""
-        session = Session(self.loaded, document, method, MethodSettings(memory_ratio=budget))
+        settings = MethodSettings(memory_ratio=budget, measure_recall=self.config.recall)
+        session = Session(self.loaded, document, method, settings)
         for q in sample.questions:
             a = session.ask(q.question, self.config.max_new_tokens)
             mem, t = a.memory, a.timings
@@ -252,6 +254,10 @@ def figures(rows: list[dict]) -> dict[str, Any]:
         "ingest_s": mean(r["ingest_s"] for r in built),
         "first_token_s": mean(r["first_token_s"] for r in rows),
         "decode_tps": mean(r["decode_tps"] for r in rows),
+        # span routing (SeKV methods; None elsewhere)
+        "zoom_rate": mean(r.get("routing", {}).get("zoom_rate") for r in rows),
+        "mean_rank_k": mean((r.get("routing", {}).get("mean_rank") or {}).get("k") for r in rows),
+        "recall_vs_oracle": mean(r.get("routing", {}).get("recall_vs_oracle") for r in rows),
     }
 
 
@@ -366,10 +372,13 @@ def markdown(summary: dict[str, Any]) -> str:
         ),
         "## Per method and budget (all tasks)",
         _table(
-            ["method", "budget", "n", "accuracy", "exact", "resident", "store"],
+            ["method", "budget", "n", "accuracy", "exact", "resident", "store"]
+            + ["zoom rate", "key rank", "recall vs oracle"],
             [
                 [x["method"], _num(x["budget"]), str(x["n"]), _num(x["accuracy"])]
                 + [_num(x["exact"]), _pct(x["resident_ratio"]), _pct(x["store_ratio"])]
+                + [_pct(x["zoom_rate"]), _num(x["mean_rank_k"], 1)]
+                + [_num(x["recall_vs_oracle"])]
                 for x in summary["by_budget"]
             ],
         ),
