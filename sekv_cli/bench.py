@@ -104,6 +104,23 @@ def suite(
     typer.echo((out / "results.md").read_text(), nl=False)
 
 
+@bench_app.command("report")
+@handle_errors
+def report(
+    runs: list[Path] = typer.Argument(..., help="Directories of `sekv bench` runs to merge."),
+    out: Path = typer.Option(..., "--out", help="Directory for the merged report."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """One report (summary, Markdown table, plots) from several runs' results."""
+    from sekv_core.bench.suite import merge_runs
+
+    summary = merge_runs(runs, out)
+    if json_out:
+        print_json(summary)
+        return
+    typer.echo((out / "results.md").read_text(), nl=False)
+
+
 @bench_app.command("ingest")
 @handle_errors
 def ingest_bench(

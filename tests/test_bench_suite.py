@@ -174,6 +174,22 @@ def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path):
         assert data[:8] == PNG and len(data) > 5000
     assert (out / "samples" / "needle-300-d50-s1.txt").is_file()
 
+    # a second run (another method) merged with the first into one report
+    other = tmp_path / "bench2"
+    second = run(
+        "--methods", "streaming", "--tasks", "needle", "--lengths", "300", "--depths", "0.5",
+        "--budgets", "0.2", "--max-new-tokens", "3", "--model", tiny_model_dirs["llama"],
+        "--out", other, "--json",
+    )  # fmt: skip
+    assert second.exit_code == 0, second.output
+    merged = run("report", out, other, "--out", tmp_path / "merged", "--json")
+    assert merged.exit_code == 0, merged.output
+    combined = json.loads(merged.stdout)
+    assert combined["rows"] == 4 and combined["config"]["methods"] == ["full", "sekv", "streaming"]
+    assert (tmp_path / "merged" / "accuracy_vs_memory.png").read_bytes()[:8] == PNG
+    missing = run("report", tmp_path / "nowhere", "--out", tmp_path / "m2")
+    assert missing.exit_code == 1 and "not a finished" in missing.output
+
 
 def test_suite_names_unknown_methods_and_tasks(tmp_path):
     result = run("--methods", "full,nope", "--out", tmp_path)

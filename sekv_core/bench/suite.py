@@ -203,26 +203,69 @@ class Suite:
 
     def finish(self) -> dict[str, Any]:
         """Write summary.json, results.md and the plots; return the summary."""
-        files = {"results": "results.jsonl", "summary": "summary.json", "table": "results.md"}
-        if plots.accuracy_vs_memory(by_budget(self.rows), self.out / "accuracy_vs_memory.png"):
-            files["accuracy_vs_memory"] = "accuracy_vs_memory.png"
-        if plots.needle_heatmap(self.rows, self.out / "needle_heatmap.png"):
-            files["needle_heatmap"] = "needle_heatmap.png"
         config = asdict(self.config)
         config["qa_docs"] = [str(p) for p in config["qa_docs"] or []] or None
-        summary = {
-            "model": self.loaded.model_id,
-            "config": config,
-            "rows": len(self.rows),
-            "cells": cells(self.rows),
-            "by_budget": by_budget(self.rows),
-            "goal": goal(self.rows),
-            "errors": self.errors,
-            "files": files,
-        }
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (self.out / "results.md").write_text(markdown(summary))
-        return summary
+        return write_report(self.out, self.loaded.model_id, config, self.rows, self.errors)
+
+
+def write_report(
+    out: Path, model: str, config: dict[str, Any], rows: list[dict], errors: list[dict]
+) -> dict[str, Any]:
+    """summary.json, results.md and the plots of ``rows`` into ``out``; returns the summary."""
+    files = {"results": "results.jsonl", "summary": "summary.json", "table": "results.md"}
+    if plots.accuracy_vs_memory(by_budget(rows), out / "accuracy_vs_memory.png"):
+        files["accuracy_vs_memory"] = "accuracy_vs_memory.png"
+    if plots.needle_heatmap(rows, out / "needle_heatmap.png"):
+        files["needle_heatmap"] = "needle_heatmap.png"
+    summary = {
+        "model": model,
+        "config": config,
+        "rows": len(rows),
+        "cells": cells(rows),
+        "by_budget": by_budget(rows),
+        "goal": goal(rows),
+        "errors": errors,
+        "files": files,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(summary))
+    return summary
+
+
+def merge_runs(runs: list[Path], out: Path) -> dict[str, Any]:
+    """One report from several runs' directories (e.g. methods run at different times):
+    their results.jsonl rows are concatenated into ``out``."""
+    rows, errors, model = [], [], None
+    for run in runs:
+        try:
+            lines = (run / "results.jsonl").read_text().splitlines()
+            summary = json.loads((run / "summary.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise SekvError(f"{run} is not a finished `sekv bench` run ({exc})") from None
+        if model is not None and summary["model"] != model:
+            raise SekvError(f"{run} was run with {summary['model']}, not {model}; merge one model")
+        model = summary["model"]
+        rows += [json.loads(line) for line in lines if line.strip()]
+        errors += summary.get("errors", [])
+    if not rows:
+        raise SekvError("no rows to report; give directories of `sekv bench` runs")
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "results.jsonl").open("w") as sink:
+        sink.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def values(key: str) -> list:
+        return sorted({r[key] for r in rows if r.get(key) is not None})
+
+    config = {
+        "methods": list(dict.fromkeys(r["method"] for r in rows)),
+        "tasks": list(dict.fromkeys(r["task"] for r in rows)),
+        "lengths": values("target_length"),
+        "depths": values("depth"),
+        "budgets": values("budget"),
+        "seeds": values("seed"),
+        "merged_from": [str(r) for r in runs],
+    }
+    return write_report(out, model, config, rows, errors)
 
 
 def config_label(method: str, budget: float | None) -> str:
