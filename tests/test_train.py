@@ -154,6 +154,8 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     again = runner.invoke(app, [*args, "--steps", "3"])
     assert again.exit_code == 0, again.output
     assert "resuming" in again.output and load_router(out).manifest["step"] == 3
+    done = runner.invoke(app, [*args, "--steps", "3"])
+    assert done.exit_code == 0 and "nothing to do" in done.output
 
     doc = tmp_path / "doc.txt"
     doc.write_text("The keeper is named Orla. " * 30)

@@ -350,6 +350,12 @@ def train(
     start = _resume(out, net, opt, loaded, settings, log)
     if start >= settings.steps:
         log(f"{out} already holds {start} steps (>= --steps {settings.steps}); nothing to do")
+        manifest = load_router(out).manifest
+        return {
+            "parameters": net.num_parameters(),
+            **manifest.get("metrics", {}),
+            "training_free": manifest.get("training_free_metrics", {}),
+        }
     loaded.model.requires_grad_(False)
     docs, examples, held = prepare(loaded, settings, log)
     if not examples:
