@@ -21,10 +21,10 @@ from .common import (
 )
 
 ROUTER_OPTION = typer.Option(
-    "auto",
+    "none",
     "--router",
-    help="sekv routing: auto (the trained router when one fits the model), none "
-    "(training-free), or a router file from `sekv train`.",
+    help="sekv routing: none (training-free, the default), auto (the router trained for the "
+    "model, when there is one), or a router file from `sekv train`.",
 )
 
 

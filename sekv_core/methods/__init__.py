@@ -6,7 +6,7 @@ from .chunkkv import ChunkKV
 from .full import FullKV
 from .h2o import H2O
 from .sekv import SeKV
-from .sekv_free import SeKVTrainingFree
+from .sekv_trained import SeKVTrained
 from .snapkv import SnapKV
 from .static import StaticSemantic
 from .streaming import StreamingLLM
@@ -15,7 +15,7 @@ METHODS: dict[str, type[Method]] = {
     m.name: m
     for m in (
         SeKV,
-        SeKVTrainingFree,
+        SeKVTrained,
         FullKV,
         StreamingLLM,
         H2O,
@@ -36,7 +36,7 @@ __all__ = [
     "FullKV",
     "H2O",
     "SeKV",
-    "SeKVTrainingFree",
+    "SeKVTrained",
     "SnapKV",
     "StreamingLLM",
 ]
