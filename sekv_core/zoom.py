@@ -92,6 +92,7 @@ class SpanMemory:
         self.cache_tokens = [0] * self.num_layers
         self.capacity = capacity
         self.peak_cached_bytes = 0
+        self.rank_sum, self.rank_count = {"k": 0, "v": 0}, {"k": 0, "v": 0}
 
     def span_kv(self, layer: int, span: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-level K, V (|S|, D) of one span for one KV head; reconstructed once (LRU)."""
