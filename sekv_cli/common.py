@@ -11,7 +11,16 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 
 from sekv_core.errors import SekvError
 
@@ -57,22 +66,40 @@ def load_model_quietly(name: str | None):
         return load_model(name)
 
 
+class TokenCount(ProgressColumn):
+    """done/total tokens, tokens per second over the last half minute."""
+
+    def render(self, task: Task) -> Text:
+        total = f"{task.total:,.0f}" if task.total is not None else "?"
+        speed = f"{task.speed:,.0f} tok/s" if task.speed else "– tok/s"
+        return Text(f"{task.completed:,.0f}/{total} tokens  {speed}", style="progress.data.speed")
+
+
 @contextmanager
 def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A Rich progress bar on stderr; yields progress(done, total)."""
+    """A Rich progress bar on stderr (tokens, tokens/s, elapsed, ETA); yields
+    progress(done, total). A first call past 0 (a resumed ingest) does not count as speed."""
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total} tokens"),
+        TokenCount(),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         console=err,
         transient=True,
         disable=not err.is_terminal,  # no bar (nor its blank line) when stderr is a file
     ) as bar:
         task = bar.add_task(label, total=None)
+        first = True
 
         def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            nonlocal first
+            if first:  # start the speed estimate here, whatever was done before
+                bar.reset(task, total=total, completed=done)
+                first = False
+            else:
+                bar.update(task, completed=done, total=total)
 
         yield update
 
@@ -97,7 +124,7 @@ def open_store(file, model: str | None):
     document = load_document(file)
     loaded = load_model_quietly(model)
     context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
-    check_window(loaded, document, context)
+    check_window(loaded, document, context, books=True)  # books are streamed
     with prefill_progress(f"Ingesting {document.path.name}") as progress:
         store, hit = open_or_build(
             loaded,

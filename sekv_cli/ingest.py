@@ -52,7 +52,10 @@ def ingest(
             "offloaded_ratio": round(b["offloaded"] / full, 4),
         },
         "timings": {"total_s": round(seconds, 4), **({} if hit else m["timings"])},
+        "positions": m["positions"]["mode"],
     }
+    if "stream" in m:  # a book: read in chunks with bounded positions
+        data["stream"] = m["stream"]
     if json_out:
         print_json(data)
         return
@@ -78,6 +81,18 @@ def ingest(
         ("full KV", f"{human_bytes(full)} fp16, {human_bytes(b['full_kv_fp32'])} fp32"),
         ("time", f"{seconds:.2f} s"),
     ]
+    if "stream" in m:
+        st = m["stream"]
+        speed = ", ".join(f"{k} {v:,.0f}" for k, v in st["tokens_per_s_at"].items())
+        rows.insert(
+            -1,
+            (
+                "streamed",
+                f"chunks of {st['chunk']}, window {st['window']:,}, zoom budget {st['budget']}, "
+                f"{st['positions']} positions (max {st['max_position']:,}); "
+                f"tokens/s at {speed or '–'}",
+            ),
+        )
     for k, v in rows:
         table.add_row(f"[bold]{k}[/bold]", v)
     Console().print(table)

@@ -10,8 +10,13 @@ to none; others contribute one summary entry whose logit gets + log|S| so it wei
 similar tokens (optional: ``use_summaries``). Batched over heads and spans.
 
 The implementation is registered under the name ``"sekv"``; :func:`sekv_attention` switches a
-model to it for the duration of a block. Keys are stored post-RoPE at their original positions,
-and local tokens take positions after the context, so nothing is re-rotated.
+model to it for the duration of a block. Within the model window, keys are stored post-RoPE at
+their original positions and local tokens take positions after the context, so nothing is
+re-rotated; a book's memory is *bounded* (see :mod:`sekv_core.zoom` for its positions).
+
+The streamed ingest (:mod:`sekv_core.stream`) runs the same function for each chunk of a book,
+with a :class:`LocalWindow`: the previous tokens at full resolution join the local part, and the
+chunk's own K/V are captured for the store.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 
+from .rope import rotate_half
 from .router import Router, select
-from .zoom import SpanMemory, ZoomTrace
+from .zoom import PREFILTER_KEEP, PREFILTER_SPANS, SpanMemory, ZoomTrace
 
 NAME = "sekv"
 
@@ -39,6 +45,36 @@ class ZoomPolicy:
     use_summaries: bool = False
     oracle: Router | None = None  # when set: measure routing recall against it
     trace: ZoomTrace = field(default_factory=ZoomTrace)
+    route_queries: int | None = None  # route with this many of the queries (evenly spaced)
+    track_mass: bool = True  # record the attention share of zoomed spans (off: a fused kernel)
+    prefilter_spans: int = PREFILTER_SPANS  # above this many spans, the router scores ...
+    prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
+    # their representative tokens): see SpanMemory.candidates
+
+
+@dataclass
+class LocalWindow:
+    """Streamed ingest: full-resolution tokens before the current chunk, and the chunk's capture.
+
+    keys, values : (L, H_kv, W, D) the previous tokens (keys pre-RoPE); cos, sin : (W, D) RoPE
+    tables of their positions. After the forward, ``captured`` holds per layer the chunk's
+    (post-RoPE keys, values), each (H_kv, Tq, D).
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    captured: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    def extend(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local K/V of ``layer``: window (rotated to its positions) + the chunk's own."""
+        self.captured.append((key, value))
+        k = self.keys[layer].to(key.dtype)
+        k = k * self.cos + rotate_half(k) * self.sin  # (H, W, D)
+        return torch.cat([k, key], dim=1), torch.cat([self.values[layer].to(value.dtype), value], 1)
 
 
 def mixed_attention(
@@ -49,15 +85,42 @@ def mixed_attention(
     v_mem: torch.Tensor,
     bias_mem: torch.Tensor,
     scaling: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_mass: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One softmax over memory entries and the causal local window.
 
     q : (Hkv, G, Tq, D); k_local, v_local : (Hkv, Tl, D), the last Tq of which are the queries';
     k_mem, v_mem : (Hkv, M, D); bias_mem : (Hkv, M) additive logit bias (-inf = absent).
     Returns the output (Hkv, G, Tq, D) and the attention mass of each memory entry summed over
-    the group's heads and the queries (Hkv, M).
+    the group's heads and the queries (Hkv, M) — or None without ``with_mass``: then the fused
+    ``scaled_dot_product_attention`` runs (a streamed chunk: many queries, long window).
     """
     Tq, Tl = q.shape[2], k_local.shape[1]
+    if not with_mass:
+        H = q.shape[0]
+        visible = (
+            torch.arange(Tl, device=q.device)[None]
+            <= torch.arange(Tl - Tq, Tl, device=q.device)[:, None]
+        )  # (Tq, Tl)
+        present = bias_mem > torch.finfo(torch.float32).min / 2  # (Hkv, M)
+        if bool((bias_mem[present] == 0).all()):  # entries are in or out: a boolean mask
+            mask = torch.cat(
+                [present[:, None].expand(-1, Tq, -1), visible.expand(H, -1, -1)], dim=-1
+            )  # (Hkv, Tq, M + Tl)
+        else:
+            local = torch.zeros(Tq, Tl, device=q.device).masked_fill(~visible, float("-inf"))
+            mask = torch.cat(
+                [bias_mem.float()[:, None].expand(-1, Tq, -1), local.expand(H, -1, -1)], dim=-1
+            ).to(q.dtype)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            torch.cat([k_mem, k_local], dim=1)[:, None],
+            torch.cat([v_mem, v_local], dim=1)[:, None],
+            attn_mask=mask[:, None],
+            scale=scaling,
+            enable_gqa=True,
+        )
+        return out, None
     logits_mem = torch.einsum("hgtd,hmd->hgtm", q, k_mem).float() * scaling
     logits_mem = logits_mem + bias_mem[:, None, None, :].float()
     logits_loc = torch.einsum("hgtd,hld->hgtl", q, k_local).float() * scaling
@@ -84,43 +147,97 @@ def sekv_attention_forward(
     dropout: float = 0.0,
     sekv_memory: SpanMemory | None = None,
     sekv_policy: ZoomPolicy | None = None,
+    sekv_window: LocalWindow | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: query (1, Hq, Tq, D), key/value (1, Hkv, Tl, D) local."""
-    if sekv_memory is None or sekv_policy is None:
+    """transformers attention function: query (1, Hq, Tq, D), key/value (1, Hkv, Tl, D) local.
+
+    Without a memory (the first chunk of a streamed ingest), attention runs over the window and
+    the local tokens only.
+    """
+    if (sekv_memory is None or sekv_policy is None) and sekv_window is None:
         raise RuntimeError("sekv attention called without sekv_memory / sekv_policy")
-    memory, policy, layer = sekv_memory, sekv_policy, module.layer_idx
+    layer = module.layer_idx
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     _, Hq, Tq, D = query.shape
     Hkv = key.shape[1]
     q = query[0].view(Hkv, Hq // Hkv, Tq, D)  # (Hkv, G, Tq, D)
-
-    scores = policy.router.scores(memory, layer, q, scaling)  # (Hkv, N)
-    zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)
-    policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
-    if policy.oracle is not None:
-        best = policy.oracle.scores(memory, layer, q, scaling)
-        want, _ = select(best, memory.lengths, policy.budget, policy.margin)
-        policy.trace.add_recall(zoom, want)
+    k_loc, v_loc = key[0], value[0]
+    if sekv_window is not None:
+        k_loc, v_loc = sekv_window.extend(layer, k_loc, v_loc)
+    if sekv_memory is None or sekv_policy is None:
+        empty = q.new_zeros(Hkv, 0, D)
+        bias = q.new_zeros(Hkv, 0)
+        out, _ = mixed_attention(q, k_loc, v_loc, empty, empty, bias, scaling, with_mass=False)
+        return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
+    memory, policy = sekv_memory, sekv_policy
+    zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
 
     pool_k, pool_v, owner = memory.zoom_pool(layer, zoom)  # (Hkv, P, D), owner (Hkv, P)
     neg_inf = torch.finfo(torch.float32).min
     pool_bias = torch.where(owner >= 0, 0.0, neg_inf)  # (Hkv, P): padding is absent
-    if policy.use_summaries:
-        summary_bias = torch.where(zoom, neg_inf, memory.log_len[None].float())  # (Hkv, N)
-    else:
-        summary_bias = torch.full_like(zoom, neg_inf, dtype=torch.float32)
     fixed_k, fixed_v = memory.fixed_k[layer], memory.fixed_v[layer]  # (Hkv, F, D)
-    k_mem = torch.cat([fixed_k, memory.summary_k[layer], pool_k], dim=1).to(q.dtype)
-    v_mem = torch.cat([fixed_v, memory.summary_v[layer], pool_v], dim=1).to(q.dtype)
-    bias = torch.cat(
-        [fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32), summary_bias, pool_bias],
-        dim=1,
+    keys, vals = [fixed_k], [fixed_v]
+    biases = [fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32)]
+    if policy.use_summaries:  # one entry per non-zoomed span, weighing like |S| tokens
+        keys.append(memory.summary_k[layer])
+        vals.append(memory.summary_v[layer])
+        biases.append(torch.where(zoom, neg_inf, memory.log_len[None].float()))  # (Hkv, N)
+    k_mem = torch.cat([*keys, pool_k], dim=1).to(q.dtype)
+    v_mem = torch.cat([*vals, pool_v], dim=1).to(q.dtype)
+    bias = torch.cat([*biases, pool_bias], dim=1)
+    if policy.track_mass:
+        out, mass = mixed_attention(q, k_loc, v_loc, k_mem, v_mem, bias, scaling)
+    else:  # a streamed chunk: the fused kernel
+        out, mass = mixed_attention(q, k_loc, v_loc, k_mem, v_mem, bias, scaling, with_mass=False)
+    if mass is not None:
+        pool_mass = mass[:, mass.shape[1] - owner.shape[1] :] / (Hq * Tq)  # (Hkv, P)
+        policy.trace.add_mass(owner, pool_mass, memory.n_spans)
+    return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
+
+
+def route(
+    memory: SpanMemory, policy: ZoomPolicy, layer: int, q: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """Which spans each KV head zooms for queries ``q`` (Hkv, G, Tq, D): (Hkv, N) bool.
+
+    Records the decision in the policy's trace. Long documents are prefiltered by the sketch
+    bound (:meth:`SpanMemory.candidates`): the router scores only the candidates.
+    """
+    Hkv, N = q.shape[0], memory.n_spans
+    if N == 0:
+        return torch.zeros(Hkv, 0, dtype=torch.bool, device=q.device)
+    if policy.route_queries is not None and q.shape[2] > policy.route_queries:
+        pick = torch.linspace(q.shape[2] - 1, 0, policy.route_queries).round().long()
+        q = q[:, :, pick.flip(0).to(q.device)]  # evenly spaced, the last query included
+    index = memory.candidates(
+        layer, q, policy.budget, policy.prefilter_keep, policy.prefilter_spans
     )
-    out, mass = mixed_attention(q, key[0], value[0], k_mem, v_mem, bias, scaling)
-    pool_mass = mass[:, mass.shape[1] - owner.shape[1] :] / (Hq * Tq)  # (Hkv, P)
-    policy.trace.add_mass(owner, pool_mass, memory.n_spans)
-    return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None  # (1, Tq, Hq, D)
+    scores = _scores(policy.router, memory, index, layer, q, scaling)
+    zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)
+    policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
+    if policy.oracle is not None:  # the diagnostic scores every span (no prefilter)
+        best = policy.oracle.scores(memory, layer, q, scaling)
+        want, _ = select(best, memory.lengths, policy.budget, policy.margin)
+        policy.trace.add_recall(zoom, want)
+    return zoom
+
+
+def _scores(
+    router: Router,
+    memory: SpanMemory,
+    index: torch.Tensor | None,
+    layer: int,
+    q: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """(Hkv, N) router scores; spans outside ``index`` (when given) score -inf."""
+    if index is None:
+        return router.scores(memory, layer, q, scaling)
+    part = router.scores(memory.subset(layer, index), layer, q, scaling)  # (Hkv, K)
+    scores = part.new_full((q.shape[0], memory.n_spans), float("-inf"))
+    scores[:, index] = part
+    return scores
 
 
 AttentionInterface.register(NAME, sekv_attention_forward)

@@ -14,8 +14,7 @@ from .methods import METHODS, MethodSettings
 from .methods.base import Progress
 from .models import LoadedModel
 from .prompt import Context, chat_template, encode_context, encode_question
-
-ANSWER_RESERVE = 32  # tokens kept free for the question and the start of an answer
+from .store import ANSWER_RESERVE  # tokens kept free for the question and an answer's start
 
 
 @dataclass
@@ -37,15 +36,18 @@ class Answer:
         return asdict(self)
 
 
-def check_window(loaded: LoadedModel, document: Document, context: Context) -> None:
-    """Refuse documents that do not fit the model's window with room for a question."""
+def check_window(
+    loaded: LoadedModel, document: Document, context: Context, books: bool = False
+) -> None:
+    """Refuse documents that do not fit the model's window with room for a question, unless
+    the method reads ``books`` (streamed into a span store with bounded positions)."""
     window = loaded.spec.window
-    if len(context) + ANSWER_RESERVE > window:
+    if len(context) + ANSWER_RESERVE > window and not books:
         tokens = len(context) - context.doc_start
         raise SekvError(
             f"{document.path.name!r} is {tokens:,} tokens; {loaded.model_id} reads at most "
-            f"{window:,} tokens including the question and answer; split the document or use "
-            "a model with a longer window"
+            f"{window:,} tokens including the question and answer; split the document, use "
+            "--method sekv (it streams long documents) or a model with a longer window"
         )
 
 
@@ -67,7 +69,7 @@ class Session:
         self.template = chat_template(tokenizer)
         self.context = encode_context(tokenizer, self.template, document.text)
         self.doc_tokens = len(self.context) - self.context.doc_start
-        check_window(loaded, document, self.context)
+        check_window(loaded, document, self.context, getattr(METHODS[method], "reads_books", False))
         self.pages = token_pages(document, self.context.offsets)
         self.method = METHODS[method](loaded, document, self.context, settings or MethodSettings())
         start = time.perf_counter()
@@ -83,7 +85,8 @@ class Session:
             raise SekvError("the question is empty; ask something about the document")
         tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
         q_ids = encode_question(tokenizer, self.template, question)
-        room = spec.window - len(self.context) - len(q_ids)
+        position = getattr(self.method, "question_position", None)  # books: bounded positions
+        room = spec.window - (position() if position else len(self.context)) - len(q_ids)
         if room < 1:
             raise SekvError(
                 f"question too long: {len(q_ids)} tokens leave no room in the "

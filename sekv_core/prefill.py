@@ -26,6 +26,12 @@ class Prefill:
     surprisal: np.ndarray
 
 
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-log p(target) in nats for logits (T, V) and realised tokens (T,)."""
+    pred = logits.float()
+    return torch.logsumexp(pred, -1) - pred.gather(1, targets[:, None])[:, 0]
+
+
 @torch.inference_mode()
 def prefill(model, ids: list[int], chunk: int = 512, progress: Progress | None = None) -> Prefill:
     """Run ``ids`` through ``model`` in chunks of ``chunk`` tokens.
@@ -48,8 +54,7 @@ def prefill(model, ids: list[int], chunk: int = 512, progress: Progress | None =
         else:
             targets = piece[1:]
             offset = 1
-        pred = logits[: len(targets)].float()
-        nll = torch.logsumexp(pred, -1) - pred.gather(1, targets[:, None])[:, 0]  # (c,)
+        nll = token_nll(logits[: len(targets)], targets)  # (c,)
         surprisal[offset : offset + len(targets)] = nll.cpu().numpy()
         prev_logits = logits[-1]
         if progress:

@@ -8,11 +8,14 @@ Files (safetensors, never pickle) and what they hold:
   values; memory-mapped, sliced per zoom, never read whole;
 - ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets);
 - ``manifest.json`` — format version, model id + fingerprint, tokenizer, settings, document,
+  positions (``original``, or ``bounded`` for books: keys pre-RoPE, see :mod:`sekv_core.zoom`),
   sha256 + size of every file, per-tier bytes, statistics. Written last.
 
 A store is built in a temporary sibling directory and renamed into place, so an interrupted build
 never leaves a directory that loads. Loading verifies format, model, document, settings and
-checksums; :func:`open_or_build` rebuilds (with a warning) any store that fails.
+checksums; :func:`open_or_build` rebuilds (with a warning) any store that fails. A context longer
+than the model window is read by the streamed builder (:mod:`sekv_core.stream`), which can resume
+an interrupted build.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +55,27 @@ from .rope import Rope
 from .segment import ANCHOR, SINK, SPAN, SegmentSettings, segment
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: positions (original | bounded), sketch bounds, streamed books
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
+ANSWER_RESERVE = 32  # tokens kept free for the question and the start of an answer
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """Streamed ingest of a context beyond the model window (:mod:`sekv_core.stream`).
+
+    Each chunk attends to the sinks, the previous ``window`` tokens at full resolution and
+    ``budget`` tokens per (layer, KV head) zoomed from the store built so far, routed by
+    ``route_queries`` of its queries.
+    """
+
+    window: int = 2048
+    budget: int = 512
+    route_queries: int = 16
+    always: bool = False  # stream even a context that fits the window (tests, comparisons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,7 @@ class StoreSettings:
     sketch_dim: int = 32  # routing sketch: span keys on their top principal directions
     sketch_bits: int = 4  # its quantisation (4: two values per byte; 8: int8)
     prefill_chunk: int = 512
+    stream: StreamSettings = field(default_factory=StreamSettings)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,15 +130,63 @@ class SpanStore:
         return self.manifest["bytes"]
 
 
-def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Memory-map the 1-D tensors of a safetensors file as read-only torch views (no copy)."""
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run a block on one intra-op thread: batches of small eigendecompositions are up to 100x
+    slower with several (the batch loop and LAPACK compete for the cores), worst on a busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def exceeds_window(loaded: LoadedModel, context: Context) -> bool:
+    """The context leaves no room for a question in the model window: a book."""
+    return len(context) + ANSWER_RESERVE > loaded.spec.window
+
+
+def span_representatives(
+    surprisal: torch.Tensor, lengths: torch.Tensor, count: int = 4
+) -> torch.Tensor:
+    """Sketch rows of each span's ``count`` highest-surprisal tokens (names, numbers, the facts
+    a question asks for): (N, count) int64, a short span repeating its best row.
+
+    surprisal : (S,) of the span tokens in sketch-row order; lengths : (N,).
+    """
+    first = torch.cumsum(lengths, 0) - lengths  # (N,)
+    width = int(lengths.max()) if len(lengths) else 0
+    within = torch.arange(width)[None]  # (1, M)
+    rows = (first[:, None] + within).clamp(max=max(len(surprisal) - 1, 0))  # (N, M)
+    h = surprisal[rows] if len(surprisal) else torch.zeros(rows.shape)
+    h = h.masked_fill(within >= lengths[:, None], float("-inf"))
+    k = min(count, width)
+    best = h.topk(k, dim=1).indices if k else torch.zeros(len(lengths), 0, dtype=torch.long)
+    best = torch.minimum(best, (lengths[:, None] - 1).clamp(min=0))  # short spans: repeat
+    reps = first[:, None] + best
+    if k < count:
+        reps = torch.cat([reps, reps[:, :1].expand(-1, count - k)], dim=1)
+    return reps
+
+
+def map_safetensors(path: Path, names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """Memory-map the 1-D tensors (``names``: only those) of a safetensors file as read-only
+    torch views (no copy)."""
     with open(path, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(header_len))
-    dtypes = {"F16": np.float16, "F32": np.float32, "I64": np.int64, "I32": np.int32}
+    dtypes = {
+        "F16": np.float16,
+        "F32": np.float32,
+        "I64": np.int64,
+        "I32": np.int32,
+        "I8": np.int8,
+        "U8": np.uint8,
+    }
     out = {}
     for name, meta in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__" or (names is not None and name not in names):
             continue
         start, stop = meta["data_offsets"]
         dtype = np.dtype(dtypes[meta["dtype"]])
@@ -169,7 +241,12 @@ def open_or_build(
             if warn:
                 warn(f"rebuilding the span store at {path}: {exc}")
     try:
-        build_store(path, loaded, document, context, settings, progress)
+        if settings.stream.always or exceeds_window(loaded, context):
+            from .stream import build_streamed  # the streamed builder imports this module
+
+            build_streamed(path, loaded, document, context, settings, progress, warn)
+        else:
+            build_store(path, loaded, document, context, settings, progress)
     except OSError as exc:
         raise SekvError(
             f"cannot write the span store under {path.parent} ({exc.strerror or exc}); "
@@ -216,7 +293,9 @@ def load_store(
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else BASIS_DTYPE
     for name in ("fixed_k", "fixed_v", "summary_k", "summary_v", "sketch_proj", "sketch_scale"):
         resident[name] = resident[name].to(device=device, dtype=dtype)
-    resident["sketch"] = resident["sketch"].to(device)  # stays quantised
+    for name in ("sketch", "span_reps"):  # the sketch stays quantised
+        if name in resident:
+            resident[name] = resident[name].to(device)
     return SpanStore(path, manifest, resident, trace)
 
 
@@ -248,14 +327,17 @@ def build_store(
     summary_pre, summary_v = summarize(k_blocks, v_blocks, weights, lengths)
     summary_k = rope.rotate(summary_pre, (starts + ends - 1) // 2)  # at each span's centre
     span_tokens = torch.from_numpy(np.flatnonzero(seg.roles == SPAN))  # spans in order
-    sketch_proj, sketch = key_sketch(keys[:, :, span_tokens], settings.sketch_dim)
+    with one_thread():
+        sketch_proj, sketch = key_sketch(keys[:, :, span_tokens], settings.sketch_dim)
     timings["segment_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    kb = factorize(k_blocks, lengths, settings.key_energy)
-    vb = factorize(v_blocks, lengths, settings.value_energy)
+    with one_thread():
+        kb = factorize(k_blocks, lengths, settings.key_energy)
+        vb = factorize(v_blocks, lengths, settings.value_energy)
     timings["basis_s"] = time.perf_counter() - t0
 
+    quantized = quantize_sketch(sketch, settings.sketch_bits)
     resident = {
         "fixed_pos": fixed,
         "fixed_k": keys[:, :, fixed].to(BASIS_DTYPE),
@@ -265,24 +347,83 @@ def build_store(
         "summary_k": summary_k.to(BASIS_DTYPE),
         "summary_v": summary_v.to(BASIS_DTYPE),
         "sketch_proj": sketch_proj.to(BASIS_DTYPE),
-        **quantize_sketch(sketch, settings.sketch_bits),
+        **quantized,
+        "span_reps": span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], lengths),
         **kb.tables("k"),
         **vb.tables("v"),
     }
     offload = {"k_coef": kb.coef, "k_basis": kb.basis, "v_coef": vb.coef, "v_basis": vb.basis}
+    trace = trace_tensors(document, context, pre.surprisal, seg.roles)
+    positions = {"mode": "original", "sinks": n_sinks(context, settings)}
+    manifest = store_manifest(loaded, document, context, settings, positions)
+    manifest["bytes"].update(
+        resident=_nbytes(resident), offloaded=_nbytes(offload), trace=_nbytes(trace)
+    )
+    manifest["stats"] = {
+        **seg.stats(),
+        **rank_stats(kb.rank, kb.raw, vb.rank, vb.raw),
+    }
+    manifest["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    _write_atomically(
+        path,
+        {
+            "resident.safetensors": resident,
+            "offload.safetensors": offload,
+            "trace.safetensors": trace,
+        },
+        manifest,
+    )
+
+
+def n_sinks(context: Context, settings: StoreSettings) -> int:
+    """Sink tokens: the prompt head and the first ``segment.sinks`` document tokens."""
+    return min(len(context), context.doc_start + settings.segment.sinks)
+
+
+def trace_tensors(
+    document: Document, context: Context, surprisal: np.ndarray, roles: np.ndarray
+) -> dict[str, torch.Tensor]:
+    """Token metadata for explanations: ids, surprisal, roles, pages, character offsets."""
     doc_offsets = np.full((len(context), 2), -1, dtype=np.int32)
     doc_offsets[context.doc_start :] = np.asarray(context.offsets, dtype=np.int32).reshape(-1, 2)
     pages = np.ones(len(context), dtype=np.int32)
     pages[context.doc_start :] = token_pages(document, context.offsets)
-    trace = {
+    return {
         "token_ids": torch.tensor(context.ids, dtype=torch.int64),
-        "surprisal": torch.from_numpy(pre.surprisal),
-        "roles": torch.from_numpy(seg.roles),
+        "surprisal": torch.from_numpy(np.asarray(surprisal, dtype=np.float32)),
+        "roles": torch.from_numpy(np.asarray(roles, dtype=np.int8)),
         "pages": torch.from_numpy(pages),
         "offsets": torch.from_numpy(doc_offsets),
     }
+
+
+def rank_stats(
+    k_rank: torch.Tensor, k_raw: torch.Tensor, v_rank: torch.Tensor, v_raw: torch.Tensor
+) -> dict[str, Any]:
+    """Mean rank of the factorised (non-raw) spans, and the share stored raw."""
+
+    def mean(rank: torch.Tensor, raw: torch.Tensor) -> float | None:
+        return round(float(rank[~raw].float().mean()), 2) if (~raw).any() else None
+
+    return {
+        "key_rank_mean": mean(k_rank, k_raw),
+        "value_rank_mean": mean(v_rank, v_raw),
+        "raw_share": round(float(torch.cat([k_raw.flatten(), v_raw.flatten()]).float().mean()), 4)
+        if k_raw.numel()
+        else 0.0,
+    }
+
+
+def store_manifest(
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+    positions: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest's fixed part (``bytes``, ``stats`` and ``timings`` are filled by builders)."""
     spec = loaded.spec
-    manifest = {
+    return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -300,45 +441,32 @@ def build_store(
             "context_tokens": len(context),
             "doc_start": context.doc_start,
         },
+        "positions": positions,
         "bytes": {
-            "resident": _nbytes(resident),
-            "offloaded": _nbytes(offload),
-            "trace": _nbytes(trace),
             "full_kv_fp16": spec.kv_bytes(len(context), 2),
             "full_kv_fp32": spec.kv_bytes(len(context), 4),
         },
-        "stats": {
-            **seg.stats(),
-            "key_rank_mean": round(float(kb.rank[~kb.raw].float().mean()), 2)
-            if (~kb.raw).any()
-            else None,
-            "value_rank_mean": round(float(vb.rank[~vb.raw].float().mean()), 2)
-            if (~vb.raw).any()
-            else None,
-            "raw_share": round(float(torch.cat([kb.raw, vb.raw]).float().mean()), 4),
-        },
-        "timings": {k: round(v, 4) for k, v in timings.items()},
     }
-    _write_atomically(
-        path,
-        {
-            "resident.safetensors": resident,
-            "offload.safetensors": offload,
-            "trace.safetensors": trace,
-        },
-        manifest,
-    )
 
 
 def _write_atomically(
-    path: Path, files: dict[str, dict[str, torch.Tensor]], manifest: dict
+    path: Path,
+    files: dict[str, dict[str, torch.Tensor]],
+    manifest: dict,
+    writers: dict[str, Callable[[Path], None]] | None = None,
 ) -> None:
+    """Write ``files`` (and the files ``writers`` write to the path they get) + the manifest
+    into a temporary sibling directory, then rename it to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
     try:
         manifest["files"] = {}
-        for name, tensors in files.items():
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
+        for name in [*files, *(writers or {})]:
+            if name in files:
+                tensors = files[name]
+                save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
+            else:
+                writers[name](tmp / name)
             manifest["files"][name] = {
                 "sha256": _sha256(tmp / name),
                 "bytes": (tmp / name).stat().st_size,

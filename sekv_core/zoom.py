@@ -4,21 +4,37 @@
 routing sketch) and reconstructs token-level K/V of a span from the offloaded bases on demand,
 keeping reconstructions in a small per-(layer, span) cache so decoding does not rebuild them.
 :class:`ZoomTrace` records which spans were zoomed, where, and why (score vs threshold).
+
+Positions (RoPE). A store whose context fits the model window keeps every token at its original
+position (``bounded`` False). A book's store is *bounded* (keys kept pre-RoPE, rotated at use):
+
+    sinks                         their own positions 0 .. n_sinks - 1
+    anchors, span summaries       position 0 (one fixed place, InfLLM style)
+    zoomed spans' tokens          packed per KV head in document order, ending at pool_end - 1
+    local tokens                  pool_end, pool_end + 1, ... (question/answer, or streamed chunk)
+
+so every RoPE distance stays below ``pool_end`` + local length, whatever the document's length.
+Routers score bounded memories in the same frame: pre-RoPE sketch, summaries at position 0.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .basis import BASIS_DTYPE
+from .basis import BASIS_DTYPE, dequantize_sketch
 from .rope import Rope, rotate_half
 from .store import SpanStore
 
 CACHE_DTYPE = BASIS_DTYPE  # reconstructions wait between steps in half precision
+# above this many spans (books of ~60K tokens), routers only score the spans whose representative
+# tokens score among the best ``keep`` (or 4x the budget's worth of spans) per KV head
+PREFILTER_SPANS = 2048
+PREFILTER_KEEP = 256
 
 
 class SpanMemory:
@@ -27,25 +43,12 @@ class SpanMemory:
     def __init__(
         self, store: SpanStore, rope: Rope, device: torch.device, dtype: torch.dtype
     ) -> None:
-        r = store.resident
         self.store, self.rope, self.device, self.dtype = store, rope, device, dtype
-        self.fixed_k, self.fixed_v = r["fixed_k"], r["fixed_v"]  # (L, H, F, D)
-        self.summary_k, self.summary_v = r["summary_k"], r["summary_v"]  # (L, H, N, D)
-        self.sketch_proj, self.sketch = r["sketch_proj"], r["sketch"]  # (L,H,D,R) (L,H,S,R)
-        self.sketch_scale = r["sketch_scale"]  # (L, H, R)
-        self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
-        self.lengths = (self.ends - self.starts).to(device)
-        self.log_len = self.lengths.float().log()  # (N,)
-        self.n_spans = int(self.starts.numel())
-        self.sketch_span = torch.repeat_interleave(
-            torch.arange(self.n_spans), self.ends - self.starts
-        ).to(device)  # (S,) span of each span token
-        self.num_layers, self.num_kv_heads, _, self.head_dim = self.fixed_k.shape
-        # RoPE tables of the context positions, to rotate reconstructed pre-RoPE keys
-        context = int(store.manifest["document"]["context_tokens"])
-        like = torch.zeros(1, device=device, dtype=dtype)
-        self.cos, self.sin = rope.tables(torch.arange(context), like)  # (T, D)
-        self.tables = {k: v for k, v in r.items() if k.startswith(("k_", "v_"))}
+        positions = store.manifest.get("positions", {})
+        self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
+        self.n_sinks = int(positions.get("sinks", 0))
+        self.pool_end: int | None = None  # bounded: the first local position (set per answer)
+        self.refresh()
         # per layer: (span, head) -> reconstructed (K, V) in fp16, least recently used first
         self.cache: list[OrderedDict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]] = [
             OrderedDict() for _ in range(self.num_layers)
@@ -59,9 +62,39 @@ class SpanMemory:
         self.rank_gate: Callable[[str, int, int, torch.Tensor], int] | None = None
         self.rank_sum = {"k": 0, "v": 0}  # ranks used by factorised reconstructions
         self.rank_count = {"k": 0, "v": 0}
-        self._oracle_keys: dict[int, torch.Tensor] = {}
         # per layer: the last zoom picks and the pool built for them (reused while unchanged)
-        self._pools: dict[int, tuple[list[list[int]], tuple[torch.Tensor, ...]]] = {}
+        self._pools: dict[int, tuple[list[list[int]], int | None, tuple[torch.Tensor, ...]]] = {}
+
+    def refresh(self) -> None:
+        """(Re)read the resident tier from the store (a streamed build appends spans to it)."""
+        r, rope, device, dtype = self.store.resident, self.rope, self.device, self.dtype
+        self.fixed_k, self.fixed_v = r["fixed_k"], r["fixed_v"]  # (L, H, F, D)
+        self.summary_k, self.summary_v = r["summary_k"], r["summary_v"]  # (L, H, N, D)
+        if self.bounded:  # stored pre-RoPE: sinks at their positions, anchors/summaries at 0
+            pos = r["fixed_pos"].to(device)
+            pos = torch.where(pos < self.n_sinks, pos, torch.zeros_like(pos))
+            self.fixed_k = rope.rotate(self.fixed_k.to(dtype), pos).to(self.fixed_v.dtype)
+            zero = torch.zeros(self.summary_k.shape[2], dtype=torch.long)
+            self.summary_k = rope.rotate(self.summary_k.to(dtype), zero).to(self.summary_v.dtype)
+        self.sketch_proj, self.sketch = r["sketch_proj"], r["sketch"]  # (L,H,D,R) (L,H,S,R)
+        self.sketch_scale = r["sketch_scale"]  # (L, H, R)
+        self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
+        self.lengths = (self.ends - self.starts).to(device)
+        self.log_len = self.lengths.float().log()  # (N,)
+        self.n_spans = int(self.starts.numel())
+        self.sketch_span = torch.repeat_interleave(
+            torch.arange(self.n_spans), self.ends - self.starts
+        ).to(device)  # (S,) span of each span token
+        # each span's highest-surprisal sketch rows, for the prefilter of long documents
+        self.span_reps = r.get("span_reps")  # (N, 4)
+        self.num_layers, self.num_kv_heads, _, self.head_dim = self.fixed_k.shape
+        # RoPE tables of the context positions, to rotate reconstructed pre-RoPE keys
+        like = torch.zeros(1, device=device, dtype=dtype)
+        context = 0 if self.bounded else int(self.store.manifest["document"]["context_tokens"])
+        if getattr(self, "cos", None) is None or self.cos.shape[0] != context:
+            self.cos, self.sin = rope.tables(torch.arange(context), like)  # (T, D)
+        self.tables = {k: v for k, v in r.items() if k.startswith(("k_", "v_"))}
+        self._oracle_keys: dict[int, torch.Tensor] = {}
 
     def resident_bytes(self) -> int:
         """Bytes of the resident tier held on the device (routing structures included)."""
@@ -78,6 +111,7 @@ class SpanMemory:
             self.cos,
             self.sin,
             *self.tables.values(),
+            *([] if self.span_reps is None else [self.span_reps]),
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -96,22 +130,82 @@ class SpanMemory:
 
     def span_kv(self, layer: int, span: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-level K, V (|S|, D) of one span for one KV head; reconstructed once (LRU)."""
+        return self.spans_kv(layer, [(span, head)])[0]
+
+    def spans_kv(
+        self, layer: int, pairs: list[tuple[int, int]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Token-level K, V (|S|, D) of (span, head) ``pairs`` of one layer.
+
+        The ones not in the layer's LRU cache are reconstructed together: one batched product
+        per tensor kind (many small matmuls cost far more than one, on a busy CPU above all).
+        """
         layer_cache = self.cache[layer]
-        hit = layer_cache.get((span, head))
-        if hit is not None:
-            layer_cache.move_to_end((span, head))
-            return hit
-        s, e = int(self.starts[span]), int(self.ends[span])
-        keys = self._reconstruct("k", layer, span, head)  # pre-RoPE: rotate to its positions
-        keys = keys * self.cos[s:e] + rotate_half(keys) * self.sin[s:e]
-        hit = (keys.to(CACHE_DTYPE), self._reconstruct("v", layer, span, head).to(CACHE_DTYPE))
-        layer_cache[(span, head)] = hit
-        self.cache_tokens[layer] += e - s
+        missing = [p for p in dict.fromkeys(pairs) if p not in layer_cache]
+        if missing:
+            spans = torch.tensor([s for s, _ in missing])
+            keys, lengths = self._reconstruct_many("k", layer, missing)  # (n, M, D) pre-RoPE
+            if not self.bounded:  # bounded: kept pre-RoPE, rotated where the pool places it
+                pos = (self.starts[spans][:, None] + torch.arange(keys.shape[1])[None]).clamp(
+                    max=self.cos.shape[0] - 1
+                )  # (n, M)
+                keys = keys * self.cos[pos] + rotate_half(keys) * self.sin[pos]
+            values, _ = self._reconstruct_many("v", layer, missing)
+            keys, values = keys.to(CACHE_DTYPE), values.to(CACHE_DTYPE)
+            for i, (pair, n) in enumerate(zip(missing, lengths, strict=True)):
+                layer_cache[pair] = (keys[i, :n], values[i, :n])
+                self.cache_tokens[layer] += n
+            self.reconstructions += len(missing)
+        out = []
+        for pair in pairs:
+            layer_cache.move_to_end(pair)
+            out.append(layer_cache[pair])
         while self.cache_tokens[layer] > self.capacity and len(layer_cache) > 1:
             _, (old, _) = layer_cache.popitem(last=False)
             self.cache_tokens[layer] -= old.shape[0]
-        self.reconstructions += 1
-        return hit
+        return out
+
+    def _reconstruct_many(
+        self, kind: str, layer: int, pairs: list[tuple[int, int]]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Padded (n, M, D) reconstructions of (span, head) ``pairs`` and their lengths.
+
+        Factors are gathered from the offload tier into zero-padded (n, M, r) and (n, r, D)
+        blocks (raw spans: an identity basis) and multiplied in one batched product. With a rank
+        gate, each pair goes through :meth:`_reconstruct` (the gate decides per factor).
+        """
+        t, D = self.tables, self.head_dim
+        spans = torch.tensor([s for s, _ in pairs])
+        heads = torch.tensor([h for _, h in pairs])
+        lengths = (self.ends[spans] - self.starts[spans]).tolist()
+        M = max(lengths)
+        if self.rank_gate is not None:
+            out = torch.zeros(len(pairs), M, D, device=self.device, dtype=self.dtype)
+            for i, (span, head) in enumerate(pairs):
+                out[i, : lengths[i]] = self._reconstruct(kind, layer, span, head)
+            return out, lengths
+        rank = t[f"{kind}_rank"][layer, heads, spans].tolist()
+        raw = t[f"{kind}_raw"][layer, heads, spans].bool().tolist()
+        c0 = t[f"{kind}_coef_off"][layer, heads, spans].tolist()
+        b0 = t[f"{kind}_basis_off"][layer, heads, spans].tolist()
+        R = max(rank)
+        coef = torch.zeros(len(pairs), M, R, dtype=BASIS_DTYPE)  # gathered on the host
+        basis = torch.zeros(len(pairs), R, D, dtype=BASIS_DTYPE)
+        for i, (n, r) in enumerate(zip(lengths, rank, strict=True)):
+            coef[i, :n, :r] = self.store.offload_slice(f"{kind}_coef", c0[i], c0[i] + n * r).view(
+                n, r
+            )
+            if raw[i]:
+                basis[i, :D] = torch.eye(D, dtype=BASIS_DTYPE)
+            else:
+                basis[i, :r] = self.store.offload_slice(f"{kind}_basis", b0[i], b0[i] + r * D).view(
+                    r, D
+                )
+                self.rank_sum[kind] += r
+                self.rank_count[kind] += 1
+        coef = coef.to(device=self.device, dtype=self.dtype, non_blocking=True)
+        basis = basis.to(device=self.device, dtype=self.dtype, non_blocking=True)
+        return coef @ basis, lengths
 
     def _reconstruct(self, kind: str, layer: int, span: int, head: int) -> torch.Tensor:
         """Read one (layer, span, head) factor pair from the offload tier; multiply on device."""
@@ -145,13 +239,18 @@ class SpanMemory:
         zoom : (H, N) bool. Returns K, V (H, P, D) in CACHE_DTYPE and owner (H, P): the span of
         each pooled token, -1 on padding. A layer whose picks did not change since its last call
         gets the same pool back (decoding rarely changes the zoom from one token to the next).
+        Bounded memories place each head's pool in document order right before ``pool_end``.
         """
         H, D = self.num_kv_heads, self.head_dim
         picks = [torch.nonzero(row)[:, 0].tolist() for row in zoom.cpu()]  # host: which reads
         last = self._pools.get(layer)
-        if last is not None and last[0] == picks:  # same zoom as this layer's last call: reuse
-            return last[1]
-        per_head = [[self.span_kv(layer, s, h) for s in spans] for h, spans in enumerate(picks)]
+        if last is not None and last[0] == picks and last[1] == self.pool_end:  # reuse
+            return last[2]
+        if self.bounded and self.pool_end is None:
+            raise RuntimeError("a bounded span memory needs pool_end (the first local position)")
+        pairs = [(s, h) for h, spans in enumerate(picks) for s in spans]
+        found = iter(self.spans_kv(layer, pairs)) if pairs else iter(())
+        per_head = [[next(found) for _ in spans] for spans in picks]
         sizes = [sum(k.shape[0] for k, _ in kv) for kv in per_head]
         P = max(sizes, default=0)
         keys = self.fixed_k.new_zeros(H, P, D, dtype=CACHE_DTYPE)
@@ -164,8 +263,14 @@ class SpanMemory:
                 owner[h, : sizes[h]] = torch.repeat_interleave(
                     torch.tensor(spans), torch.tensor([k.shape[0] for k, _ in kv])
                 )
-        self._pools[layer] = (picks, (keys, values, owner.to(self.device)))
-        pooled = sum(k.shape[0] * k.shape[1] for _, (k, _, _) in self._pools.values())
+        if self.bounded and P:  # right-aligned: head h's tokens at pool_end - size_h ...
+            pos = torch.arange(P)[None] + (self.pool_end - torch.tensor(sizes))[:, None]  # (H, P)
+            like = torch.zeros(1, device=self.device, dtype=self.dtype)
+            cos, sin = (t.view(H, P, D) for t in self.rope.tables(pos.clamp(min=0).flatten(), like))
+            k = keys.to(self.dtype)
+            keys = (k * cos + rotate_half(k) * sin).to(CACHE_DTYPE)
+        self._pools[layer] = (picks, self.pool_end, (keys, values, owner.to(self.device)))
+        pooled = sum(k.shape[0] * k.shape[1] for _, _, (k, _, _) in self._pools.values())
         # live: the cache + every layer's pool (fp16) + this call's memory entries (fixed,
         # summaries, pool) copied to the model dtype for the softmax
         entries = self.fixed_k.shape[2] + self.n_spans + P
@@ -175,7 +280,7 @@ class SpanMemory:
             + H * entries * 2 * D * self.dtype.itemsize
         )
         self.peak_cached_bytes = max(self.peak_cached_bytes, live)
-        return self._pools[layer][1]
+        return self._pools[layer][2]
 
     def all_span_keys(self, layer: int) -> torch.Tensor:
         """Every span token's key of one layer (H, S, D), for the oracle diagnostic only: kept
@@ -185,7 +290,8 @@ class SpanMemory:
             keys = [
                 self.rope.rotate(
                     torch.stack([self._reconstruct("k", layer, s, h) for h in heads]),
-                    torch.arange(int(self.starts[s]), int(self.ends[s])),
+                    torch.arange(int(self.starts[s]), int(self.ends[s]))
+                    * (not self.bounded),  # bounded: the routers' frame, position 0
                 )
                 for s in range(self.n_spans)
             ]
@@ -193,6 +299,90 @@ class SpanMemory:
                 torch.cat(keys, dim=1) if keys else self.fixed_k[layer][:, :0]
             )
         return self._oracle_keys[layer]
+
+    def representative_scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """(H, N) sketch logit (unscaled) of each span's best representative token for queries
+        ``q`` (H, G, Tq, D): the exact sketch score restricted to a few rows per span."""
+        H, G, Tq, _ = q.shape
+        proj = self.sketch_proj[layer].to(q.dtype)  # (H, D, R)
+        scale = self.sketch_scale[layer].to(q.dtype)[:, None]  # (H, 1, R)
+        qs = torch.einsum("hgtd,hdr->hgtr", q, proj).reshape(H, G * Tq, -1) * scale
+        rows = self.span_reps.flatten()  # (N * k,)
+        sketch = dequantize_sketch(self.sketch[layer][:, rows], proj.shape[-1], q.dtype)
+        best = (qs @ sketch.transpose(1, 2)).amax(dim=1)  # (H, N * k)
+        return best.view(H, self.n_spans, -1).amax(dim=-1)
+
+    def candidates(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        budget: int,
+        keep: int = PREFILTER_KEEP,
+        min_spans: int = PREFILTER_SPANS,
+    ) -> torch.Tensor | None:
+        """Spans worth scoring for queries ``q`` (H, G, Tq, D), or None to score them all.
+
+        Long documents only (more than ``min_spans`` spans): the union over KV heads of each
+        head's best max(keep, 4 x budget / mean span length) spans by
+        :meth:`representative_scores` (sorted span ids). Measured on a generated book, the
+        exact sketch router's picks are not all among the best representatives (a span can
+        win on a token of low surprisal): this trades routing fidelity for flat cost.
+        """
+        if self.span_reps is None or self.n_spans <= min_spans:
+            return None
+        best = self.representative_scores(layer, q)  # (H, N)
+        mean_len = float(self.lengths.float().mean())
+        keep = min(self.n_spans, max(keep, math.ceil(4 * budget / mean_len)))
+        picked = torch.zeros(self.n_spans, dtype=torch.bool, device=best.device)
+        picked[best.topk(keep, dim=1).indices.flatten()] = True
+        return torch.nonzero(picked)[:, 0]
+
+    def subset(self, layer: int, index: torch.Tensor) -> SpanSubset:
+        return SpanSubset(self, layer, index)
+
+
+class _OneLayer:
+    """A per-layer tensor of a :class:`SpanSubset`: indexable by its layer only."""
+
+    def __init__(self, layer: int, tensor: torch.Tensor) -> None:
+        self.layer, self.tensor = layer, tensor
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        if layer != self.layer:
+            raise IndexError(f"subset of layer {self.layer} read at layer {layer}")
+        return self.tensor
+
+
+class SpanSubset:
+    """Spans ``index`` (K,) of a :class:`SpanMemory` at one layer, as a router reads them.
+
+    Span ids are local (0..K-1); the caller maps the scores back with ``index``.
+    """
+
+    def __init__(self, memory: SpanMemory, layer: int, index: torch.Tensor) -> None:
+        self.memory, self.index = memory, index
+        self.num_layers, self.num_kv_heads = memory.num_layers, memory.num_kv_heads
+        self.head_dim, self.bounded = memory.head_dim, memory.bounded
+        self.n_spans = int(index.numel())
+        self.lengths, self.log_len = memory.lengths[index], memory.log_len[index]
+        first = torch.cumsum(memory.lengths, 0) - memory.lengths  # (N,) first sketch row
+        device = index.device
+        local = torch.repeat_interleave(torch.arange(self.n_spans, device=device), self.lengths)
+        within = (
+            torch.arange(local.numel(), device=device)
+            - (torch.cumsum(self.lengths, 0) - self.lengths)[local]
+        )
+        self.rows = first[index][local] + within  # (S_k,) sketch rows of the subset's tokens
+        self.sketch_span = local
+        self.sketch_proj, self.sketch_scale = memory.sketch_proj, memory.sketch_scale
+        self.sketch = _OneLayer(layer, memory.sketch[layer][:, self.rows])
+        has_summaries = memory.summary_k.shape[2] == memory.n_spans  # not while streaming
+        pick = index if has_summaries else index[:0]
+        self.summary_k = _OneLayer(layer, memory.summary_k[layer][:, pick])
+        self.summary_v = _OneLayer(layer, memory.summary_v[layer][:, pick])
+
+    def all_span_keys(self, layer: int) -> torch.Tensor:
+        return self.memory.all_span_keys(layer)[:, self.rows]
 
 
 @dataclass
@@ -281,6 +471,11 @@ class ZoomTrace:
     @property
     def zoomed_tokens_max(self) -> int:
         return int(self.tokens_max) if self.tokens_max is not None else 0
+
+    @property
+    def zoom_rate(self) -> float:
+        """Share of (layer, KV head, span) triples zoomed at least once during the answer."""
+        return float(self.zoomed.float().mean()) if self.zoomed is not None else 0.0
 
     @property
     def recall_vs_oracle(self) -> float | None:

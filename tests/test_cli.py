@@ -67,7 +67,9 @@ def test_bad_inputs_fail_cleanly(tmp_path, tiny_model_dirs, sekv_home):
 def test_document_longer_than_the_window_is_refused(tmp_path, tiny_model_dirs):
     long = tmp_path / "long.txt"
     long.write_text(" ".join(f"Entry {i} lies in box {i % 13}." for i in range(2000)))
-    result = run("ask", long, "Where is entry 5?", "--model", tiny_model_dirs["qwen2"])
+    result = run(
+        "ask", long, "Where is entry 5?", "--model", tiny_model_dirs["qwen2"], "--method", "full"
+    )
     assert result.exit_code == 1
     assert "reads at most 2,048 tokens" in result.stderr
 

@@ -30,12 +30,14 @@ PREVIEW_CHARS = 80
 
 class SeKV(Method):
     name = "sekv"
+    reads_books = True  # contexts beyond the window are streamed into a bounded store
 
     store: SpanStore
     spans: SpanMemory
     policy: ZoomPolicy | None = None
     cache_hit: bool = False
     local_tokens: int = 0
+    max_position: int = 0  # largest RoPE position the last answer used
 
     def prepare(self, progress: Progress | None = None) -> None:
         store_settings = self.settings.extra.get("store_settings") or StoreSettings()
@@ -96,17 +98,32 @@ class SeKV(Method):
         per_token = 2 * spec.kv_bytes(1, 2)
         return max(MIN_ZOOM, int((target - self.spans.resident_bytes()) // per_token))
 
+    def max_band(self) -> int:
+        """Books: the most zoomed tokens per KV head (half of the window after the sinks)."""
+        return (self.loaded.spec.window - self.spans.n_sinks) // 2
+
+    def question_position(self) -> int:
+        """RoPE position of the question's first token (books: after the sinks and the band)."""
+        if not self.spans.bounded:
+            return len(self.context)
+        return self.spans.n_sinks + self.max_band()
+
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         model, device, spans = self.loaded.model, self.loaded.device, self.spans
         self.policy = policy = self.new_policy()
+        if spans.bounded:  # a book: zoomed tokens are packed right before the question
+            policy.budget = min(policy.budget, self.max_band())
+            start = spans.pool_end = spans.n_sinks + policy.budget
+        else:
+            start = len(self.context)  # local tokens continue after the document's positions
         # keep one layer's largest zoom set between steps (2x: ~20% faster decoding, 2x memory)
         spans.clear(capacity=policy.budget * spans.num_kv_heads)
         local = DynamicCache(config=model.config)
-        start = len(self.context)  # local tokens continue after the document's positions
         self.local_tokens = 0
 
         def step(ids: torch.Tensor) -> torch.Tensor:
             pos = torch.arange(ids.shape[1], device=device)[None] + start + self.local_tokens
+            self.max_position = int(pos[0, -1])
             with torch.inference_mode():
                 out = model(
                     input_ids=ids.to(device),

@@ -31,6 +31,7 @@ class NoZoom:
 class StaticSemantic(SeKV):
     name = "static"
     budgeted = False  # its memory does not follow a budget (the bench runs it once)
+    reads_books = False  # its attention has no bounded-position path
 
     def new_policy(self) -> ZoomPolicy:
         return ZoomPolicy(router=NoZoom(), budget=0, use_summaries=True)

@@ -1,0 +1,235 @@
+"""Books: a generated multi-chapter report with planted facts, and the book benchmark.
+
+:func:`make_book` writes a report of any length (chapters and numbered sections of sentences
+built from parts, no copied text) with facts planted at chosen depths, and returns the ground
+truth (question, answer, depth). :func:`bench_book_ingest` streams a book into a span store and
+reports peak RSS and tokens/s at 10 / 50 / 100% of it; :func:`bench_book_needles` asks, per
+length, three needles planted at three depths of ONE book (one ingest, three questions), with
+full KV beside it where the context fits the model window.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..documents import load_document
+from ..engine import Session
+from ..methods import MethodSettings
+from ..models import LoadedModel
+from ..prompt import chat_template, encode_context
+from ..store import ANSWER_RESERVE, StoreSettings, open_or_build
+from .haystack import NEEDLES, Needle, sentence
+
+TOPICS = [
+    "harbour works",
+    "water supply",
+    "school buildings",
+    "coastal defence",
+    "public transport",
+    "parks and gardens",
+    "the town archive",
+    "road maintenance",
+    "the fishing fleet",
+    "street lighting",
+    "the market hall",
+    "flood protection",
+]
+PLACES = ["Carrick Bay", "Elmstead", "Port Avel", "Marrow Fen", "Linley", "Saltcote", "Wenholm"]
+FIRST = ["Agnes", "Tomasz", "Rhiannon", "Kwame", "Ilse", "Desmond", "Yara", "Piotr", "Maeve"]
+LAST = ["Hallorann", "Okonjo", "Vasquez", "Lindqvist", "Brennock", "Achterberg", "Szabo"]
+DEPTHS = (0.1, 0.5, 0.9)
+LENGTHS = (16_000, 32_000, 64_000, 128_000)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A planted fact and its question; ``depth`` is its relative position in the book."""
+
+    fact: str
+    question: str
+    answer: str
+    depth: float
+
+
+def planted_facts(count: int, seed: int = 0) -> list[Fact]:
+    """``count`` distinct facts (names, codes, numbers) spread evenly over the book."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        place, topic = PLACES[i % len(PLACES)], TOPICS[i % len(TOPICS)]
+        depth = (i + 0.5) / count
+        kind = i % 3
+        if kind == 0:
+            name = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+            fact = Fact(
+                f"The officer responsible for {topic} in {place} is {name}.",
+                f"Who is the officer responsible for {topic} in {place}?",
+                name,
+                depth,
+            )
+        elif kind == 1:
+            code = f"{rng.choice('KLMRTV')}{rng.choice('AEIOU')}-{rng.randrange(1000, 9999)}"
+            fact = Fact(
+                f"The file reference of the {topic} survey for {place} is {code}.",
+                f"What is the file reference of the {topic} survey for {place}?",
+                code,
+                depth,
+            )
+        else:
+            number = rng.randrange(120, 980)
+            fact = Fact(
+                f"The {topic} budget of {place} was set at {number} thousand crowns.",
+                f"At how many thousand crowns was the {topic} budget of {place} set?",
+                str(number),
+                depth,
+            )
+        out.append(fact)
+    return out
+
+
+def needle_facts(depths: tuple[float, ...] = DEPTHS) -> list[Fact]:
+    """The haystack needles (one per depth), as book facts."""
+    needles: list[Needle] = [NEEDLES[i % len(NEEDLES)] for i in range(len(depths))]
+    return [Fact(n.fact, n.question, n.answer, d) for n, d in zip(needles, depths, strict=True)]
+
+
+def make_book(tokenizer, tokens: int, facts: list[Fact], seed: int = 0) -> str:
+    """A report of about ``tokens`` tokens (``tokenizer``'s) in chapters and sections, each fact
+    planted at its depth. Markdown headings; paragraphs of five generated sentences."""
+    rng = random.Random(seed)
+    paragraphs: list[str] = []
+    count = 0
+    while count < tokens:
+        para = " ".join(sentence(rng) for _ in range(5))
+        paragraphs.append(para)
+        count += len(tokenizer(para, add_special_tokens=False)["input_ids"]) + 2
+    for fact in sorted(facts, key=lambda f: -f.depth):  # deepest first: indices stay valid
+        at = min(len(paragraphs) - 1, int(fact.depth * len(paragraphs)))
+        words = paragraphs[at].split(". ")
+        words.insert(len(words) // 2, fact.fact.rstrip("."))
+        paragraphs[at] = ". ".join(words)
+    out, per_section, per_chapter = [], 6, 8
+    for i in range(0, len(paragraphs), per_section):
+        section = i // per_section
+        if section % per_chapter == 0:
+            chapter = section // per_chapter + 1
+            topic = TOPICS[(chapter - 1) % len(TOPICS)]
+            out.append(f"# Chapter {chapter}: {topic.capitalize()}")
+        out.append(f"## Section {chapter}.{section % per_chapter + 1}")
+        out.extend(paragraphs[i : i + per_section])
+    return "\n\n".join(out)
+
+
+def write_book(tokenizer, out: Path, tokens: int, facts: list[Fact], seed: int = 0) -> Path:
+    """Write the book to ``out`` (.md) and its ground truth to ``out`` with .qa.json."""
+    out.write_text(make_book(tokenizer, tokens, facts, seed))
+    truth = [{"question": f.question, "answer": f.answer, "depth": f.depth} for f in facts]
+    out.with_suffix(".qa.json").write_text(json.dumps(truth, indent=1) + "\n")
+    return out
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux: ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def bench_book_ingest(
+    loaded: LoadedModel, path: Path, settings: StoreSettings | None = None
+) -> dict[str, Any]:
+    """Stream ``path`` into a fresh span store: time, tokens/s at 10/50/100%, peak RSS, bytes."""
+    settings = settings or StoreSettings()
+    document = load_document(path)
+    context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+    rss_before = peak_rss_bytes()
+    t0 = time.perf_counter()
+    store, hit = open_or_build(loaded, document, context, settings)
+    if hit:  # measure a cold build
+        shutil.rmtree(store.path)
+        t0 = time.perf_counter()
+        store, _ = open_or_build(loaded, document, context, settings)
+    seconds = time.perf_counter() - t0
+    m = store.manifest
+    b, stats = m["bytes"], m["stats"]
+    return {
+        "document": path.name,
+        "tokens": len(context),
+        "ingest_s": round(seconds, 1),
+        "tokens_per_s": round(len(context) / seconds, 1),
+        "tokens_per_s_at": m.get("stream", {}).get("tokens_per_s_at"),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_before_ingest_bytes": rss_before,
+        "positions": m["positions"]["mode"],
+        "max_position": m.get("stream", {}).get("max_position"),
+        "window_peak_bytes": m.get("stream", {}).get("peak_window_bytes"),
+        "resident_bytes": b["resident"],
+        "offloaded_bytes": b["offloaded"],
+        "full_kv_fp16_bytes": b["full_kv_fp16"],
+        "resident_ratio": round(b["resident"] / b["full_kv_fp16"], 4),
+        "anchors_pct": stats["anchors_pct"],
+        "spans": stats["spans"],
+        "timings": m["timings"],
+    }
+
+
+def bench_book_needles(
+    loaded: LoadedModel,
+    lengths: tuple[int, ...] = LENGTHS,
+    depths: tuple[float, ...] = DEPTHS,
+    budget: int = 256,
+    max_new_tokens: int = 24,
+    workdir: Path | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Per length: one book with a needle at each depth, three questions; full KV where the
+    context fits the model window (else ``None``)."""
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        for length in lengths:
+            facts = needle_facts(depths)
+            path = write_book(loaded.tokenizer, Path(tmp) / f"book-{length}.md", length, facts)
+            doc = load_document(path)
+            t0 = time.perf_counter()
+            session = Session(loaded, doc, "sekv", MethodSettings(budget=budget))
+            ingest_s = time.perf_counter() - t0
+            fits = len(session.context) + ANSWER_RESERVE <= loaded.spec.window
+            full = Session(loaded, doc, "full") if fits else None
+            for fact in facts:
+                answer = session.ask(fact.question, max_new_tokens)
+                row = {
+                    "tokens": session.doc_tokens,
+                    "depth": fact.depth,
+                    "sekv_ok": fact.answer.lower() in answer.answer.lower(),
+                    "sekv_answer": answer.answer[:60],
+                    "needle_zoomed": any(fact.answer in z["preview"] for z in answer.zoom[:10]),
+                    "ingest_s": round(ingest_s, 1),
+                    "ingest_tokens_per_s_at": session.method.store.manifest.get("stream", {}).get(
+                        "tokens_per_s_at"
+                    ),
+                    "peak_rss_bytes": peak_rss_bytes(),
+                    "answer_s": answer.timings["answer_s"],
+                    "resident_ratio": round(
+                        answer.memory["resident_bytes"] / answer.memory["full_kv_bytes"], 4
+                    ),
+                    "full_ok": None,
+                }
+                if full is not None:
+                    reference = full.ask(fact.question, max_new_tokens)
+                    row["full_ok"] = fact.answer.lower() in reference.answer.lower()
+                rows.append(row)
+                if progress:
+                    progress(row)
+    return rows
+
+
+def fact_rows(facts: list[Fact]) -> list[dict[str, Any]]:
+    return [asdict(f) for f in facts]

@@ -1,0 +1,396 @@
+"""Streamed ingest: one-shot consistency, bounded positions for books, resume, flat memory, pages.
+
+A tiny random Llama with a 512-token window stands for the default model: its "books" are a few
+windows long, so every path of the streamed builder runs in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_tiny_model
+from safetensors.torch import load_file
+
+import sekv_core.stream as stream_mod
+from sekv_core.attention import ZoomPolicy, sekv_attention
+from sekv_core.basis import dequantize_sketch
+from sekv_core.documents import Document, token_pages
+from sekv_core.engine import Session
+from sekv_core.errors import SekvError
+from sekv_core.methods import MethodSettings, SeKV
+from sekv_core.models import load_model
+from sekv_core.prompt import chat_template, encode_context, encode_question
+from sekv_core.router import ROUTERS, SketchRouter
+from sekv_core.segment import ANCHOR, SINK, SPAN, SegmentSettings
+from sekv_core.store import FILES, StoreSettings, StreamSettings, open_or_build
+
+WINDOW = 512
+SEGMENT = SegmentSettings(min_len=8, max_len=32)
+BOOK = StoreSettings(
+    prefill_chunk=64,
+    segment=SEGMENT,
+    stream=StreamSettings(window=96, budget=48, route_queries=8),
+)
+WORDS = ["north", "south", "old", "new", "red", "blue"]
+
+
+def text_of(sections: int, offset: int = 0) -> str:
+    return "\n\n".join(
+        f"Section {i}. The {WORDS[i % 6]} vault on floor {i % 9} holds crate {i * 37 % 101}."
+        for i in range(offset, offset + sections)
+    )
+
+
+def document(tmp_path: Path, text: str, pages: int = 1, name: str = "book.md") -> Document:
+    """A document whose ``pages`` pages each hold an equal share of the paragraphs."""
+    path = tmp_path / name
+    path.write_text(text)
+    starts = [0] + [m + 2 for m in _paragraph_breaks(text)]
+    per_page = math.ceil(len(starts) / pages)
+    page_starts = tuple(starts[::per_page])
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return Document(path, digest, text, page_starts, "pdf" if pages > 1 else "md")
+
+
+def _paragraph_breaks(text: str) -> list[int]:
+    out, i = [], text.find("\n\n")
+    while i >= 0:
+        out.append(i)
+        i = text.find("\n\n", i + 2)
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and lose much on a shared, busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A tiny Llama with a 512-token window."""
+    path = build_tiny_model(tmp_path_factory.mktemp("small-window") / "llama", "llama", WINDOW)
+    return load_model(str(path), device="cpu")
+
+
+def context_of(loaded, doc):
+    return encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), doc.text)
+
+
+def test_stream_within_the_window_matches_one_shot(small, tmp_path):
+    """A window covering the document: same segmentation, same tensors up to fp16 rounding.
+
+    May differ: the summed attention order (the streamed chunks attend through sekv's softmax,
+    the one-shot prefill through the model's own), so surprisal agrees to ~1e-5 and a sketch
+    entry can round to the neighbouring 4-bit level. Must match: roles, spans, pages, ids.
+    """
+    doc = document(tmp_path, text_of(6))
+    ctx = context_of(small, doc)
+    assert len(ctx) + 32 < WINDOW
+    wide = StoreSettings(
+        prefill_chunk=64, segment=SEGMENT, stream=StreamSettings(window=1024, always=True)
+    )
+    one, _ = open_or_build(small, doc, ctx, StoreSettings(prefill_chunk=64, segment=SEGMENT))
+    streamed, _ = open_or_build(small, doc, ctx, wide)
+    assert streamed.manifest["positions"]["mode"] == "original"
+    assert "stream" in streamed.manifest and "stream" not in one.manifest
+    for name in ("token_ids", "roles", "pages", "offsets"):
+        assert torch.equal(one.trace[name], streamed.trace[name]), name
+    assert torch.allclose(one.trace["surprisal"], streamed.trace["surprisal"], atol=1e-4)
+    for name, tensor in one.resident.items():
+        other = streamed.resident[name]
+        assert other.shape == tensor.shape and other.dtype == tensor.dtype, name
+        if name.startswith("sketch") or name.endswith("_off"):
+            continue  # signs of principal directions, layout of the bases: compared below
+        assert torch.allclose(tensor.float(), other.float(), atol=2e-3), name
+    proj_a, proj_b = one.resident["sketch_proj"].float(), streamed.resident["sketch_proj"].float()
+    sign = (proj_a * proj_b).sum(dim=2).sign()  # (L, H, R): +1 or -1 per direction
+    assert torch.allclose(proj_a, proj_b * sign[:, :, None], atol=2e-3)
+    R = proj_a.shape[-1]
+    levels_a = dequantize_sketch(one.resident["sketch"], R, torch.float32)
+    levels_b = dequantize_sketch(streamed.resident["sketch"], R, torch.float32)
+    flips = (levels_a != levels_b * sign[:, :, None]).float().mean()
+    assert flips < 0.01  # a value on a rounding edge may take the neighbouring level
+    # the offload tier: the same factors (a streamed store lays them out part by part)
+    a = load_file(one.path / "offload.safetensors")
+    b = load_file(streamed.path / "offload.safetensors")
+    assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+    lengths = (one.resident["span_ends"] - one.resident["span_starts"]).tolist()
+    D = one.resident["fixed_k"].shape[-1]
+    for kind in "kv":
+        ranks = one.resident[f"{kind}_rank"]
+        for (layer, head, span), r in np.ndenumerate(ranks.numpy()):
+            n = lengths[span] * r
+            for part, size in (("coef", n), ("basis", r * D)):
+                x, y = (
+                    flat[f"{kind}_{part}"][off : off + size].float()
+                    for flat, off in (
+                        (a, int(one.resident[f"{kind}_{part}_off"][layer, head, span])),
+                        (b, int(streamed.resident[f"{kind}_{part}_off"][layer, head, span])),
+                    )
+                )
+                assert torch.allclose(x, y, atol=5e-3), (kind, part, layer, head, span)
+
+
+def test_stream_with_a_short_window_keeps_the_partition_and_first_tokens(small, tmp_path):
+    """A window shorter than the document: later tokens see the older ones only through the
+    store (zoomed spans), and the segmentation threshold is estimated online, so boundaries and
+    later surprisal may differ. Every token still has exactly one role, spans tile the span
+    tokens, and the tokens read before anything left the window are exact."""
+    doc = document(tmp_path, text_of(6))
+    ctx = context_of(small, doc)
+    short = StoreSettings(
+        prefill_chunk=64, segment=SEGMENT, stream=StreamSettings(window=96, budget=48, always=True)
+    )
+    one, _ = open_or_build(small, doc, ctx, StoreSettings(prefill_chunk=64, segment=SEGMENT))
+    streamed, _ = open_or_build(small, doc, ctx, short)
+    assert streamed.manifest["stream"]["parts"] > 1
+    roles = streamed.trace["roles"].numpy()
+    starts, ends = streamed.resident["span_starts"], streamed.resident["span_ends"]
+    covered = np.zeros(len(ctx), dtype=int)
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        covered[s:e] += 1
+    assert (covered == (roles == SPAN)).all()  # spans tile exactly the span tokens
+    assert torch.equal(one.trace["roles"] == SINK, streamed.trace["roles"] == SINK)
+    assert (ends <= len(ctx)).all() and (starts[1:] >= ends[:-1]).all()
+    fixed = streamed.resident["fixed_pos"].numpy()
+    assert np.array_equal(fixed, np.flatnonzero(roles != SPAN))
+    assert (roles == ANCHOR).sum() <= 0.05 * (len(ctx) - ctx.doc_start)
+    assert torch.equal(one.trace["pages"], streamed.trace["pages"])
+    exact = 96 + 64 + ctx.doc_start  # nothing had left the window before these tokens
+    assert torch.allclose(
+        one.trace["surprisal"][:exact], streamed.trace["surprisal"][:exact], atol=1e-4
+    )
+
+
+def test_everything_zoomed_answers_as_full_attention_within_the_window(small, tmp_path):
+    """Streamed (window covering the document) and one-shot stores give the same logits as
+    full attention when every span is zoomed at full rank: the answers cannot differ."""
+    doc = document(tmp_path, text_of(5))
+    ctx = context_of(small, doc)
+    lossless = dict(key_energy=1.0, value_energy=1.0, segment=SEGMENT, prefill_chunk=64)
+    tok = small.tokenizer
+    q_ids = encode_question(tok, chat_template(tok), "Which crate is on floor 4?")
+    with torch.inference_mode():
+        ref = small.model(input_ids=torch.tensor([ctx.ids + q_ids])).logits[0, len(ctx) :]
+    answers = []
+    for always in (False, True):
+        settings = StoreSettings(**lossless, stream=StreamSettings(window=1024, always=always))
+        method = SeKV(small, doc, ctx, MethodSettings(extra={"store_settings": settings}))
+        method.prepare()
+        policy = ZoomPolicy(router=ROUTERS["sketch"](), budget=10**6, margin=math.inf)
+        method.spans.clear(capacity=10**6)
+        with torch.inference_mode(), sekv_attention(small.model):
+            got = small.model(
+                input_ids=torch.tensor([q_ids]),
+                position_ids=torch.arange(len(q_ids))[None] + len(ctx),
+                sekv_memory=method.spans,
+                sekv_policy=policy,
+            ).logits[0]
+        assert torch.allclose(got, ref, atol=2e-3, rtol=0), (got - ref).abs().max()
+        method.settings.budget = 10**6
+        method.settings.extra["margin"] = math.inf
+        answers.append(list(method.generate(q_ids, 8)))
+    assert answers[0] == answers[1]
+
+
+def record_positions(model) -> list[int]:
+    """Every RoPE position the model's rotary embedding is asked for (the pipeline's own
+    rotations use the same module)."""
+    rotary, seen = model.model.rotary_emb, []
+    forward = rotary.forward
+
+    def spy(x, position_ids, *args, **kwargs):
+        if position_ids.numel():
+            seen.append(int(position_ids.max()))
+        return forward(x, position_ids, *args, **kwargs)
+
+    rotary.forward = spy
+    return seen
+
+
+def test_a_book_never_uses_positions_beyond_the_window(small, tmp_path):
+    doc = document(tmp_path, text_of(40))
+    ctx = context_of(small, doc)
+    assert len(ctx) > 2 * WINDOW
+    seen = record_positions(small.model)
+    try:
+        settings = MethodSettings(budget=64, extra={"store_settings": BOOK})
+        session = Session(small, doc, "sekv", settings)
+        answer = session.ask("Which crate is on floor 4?", max_new_tokens=6)
+    finally:
+        del small.model.model.rotary_emb.forward
+    store = session.method.store
+    assert store.manifest["positions"] == {"mode": "bounded", "sinks": ctx.doc_start + 4}
+    assert store.manifest["stream"]["max_position"] < WINDOW
+    assert session.method.max_position < WINDOW
+    assert seen and max(seen) < WINDOW, max(seen)
+    assert answer.document["tokens"] == len(ctx) - ctx.doc_start
+    assert answer.memory["resident_bytes"] < answer.memory["full_kv_bytes"]
+    # full KV still refuses what does not fit, with the usual error
+    with pytest.raises(SekvError, match="reads at most"):
+        Session(small, doc, "full")
+
+
+def build(loaded, doc, ctx, **kwargs):
+    store, hit = open_or_build(loaded, doc, ctx, BOOK, **kwargs)
+    return store
+
+
+def store_tensors(store) -> dict[str, torch.Tensor]:
+    out = {f"r.{k}": v.cpu() for k, v in load_file(store.path / "resident.safetensors").items()}
+    out.update({f"t.{k}": v for k, v in load_file(store.path / "trace.safetensors").items()})
+    out.update({f"o.{k}": v for k, v in load_file(store.path / "offload.safetensors").items()})
+    return out
+
+
+def test_interrupted_ingest_resumes_to_the_same_store(small, tmp_path, monkeypatch, sekv_home):
+    monkeypatch.setattr(stream_mod, "CHECKPOINT_S", 0.0)  # a checkpoint after every chunk
+    doc = document(tmp_path, text_of(24))
+    ctx = context_of(small, doc)
+    reference = store_tensors(build(small, doc, ctx))
+
+    monkeypatch.setenv("SEKV_HOME", str(tmp_path / "other-home"))
+    calls = []
+
+    def stop_midway(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(small, doc, ctx, progress=stop_midway)
+    stores = tmp_path / "other-home" / "stores"
+    assert [p.name[:9] for p in stores.iterdir()] == [".partial-"]  # nothing that loads
+    warnings, resumed_at = [], []
+    store = build(small, doc, ctx, progress=lambda d, t: resumed_at.append(d), warn=warnings.append)
+    assert any("resuming" in w for w in warnings), warnings
+    assert resumed_at[0] == calls[-1]  # continued from the last chunk done, not from 0
+    assert [p.name for p in stores.iterdir()] == [store.path.name]
+    again = store_tensors(store)
+    assert again.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(again[name], tensor), name
+    assert set(store.manifest["files"]) == set(FILES)
+
+
+def test_a_damaged_checkpoint_restarts_cleanly(small, tmp_path, monkeypatch):
+    monkeypatch.setattr(stream_mod, "CHECKPOINT_S", 0.0)
+    doc = document(tmp_path, text_of(16))
+    ctx = context_of(small, doc)
+
+    def stop(done: int, total: int) -> None:
+        if done > total // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(small, doc, ctx, progress=stop)
+    partial = next((tmp_path / "sekv-home" / "stores").glob(".partial-*"))
+    part = sorted(partial.glob("part-*.safetensors"))[0]
+    data = bytearray(part.read_bytes())
+    data[-3] ^= 0xFF
+    part.write_bytes(bytes(data))
+    warnings, progress = [], []
+    store = build(small, doc, ctx, warn=warnings.append, progress=lambda d, t: progress.append(d))
+    assert any("restarting" in w for w in warnings), warnings
+    assert progress[0] < len(ctx) // 2  # started again from the beginning
+    assert store.manifest["stream"]["parts"] >= 2
+
+
+def test_memory_held_while_streaming_does_not_grow_with_length(small, tmp_path):
+    """Two books, one twice as long: the tensors held for attention (the tokens waiting in the
+    window) peak at the same size; only the resident routing tier grows, by a small fixed
+    share of the full KV cache per token."""
+    reports = []
+    for sections in (20, 40):
+        doc = document(tmp_path, text_of(sections), name=f"book-{sections}.md")
+        ctx = context_of(small, doc)
+        store = build(small, doc, ctx)
+        reports.append((len(ctx), store.manifest["stream"]))
+    (short_t, short), (long_t, long) = reports
+    assert long_t > 1.8 * short_t
+    assert long["peak_window_bytes"] == short["peak_window_bytes"]
+    window_bound = (96 + 2 * 64 + 32) * small.spec.kv_bytes(1, 4)  # window + 2 chunks + a span
+    assert long["peak_window_bytes"] <= window_bound
+    # the resident routing tier (4-bit sketch, per-span tables and bounds) grows per token by a
+    # fixed share of the fp16 KV cache: ~20% for this head_dim-16 model, ~7% at head_dim 64
+    growth = (long["memory_resident_bytes"] - short["memory_resident_bytes"]) / (long_t - short_t)
+    assert 0 < growth < 0.25 * small.spec.kv_bytes(1, 2)
+
+
+def test_page_citations_stay_right_across_chunks(small, tmp_path):
+    doc = document(tmp_path, text_of(30), pages=10)
+    ctx = context_of(small, doc)
+    settings = MethodSettings(budget=48, extra={"store_settings": BOOK, "margin": math.inf})
+    session = Session(small, doc, "sekv", settings)
+    store = session.method.store
+    expected = [1] * ctx.doc_start + token_pages(doc, ctx.offsets)
+    assert store.trace["pages"].tolist() == expected
+    assert store.manifest["stream"]["parts"] > 3  # many chunks and parts
+    answer = session.ask("Which crate is on floor 4?", max_new_tokens=4)
+    assert answer.zoom
+    for z in answer.zoom:  # the page of each zoomed span is its first character's page
+        first_char = int(store.trace["offsets"][z["start"]][0])
+        assert z["page"] == doc.page_of_char(first_char)
+    assert {z["page"] for z in answer.zoom} - {1}  # spans beyond the first page are cited
+
+
+def test_prefilter_scores_candidates_exactly(small, tmp_path, monkeypatch):
+    """Books with many spans: routers score only the spans whose representative tokens (their
+    highest-surprisal ones) score among the best; the candidates keep their exact scores."""
+    monkeypatch.setattr(stream_mod, "STREAM_PREFILTER_SPANS", 8)  # streamed chunks prefilter
+    doc = document(tmp_path, text_of(24))
+    settings = MethodSettings(budget=16, extra={"store_settings": BOOK})
+    session = Session(small, doc, "sekv", settings)
+    memory, store = session.method.spans, session.method.store
+    assert memory.span_reps is not None and memory.n_spans > 8
+    span_tokens = torch.nonzero(store.trace["roles"] == SPAN)[:, 0]  # sketch rows -> tokens
+    reps = span_tokens[memory.span_reps]  # (N, 4) token positions
+    assert ((reps >= memory.starts[:, None]) & (reps < memory.ends[:, None])).all()
+    h = store.trace["surprisal"]
+    for n in range(memory.n_spans):  # each span's best token is among its representatives
+        s, e = int(memory.starts[n]), int(memory.ends[n])
+        assert h[reps[n]].max() == h[s:e].max()
+    torch.manual_seed(0)
+    H, D = memory.num_kv_heads, memory.head_dim
+    q = torch.randn(H, 2, 3, D)
+    for layer in range(memory.num_layers):
+        exact = SketchRouter().scores(memory, layer, q, 1.0)  # (H, N)
+        assert (memory.representative_scores(layer, q) <= exact + 1e-4).all()
+        index = memory.candidates(layer, q, budget=16, keep=4, min_spans=8)
+        assert 4 <= len(index) < memory.n_spans
+        sub = SketchRouter().scores(memory.subset(layer, index), layer, q, 1.0)
+        assert torch.allclose(sub, exact[:, index], atol=1e-4)
+    answer = session.ask("Which crate is on floor 4?", max_new_tokens=4)
+    assert answer.routing["zoomed_tokens_max"] <= 16
+
+
+def test_cli_ingests_and_answers_a_book_that_full_kv_refuses(small, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from sekv_cli.main import app
+
+    runner = CliRunner()
+    book = tmp_path / "book.md"
+    book.write_text(text_of(24))
+    model = str(small.model.name_or_path)
+    result = runner.invoke(app, ["ingest", str(book), "--model", model, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["positions"] == "bounded" and data["stream"]["max_position"] < WINDOW
+    assert data["tokens"] > 2 * WINDOW
+    result = runner.invoke(app, ["ask", str(book), "Which crate?", "--model", model, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["store"]["cache_hit"]  # the ingested store is reused
+    result = runner.invoke(app, ["ask", str(book), "Which?", "--model", model, "--method", "full"])
+    assert result.exit_code == 1 and "reads at most" in result.stderr
