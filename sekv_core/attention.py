@@ -244,11 +244,17 @@ AttentionInterface.register(NAME, sekv_attention_forward)
 
 
 @contextmanager
-def sekv_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Route the model's attention through :func:`sekv_attention_forward` inside the block."""
+def attention_switch(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Route the model's attention through the registered implementation ``name`` in the block
+    (switched once per block: the switch walks all modules)."""
     previous = model.config._attn_implementation
-    model.set_attn_implementation(NAME)
+    model.set_attn_implementation(name)
     try:
         yield
     finally:
         model.set_attn_implementation(previous)
+
+
+def sekv_attention(model: torch.nn.Module):
+    """Route the model's attention through :func:`sekv_attention_forward` inside the block."""
+    return attention_switch(model, NAME)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AttentionInterface, DynamicCache
 
-from ..attention import mixed_attention
+from ..attention import attention_switch, mixed_attention
 from ..basis import BASIS_DTYPE
 from ..decode import greedy
 from ..errors import SekvError
@@ -190,17 +189,6 @@ def block_attention_forward(
 
 
 AttentionInterface.register(NAME, block_attention_forward)
-
-
-@contextmanager
-def attention_switch(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Route the model's attention through the registered implementation ``name`` in the block."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
 
 
 class BlockRetrieval(Method):

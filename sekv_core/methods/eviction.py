@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 from abc import abstractmethod
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface, DynamicCache
 
+from ..attention import attention_switch
 from ..decode import greedy
 from ..models import LoadedModel
 from ..prompt import stop_ids
@@ -117,15 +117,9 @@ def capture_attention_forward(
 AttentionInterface.register(CAPTURE, capture_attention_forward)
 
 
-@contextmanager
-def capture_attention(model: torch.nn.Module) -> Iterator[None]:
+def capture_attention(model: torch.nn.Module):
     """Route the model's attention through :func:`capture_attention_forward` inside the block."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(CAPTURE)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
+    return attention_switch(model, CAPTURE)
 
 
 @torch.inference_mode()

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from ..attention import attention_switch
 from ..documents import load_document
 from ..errors import SekvError
 from ..methods.full import prefill_cache, truncate
@@ -161,18 +162,16 @@ def _teacher(
     span_of = torch.full((doc.context_len,), memory.n_spans, dtype=torch.long)
     span_of[_span_tokens(memory)] = memory.sketch_span.cpu()
     trace = TeacherTrace(span_of.to(loaded.device), memory.n_spans)
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(TEACHER)
     try:
-        out = model(
-            input_ids=torch.tensor([ids], device=loaded.device),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=answer_len + 1,
-            sekv_teacher=trace,
-        )
+        with attention_switch(model, TEACHER):
+            out = model(
+                input_ids=torch.tensor([ids], device=loaded.device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=answer_len + 1,
+                sekv_teacher=trace,
+            )
     finally:
-        model.set_attn_implementation(previous)
         truncate(cache, doc.context_len)
     logp = out.logits[0, :-1].float().log_softmax(-1).cpu()
     return Example(index, list(ids), answer_len, logp, torch.stack(trace.mass).cpu())
@@ -207,9 +206,7 @@ def student_forward(loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Exa
     )
     n = len(ex.ids)
     pos = torch.arange(n, device=loaded.device)[None] + doc.context_len
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(STUDENT)
-    try:
+    with attention_switch(model, STUDENT):
         out = model(
             input_ids=torch.tensor([ex.ids], device=loaded.device),
             position_ids=pos,
@@ -218,9 +215,17 @@ def student_forward(loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Exa
             logits_to_keep=ex.answer_len + 1,
             sekv_student=ctx,
         )
-    finally:
-        model.set_attn_implementation(previous)
     return out.logits[0, :-1].float(), ctx.gates
+
+
+def kl_to_teacher(logits: torch.Tensor, ex: Example) -> torch.Tensor:
+    """KL(teacher || student) over the answer positions (batch mean)."""
+    return F.kl_div(
+        logits.log_softmax(-1),
+        ex.teacher_logp.to(logits.device),
+        log_target=True,
+        reduction="batchmean",
+    )
 
 
 def budget_tokens(doc: PreparedDoc, share: float) -> int:
@@ -242,12 +247,7 @@ def losses(
     if share is None:
         share = float(torch.empty(()).uniform_(*s.budget_shares))
     logits, gates = student_forward(loaded, net, doc, ex, budget_tokens(doc, share))
-    kl = F.kl_div(
-        logits.log_softmax(-1),
-        ex.teacher_logp.to(logits.device),
-        log_target=True,
-        reduction="batchmean",
-    )
+    kl = kl_to_teacher(logits, ex)
     z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
     L, Hkv, G, Tq, N = z.shape
     z = z.reshape(L, Hkv * G, Tq, N)
@@ -303,14 +303,7 @@ def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: Tr
             doc = docs[ex.doc]
             budget = budget_tokens(doc, share)
             logits, gates = student_forward(loaded, net, doc, ex, budget)
-            kl += float(
-                F.kl_div(
-                    logits.log_softmax(-1),
-                    ex.teacher_logp.to(logits.device),
-                    log_target=True,
-                    reduction="batchmean",
-                )
-            )
+            kl += float(kl_to_teacher(logits, ex))
             z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
             L, Hkv, G, Tq, N = z.shape
             best = z.amax(dim=(2, 3))  # (L, Hkv, N)
