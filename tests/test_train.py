@@ -16,6 +16,7 @@ from sekv_core.train.loop import (
     student_forward,
     zoom_targets,
 )
+from sekv_core.train.signals import answer_steps, step_decisions
 from sekv_core.zoomnet import NetShape, ZoomNet, load_router, resolve_router, save_router
 
 SMALL = TrainSettings(steps=4, docs=1, held_out=1, doc_tokens=(120, 160), save_every=2)
@@ -81,6 +82,43 @@ def test_student_with_every_span_zoomed_is_the_teacher(prepared):
         logits, _ = student_forward(loaded, net, docs[examples[0].doc], examples[0], 10**6)
     teacher = examples[0].teacher_logp
     assert torch.allclose(logits.log_softmax(-1), teacher, atol=2e-3)
+
+
+def test_step_decisions_use_only_each_steps_queries():
+    """The question's decision ignores the answer's queries; each answer token routes alone."""
+    z = torch.full((1, 2, 5, 3), -1.0)  # (Hkv, G, Tq, N): 3 question + 2 answer positions
+    z[0, 1, 4, 2] = 5.0  # only the last answer token's query wants span 2
+    z[0, 0, 1, 0] = 2.0  # a question query wants span 0
+    steps = answer_steps(5, answer_len=2)
+    assert steps.tolist() == [0, 0, 0, 1, 2]
+    _, hard = step_decisions(z, steps, torch.tensor([4, 4, 4]), budget=100)
+    assert hard[0].tolist() == [
+        [True, False, False],  # question prefill: span 0 only
+        [False, False, False],  # first answer token: nothing above 0
+        [False, False, True],  # second answer token: span 2
+    ]
+
+
+def test_student_prediction_does_not_see_later_answer_tokens(prepared):
+    """Causal student: the prediction of answer token i (its zoom decisions included) is the
+    one a run cut right after token i - 1 makes, as answering would (it has no later tokens)."""
+    loaded, docs, examples, _ = prepared
+    ex = copy.copy(max(examples, key=lambda e: e.answer_len))
+    ex.ids = ex.ids[-ex.answer_len - 2 :]  # a 2-token question: the answer's queries outnumber it
+    net = ZoomNet(shape_of(loaded))
+    with torch.no_grad():  # a gate ruled by the queries (not the sketch)
+        net.gate.w_summary.normal_(0, 10.0)
+        net.gate.sketch_weight.zero_()
+        net.gate.threshold.fill_(0.0)
+    doc = docs[ex.doc]
+    budget = int(doc.memory.lengths.max())
+    with torch.no_grad():
+        full, _ = student_forward(loaded, net, doc, ex, budget)
+        for k in range(1, ex.answer_len):
+            cut = copy.copy(ex)
+            cut.ids, cut.answer_len = ex.ids[: len(ex.ids) - ex.answer_len + k], k
+            part, _ = student_forward(loaded, net, doc, cut, budget)
+            assert torch.allclose(part, full[:k], atol=1e-5), k
 
 
 def test_a_few_steps_reduce_the_loss(prepared):

@@ -36,12 +36,18 @@ from ..methods.full import prefill_cache, truncate
 from ..models import LoadedModel
 from ..prompt import chat_template, encode_context, encode_question
 from ..rope import Rope
-from ..router import select
 from ..store import StoreSettings, open_or_build
 from ..zoom import SpanMemory
 from ..zoomnet import NetShape, ZoomNet, load_router, save_router
 from .data import make_corpus
-from .signals import STUDENT, TEACHER, StudentContext, TeacherTrace
+from .signals import (
+    STUDENT,
+    TEACHER,
+    StudentContext,
+    TeacherTrace,
+    answer_steps,
+    step_decisions,
+)
 
 MINE_MASS = 0.05  # a position "reaches far back" when >= this share of its attention is on spans
 
@@ -201,10 +207,11 @@ def zoom_targets(mass: torch.Tensor, rho: float) -> tuple[torch.Tensor, torch.Te
 def student_forward(loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Example, budget: int):
     """Student logits at the answer positions (Ta, V) and gate logits per layer."""
     model = loaded.model
-    ctx = StudentContext(
-        doc.memory, net, doc.span_k, doc.span_v, doc.span_id.to(loaded.device), budget
-    )
     n = len(ex.ids)
+    steps = answer_steps(n, ex.answer_len, loaded.device)
+    ctx = StudentContext(
+        doc.memory, net, doc.span_k, doc.span_v, doc.span_id.to(loaded.device), budget, steps
+    )
     pos = torch.arange(n, device=loaded.device)[None] + doc.context_len
     with attention_switch(model, STUDENT):
         out = model(
@@ -294,8 +301,8 @@ def rank_losses(net: ZoomNet, doc: PreparedDoc, sample: int = 512) -> tuple[torc
 @torch.no_grad()
 def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: TrainSettings):
     """Held-out figures at each budget share: KL to the teacher, and recall of the teacher's
-    target spans by the answer-time decision (per layer and KV head: the union of the targets of
-    the group's mined positions)."""
+    target spans by the answer-time decisions (per layer, KV head and answer step: the union of
+    the targets of the step's mined positions over the group's heads)."""
     out = {}
     for share in s.eval_shares:
         kl, hits, wanted = 0.0, 0, 0
@@ -306,12 +313,16 @@ def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: Tr
             kl += float(kl_to_teacher(logits, ex))
             z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
             L, Hkv, G, Tq, N = z.shape
-            best = z.amax(dim=(2, 3))  # (L, Hkv, N)
+            steps = answer_steps(Tq, ex.answer_len, z.device)
+            lengths = doc.memory.lengths
             decision = torch.stack(
-                [select(best[i], doc.memory.lengths, budget, None)[0] for i in range(L)]
+                [step_decisions(z[i], steps, lengths, budget)[1] for i in range(L)]
             )
             mined, targets = zoom_targets(ex.mass.to(z.device), s.rho)
-            want = (targets & mined[..., None]).view(L, Hkv, G, Tq, N).any(3).any(2)
+            want = (targets & mined[..., None]).view(L, Hkv, G, Tq, N).any(2)  # (L, Hkv, Tq, N)
+            index = steps[None, None, :, None].expand_as(want)
+            per_step = torch.zeros(decision.shape, device=z.device)  # (L, Hkv, P, N)
+            want = per_step.scatter_reduce(2, index, want.float(), "amax") > 0
             hits += int((decision & want).sum())
             wanted += int(want.sum())
         n = max(len(held), 1)

@@ -10,8 +10,12 @@ sinks/anchors, the span tokens the gate zooms (exact full-resolution K/V) and th
 The zoom decision is the answer-time one (per KV head, gate > 0, best first under a token
 budget), hard in the forward pass, with gradients passed straight through (d hard / dz :=
 d sigmoid(z) / dz), so distillation reaches the gate through the frozen model.
-All context spans lie before every question/answer position, so the student at position t only
-ever sees spans before t.
+
+Causality: all context spans lie before every question/answer position, and each decision is taken
+from the queries answering would have at that point: one decision for the whole question (its
+prefill), then one per answer token from that token's own queries (a decoding step). A decision
+never sees a later token's query — in particular not the answer's, which would let the gate find
+the fact by its answer.
 """
 
 from __future__ import annotations
@@ -76,7 +80,34 @@ class StudentContext:
     span_v: list[torch.Tensor]
     span_id: torch.Tensor  # (S,) span of each span token
     budget: int  # tokens zoomed per (layer, KV head)
+    steps: torch.Tensor  # (Tq,) answer-time step of each position: 0 question, i answer token i
     gates: list[torch.Tensor] = field(default_factory=list)  # per layer (Hkv, G, Tq, N)
+
+
+def step_decisions(
+    z: torch.Tensor, steps: torch.Tensor, lengths: torch.Tensor, budget: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Answer-time zoom decisions from gate logits z (Hkv, G, Tq, N).
+
+    Per step (``steps`` (Tq,) numbers each position's step, 0 = the question's prefill) and KV
+    head: the best gate logit over the group's heads and the step's queries -> (Hkv, P, N), and
+    the hard decision (gate > 0, best first under ``budget``) -> (Hkv, P, N) bool.
+    """
+    Hkv, _, Tq, N = z.shape
+    P = int(steps.max()) + 1
+    per_pos = z.amax(dim=1)  # (Hkv, Tq, N)
+    index = steps.to(z.device)[None, :, None].expand_as(per_pos)
+    best = per_pos.new_full((Hkv, P, N), float("-inf"))
+    best = best.scatter_reduce(1, index, per_pos, reduce="amax", include_self=True)
+    hard, _ = select(best.detach().reshape(Hkv * P, N), lengths, budget, None)
+    return best, hard.view(Hkv, P, N)
+
+
+def answer_steps(n: int, answer_len: int, device=None) -> torch.Tensor:
+    """(n,) step of each of ``n`` question+answer positions (the last ``answer_len`` are the
+    answer): 0 for the question, then 1, 2, … one per answer token."""
+    q_len = n - answer_len
+    return (torch.arange(n, device=device) - q_len + 1).clamp(min=0)
 
 
 def student_attention(
@@ -93,13 +124,12 @@ def student_attention(
         span_max = span_max_logits(memory, layer, q.detach(), scaling)
     z = ctx.net.gate.logits(layer, q, span_max, memory.summary_k[layer], memory.log_len, scaling)
     ctx.gates.append(z)
-    # the answer-time decision: per KV head, spans whose best gate logit over the group's heads
-    # and the queries is > 0, best first, under the token budget; straight-through gradients
-    best = z.amax(dim=(1, 2))  # (Hkv, N)
-    hard, _ = select(best.detach(), memory.lengths, ctx.budget, None)
+    # the answer-time decisions (one per step: question prefill, then each answer token), per
+    # KV head, hard forward, straight-through gradients
+    best, hard = step_decisions(z, ctx.steps, memory.lengths, ctx.budget)  # (Hkv, P, N)
     soft = torch.sigmoid(best)
     zoom = hard.to(soft.dtype) + soft - soft.detach()
-    keep = zoom[:, None, None, ctx.span_id]  # (Hkv, 1, 1, S)
+    keep = zoom[:, ctx.steps.to(zoom.device)][:, None][..., ctx.span_id]  # (Hkv, 1, Tq, S)
 
     fixed_k = memory.fixed_k[layer].to(q.dtype)
     fixed_v = memory.fixed_v[layer].to(q.dtype)
