@@ -291,8 +291,10 @@ def load_store(
     device = loaded.device
     # the resident tier stays in half precision on the device (fp32 models compute on copies)
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else BASIS_DTYPE
-    for name in ("fixed_k", "fixed_v", "summary_k", "summary_v", "sketch_proj", "sketch_scale"):
+    for name in ("fixed_k", "fixed_v", "sketch_proj", "sketch_scale"):
         resident[name] = resident[name].to(device=device, dtype=dtype)
+    for name in ("summary_k", "summary_v"):  # SpanMemory places them when an answer reads them
+        resident[name] = resident[name].to(dtype=dtype)
     for name in ("sketch", "span_reps"):  # the sketch stays quantised
         if name in resident:
             resident[name] = resident[name].to(device)

@@ -69,13 +69,13 @@ class SpanMemory:
         """(Re)read the resident tier from the store (a streamed build appends spans to it)."""
         r, rope, device, dtype = self.store.resident, self.rope, self.device, self.dtype
         self.fixed_k, self.fixed_v = r["fixed_k"], r["fixed_v"]  # (L, H, F, D)
-        self.summary_k, self.summary_v = r["summary_k"], r["summary_v"]  # (L, H, N, D)
+        # span summaries (L, H, N, D) stay on the host until an answer reads them (see summary_k)
+        self._summaries = {"k": r["summary_k"], "v": r["summary_v"]}
+        self._device_summaries: dict[str, torch.Tensor] = {}
         if self.bounded:  # stored pre-RoPE: sinks at their positions, anchors/summaries at 0
             pos = r["fixed_pos"].to(device)
             pos = torch.where(pos < self.n_sinks, pos, torch.zeros_like(pos))
             self.fixed_k = rope.rotate(self.fixed_k.to(dtype), pos).to(self.fixed_v.dtype)
-            zero = torch.zeros(self.summary_k.shape[2], dtype=torch.long)
-            self.summary_k = rope.rotate(self.summary_k.to(dtype), zero).to(self.summary_v.dtype)
         self.sketch_proj, self.sketch = r["sketch_proj"], r["sketch"]  # (L,H,D,R) (L,H,S,R)
         self.sketch_scale = r["sketch_scale"]  # (L, H, R)
         self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
@@ -88,28 +88,55 @@ class SpanMemory:
         # each span's highest-surprisal sketch rows, for the prefilter of long documents
         self.span_reps = r.get("span_reps")  # (N, 4)
         self.num_layers, self.num_kv_heads, _, self.head_dim = self.fixed_k.shape
-        # RoPE tables of the context positions, to rotate reconstructed pre-RoPE keys
-        like = torch.zeros(1, device=device, dtype=dtype)
-        context = 0 if self.bounded else int(self.store.manifest["document"]["context_tokens"])
-        if getattr(self, "cos", None) is None or self.cos.shape[0] != context:
-            self.cos, self.sin = rope.tables(torch.arange(context), like)  # (T, D)
+        # reconstructed pre-RoPE keys are rotated to their positions at use (no resident tables)
+        self.context_len = int(self.store.manifest["document"]["context_tokens"])
         self.tables = {k: v for k, v in r.items() if k.startswith(("k_", "v_"))}
         self._oracle_keys: dict[int, torch.Tensor] = {}
 
+    @property
+    def summary_k(self) -> torch.Tensor:
+        """Span summary keys (L, H, N, D) on the device; placed there on first use (the
+        training-free sketch routing never reads them, so they are not resident then)."""
+        return self._summary("k")
+
+    @property
+    def summary_v(self) -> torch.Tensor:
+        """Span summary values (L, H, N, D) on the device (only attention over summaries reads
+        them); placed there on first use."""
+        return self._summary("v")
+
+    @property
+    def n_summaries(self) -> int:
+        """Spans with a summary (fewer than ``n_spans`` while a book is being streamed)."""
+        return int(self._summaries["k"].shape[2])
+
+    def place_summaries(self, values: bool) -> None:
+        """Put the summary keys (and ``values``) on the device now (they count as resident)."""
+        self._summary("k")
+        if values:
+            self._summary("v")
+
+    def _summary(self, kind: str) -> torch.Tensor:
+        if kind not in self._device_summaries:
+            t = self._summaries[kind].to(self.device)
+            if kind == "k" and self.bounded:  # pre-RoPE on disk: rotated to position 0
+                zero = torch.zeros(t.shape[2], dtype=torch.long)
+                t = self.rope.rotate(t.to(self.dtype), zero).to(t.dtype)
+            self._device_summaries[kind] = t
+        return self._device_summaries[kind]
+
     def resident_bytes(self) -> int:
-        """Bytes of the resident tier held on the device (routing structures included)."""
+        """Bytes of the resident tier held on the device (routing structures included; span
+        summaries only once something has read them)."""
         tensors = [
             self.fixed_k,
             self.fixed_v,
-            self.summary_k,
-            self.summary_v,
+            *self._device_summaries.values(),
             self.sketch_proj,
             self.sketch,
             self.sketch_scale,
             self.lengths,
             self.sketch_span,
-            self.cos,
-            self.sin,
             *self.tables.values(),
             *([] if self.span_reps is None else [self.span_reps]),
         ]
@@ -147,9 +174,10 @@ class SpanMemory:
             keys, lengths = self._reconstruct_many("k", layer, missing)  # (n, M, D) pre-RoPE
             if not self.bounded:  # bounded: kept pre-RoPE, rotated where the pool places it
                 pos = (self.starts[spans][:, None] + torch.arange(keys.shape[1])[None]).clamp(
-                    max=self.cos.shape[0] - 1
+                    max=self.context_len - 1
                 )  # (n, M)
-                keys = keys * self.cos[pos] + rotate_half(keys) * self.sin[pos]
+                cos, sin = (t.view(*pos.shape, -1) for t in self.rope.tables(pos.flatten(), keys))
+                keys = keys * cos + rotate_half(keys) * sin
             values, _ = self._reconstruct_many("v", layer, missing)
             keys, values = keys.to(CACHE_DTYPE), values.to(CACHE_DTYPE)
             for i, (pair, n) in enumerate(zip(missing, lengths, strict=True)):
@@ -376,10 +404,19 @@ class SpanSubset:
         self.sketch_span = local
         self.sketch_proj, self.sketch_scale = memory.sketch_proj, memory.sketch_scale
         self.sketch = _OneLayer(layer, memory.sketch[layer][:, self.rows])
-        has_summaries = memory.summary_k.shape[2] == memory.n_spans  # not while streaming
-        pick = index if has_summaries else index[:0]
-        self.summary_k = _OneLayer(layer, memory.summary_k[layer][:, pick])
-        self.summary_v = _OneLayer(layer, memory.summary_v[layer][:, pick])
+        self.layer = layer
+
+    @property
+    def summary_k(self) -> _OneLayer:
+        return _OneLayer(self.layer, self.memory.summary_k[self.layer][:, self._pick()])
+
+    @property
+    def summary_v(self) -> _OneLayer:
+        return _OneLayer(self.layer, self.memory.summary_v[self.layer][:, self._pick()])
+
+    def _pick(self) -> torch.Tensor:
+        has_summaries = self.memory.n_summaries == self.memory.n_spans  # not while streaming
+        return self.index if has_summaries else self.index[:0]
 
     def all_span_keys(self, layer: int) -> torch.Tensor:
         return self.memory.all_span_keys(layer)[:, self.rows]

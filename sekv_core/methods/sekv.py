@@ -66,6 +66,9 @@ class SeKV(Method):
             self.spans.rank_gate = trained.net.rank.keep
             oracle = MarginRouter(OracleRouter(), s.extra.get("margin", ZoomPolicy.margin))
             oracle = oracle if s.measure_recall else None
+        # place what this answer reads on the device before the budget pays the resident tier
+        if s.use_summaries or router.name in ("summary", "trained"):
+            self.spans.place_summaries(values=s.use_summaries)
         return ZoomPolicy(
             router=router,
             budget=self.zoom_budget(),
