@@ -173,7 +173,8 @@ def sekv_attention_forward(
     memory, policy = sekv_memory, sekv_policy
     zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
 
-    pool_k, pool_v, owner = memory.zoom_pool(layer, zoom)  # (Hkv, P, D), owner (Hkv, P)
+    # (Hkv, P, D), owner (Hkv, P)
+    pool_k, pool_v, owner = memory.zoom_pool(layer, zoom, policy.use_summaries)
     neg_inf = torch.finfo(torch.float32).min
     pool_bias = torch.where(owner >= 0, 0.0, neg_inf)  # (Hkv, P): padding is absent
     fixed_k, fixed_v = memory.fixed_k[layer], memory.fixed_v[layer]  # (Hkv, F, D)

@@ -260,13 +260,17 @@ class SpanMemory:
         return round(self.rank_sum[kind] / n, 2) if n else None
 
     def zoom_pool(
-        self, layer: int, zoom: torch.Tensor
+        self, layer: int, zoom: torch.Tensor, summaries: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Reconstructed tokens of the spans each KV head zoomed, padded to a common length.
 
-        zoom : (H, N) bool. Returns K, V (H, P, D) in CACHE_DTYPE and owner (H, P): the span of
-        each pooled token, -1 on padding. A layer whose picks did not change since its last call
-        gets the same pool back (decoding rarely changes the zoom from one token to the next).
+        zoom : (H, N) bool; ``summaries``: the caller's softmax also reads the span summaries
+        (counted in the live bytes). Returns K, V (H, P, D) in CACHE_DTYPE and owner (H, P): the
+        span of each pooled token, -1 on padding. A layer whose picks did not change since its
+        last call gets the same pool back (decoding rarely changes the zoom from one token to the
+        next). The pool is the layer's only copy of its reconstructions: afterwards the layer's
+        cache holds views into it, so a zoomed token costs its fp16 K/V once (plus, while one
+        layer's pool is rebuilt, that layer's old pool and new reconstructions).
         Bounded memories place each head's pool in document order right before ``pool_end``.
         """
         H, D = self.num_kv_heads, self.head_dim
@@ -291,6 +295,31 @@ class SpanMemory:
                 owner[h, : sizes[h]] = torch.repeat_interleave(
                     torch.tensor(spans), torch.tensor([k.shape[0] for k, _ in kv])
                 )
+        # live now: every layer's pool, this layer's old pool (until its views go), the new
+        # reconstructions, and this call's memory entries (fixed, summaries when read, pool) in
+        # the model dtype for the softmax
+        old_pool = last[2][0].shape[0] * last[2][0].shape[1] if last is not None else 0
+        pooled = H * P + sum(
+            k.shape[0] * k.shape[1] for i, (_, _, (k, _, _)) in self._pools.items() if i != layer
+        )
+        entries = self.fixed_k.shape[2] + (self.n_spans if summaries else 0) + P
+        raw_keys = H * P // 2 if self.bounded else 0  # bounded: the unrotated keys stay too
+        live = (
+            self.cached_bytes()
+            + (pooled + old_pool + raw_keys) * self.token_bytes
+            + H * entries * 2 * D * self.dtype.itemsize
+        )
+        self.peak_cached_bytes = max(self.peak_cached_bytes, live)
+        # the layer's cache becomes views into the pool (the reconstructions' only copy)
+        layer_cache = self.cache[layer]
+        layer_cache.clear()
+        for h, spans in enumerate(picks):
+            start = 0
+            for span, (k, _) in zip(spans, per_head[h], strict=True):
+                n = k.shape[0]
+                layer_cache[(span, h)] = (keys[h, start : start + n], values[h, start : start + n])
+                start += n
+        self.cache_tokens[layer] = 0
         if self.bounded and P:  # right-aligned: head h's tokens at pool_end - size_h ...
             pos = torch.arange(P)[None] + (self.pool_end - torch.tensor(sizes))[:, None]  # (H, P)
             like = torch.zeros(1, device=self.device, dtype=self.dtype)
@@ -298,16 +327,6 @@ class SpanMemory:
             k = keys.to(self.dtype)
             keys = (k * cos + rotate_half(k) * sin).to(CACHE_DTYPE)
         self._pools[layer] = (picks, self.pool_end, (keys, values, owner.to(self.device)))
-        pooled = sum(k.shape[0] * k.shape[1] for _, _, (k, _, _) in self._pools.values())
-        # live: the cache + every layer's pool (fp16) + this call's memory entries (fixed,
-        # summaries, pool) copied to the model dtype for the softmax
-        entries = self.fixed_k.shape[2] + self.n_spans + P
-        live = (
-            self.cached_bytes()
-            + pooled * self.token_bytes
-            + H * entries * 2 * D * self.dtype.itemsize
-        )
-        self.peak_cached_bytes = max(self.peak_cached_bytes, live)
         return self._pools[layer][2]
 
     def all_span_keys(self, layer: int) -> torch.Tensor:

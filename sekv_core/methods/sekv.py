@@ -89,16 +89,17 @@ class SeKV(Method):
     def zoom_budget(self) -> int:
         """Tokens per (layer, KV head) to reconstruct: ``budget``, or what ``memory_ratio`` leaves.
 
-        Under a memory target, the resident tier is paid first; zooming costs about twice its
-        fp16 K/V per token (the reconstruction cache + the pool attention reads). A target below
-        the resident tier still zooms one span of ``MIN_ZOOM`` tokens (reported as measured).
+        Under a memory target, the resident tier is paid first; a zoomed token costs its fp16 K/V
+        once (the pool attention reads is its only copy) plus, while one layer's pool is rebuilt,
+        about two more layers' worth. A target below the resident tier still zooms one span of
+        ``MIN_ZOOM`` tokens (reported as measured).
         """
         s = self.settings
         if s.memory_ratio is None:
             return s.budget or DEFAULT_BUDGET
         spec = self.loaded.spec
         target = s.memory_ratio * spec.kv_bytes(len(self.context), 2)
-        per_token = 2 * spec.kv_bytes(1, 2)
+        per_token = spec.kv_bytes(1, 2) * (1 + 2 / spec.num_layers)
         return max(MIN_ZOOM, int((target - self.spans.resident_bytes()) // per_token))
 
     def max_band(self) -> int:

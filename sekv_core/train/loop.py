@@ -9,7 +9,8 @@ Per training example (a generated document, one question about a planted fact, i
   >= ``MINE_MASS`` are *mined*; their targets are the fewest spans holding ``rho`` of it;
 - student pass (differentiable): the same tokens with the gated mixed attention.
 
-Loss = KL(teacher || student) on the answer tokens + ``w_zoom`` * zoom BCE on mined positions
+Loss = KL(teacher || student) on the answer tokens + ``w_order`` * listwise ranking loss of each
+answer-time decision against the teacher's span mass + ``w_zoom`` * zoom BCE on mined positions
 (positives up-weighted) + ``w_budget`` * expected share of context tokens zoomed + ``w_rank`` *
 (reconstruction error of the gated spectrum + ``rank_cost`` * kept rank share).
 """
@@ -60,6 +61,7 @@ class TrainSettings:
     seed: int = 0
     lr: float = 5e-3
     rho: float = 0.9
+    w_order: float = 1.0
     w_zoom: float = 1.0
     w_budget: float = 0.5
     w_rank: float = 1.0
@@ -257,6 +259,7 @@ def losses(
     kl = kl_to_teacher(logits, ex)
     z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
     L, Hkv, G, Tq, N = z.shape
+    order = order_loss(z, ex, doc)
     z = z.reshape(L, Hkv * G, Tq, N)
     mined, targets = zoom_targets(ex.mass.to(z.device), s.rho)
     if mined.any():
@@ -269,15 +272,49 @@ def losses(
     lengths = doc.memory.lengths.float()
     budget = (torch.sigmoid(z) * lengths).sum(-1).mean() / doc.context_len
     recon, rank = rank_losses(net, doc)
-    total = kl + s.w_zoom * bce + s.w_budget * budget + s.w_rank * (recon + s.rank_cost * rank)
+    total = (
+        kl
+        + s.w_order * order
+        + s.w_zoom * bce
+        + s.w_budget * budget
+        + s.w_rank * (recon + s.rank_cost * rank)
+    )
     return {
         "loss": total,
         "kl": kl,
+        "order": order,
         "zoom_bce": bce,
         "budget": budget,
         "recon": recon,
         "rank": rank,
     }
+
+
+def step_mass(ex: Example, shape: tuple[int, ...], device) -> torch.Tensor:
+    """Teacher span mass per answer-time decision: (L, Hkv, P, N), summed over the group's
+    heads and the step's positions (what one zoom decision serves)."""
+    L, Hkv, G, Tq, N = shape
+    steps = answer_steps(Tq, ex.answer_len, device)
+    mass = ex.mass.to(device).view(L, Hkv, G, Tq, N).sum(2)  # (L, Hkv, Tq, N)
+    out = mass.new_zeros(L, Hkv, int(steps.max()) + 1, N)
+    return out.index_add_(2, steps, mass)
+
+
+def order_loss(z: torch.Tensor, ex: Example, doc: PreparedDoc) -> torch.Tensor:
+    """Listwise ranking loss of the decisions: per (layer, KV head, step), KL from the teacher's
+    span-mass distribution to softmax of the decision's gate logits. Under a token budget the
+    decision zooms the best spans first, so their order is what answering depends on."""
+    L, Hkv, G, Tq, N = z.shape
+    steps = answer_steps(Tq, ex.answer_len, z.device)
+    best = torch.stack([step_decisions(z[i], steps, doc.memory.lengths, 1)[0] for i in range(L)])
+    mass = step_mass(ex, z.shape, z.device)  # (L, Hkv, P, N)
+    total = mass.sum(-1)
+    counted = total >= MINE_MASS * G  # decisions whose heads reach far back
+    if not counted.any():
+        return z.sum() * 0
+    target = mass[counted] / total[counted][:, None]
+    logp = best[counted].log_softmax(-1)
+    return (target * (target.clamp(min=1e-12).log() - logp)).sum(-1).mean()
 
 
 def rank_losses(net: ZoomNet, doc: PreparedDoc, sample: int = 512) -> tuple[torch.Tensor, ...]:
@@ -305,7 +342,7 @@ def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: Tr
     the targets of the step's mined positions over the group's heads)."""
     out = {}
     for share in s.eval_shares:
-        kl, hits, wanted = 0.0, 0, 0
+        kl, hits, wanted, covered, mass_total = 0.0, 0, 0, 0.0, 0.0
         for ex in held:
             doc = docs[ex.doc]
             budget = budget_tokens(doc, share)
@@ -325,9 +362,14 @@ def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: Tr
             want = per_step.scatter_reduce(2, index, want.float(), "amax") > 0
             hits += int((decision & want).sum())
             wanted += int(want.sum())
+            mass = step_mass(ex, z.shape, z.device)
+            covered += float((mass * decision).sum())
+            mass_total += float(mass.sum())
         n = max(len(held), 1)
         out[f"kl@{share}"] = round(kl / n, 4)
         out[f"target_recall@{share}"] = round(hits / max(wanted, 1), 4)
+        # share of the teacher's attention on spans that the zoom decisions cover
+        out[f"mass_recall@{share}"] = round(covered / max(mass_total, 1e-12), 4)
     return out
 
 
