@@ -10,6 +10,35 @@ Step = Callable[[torch.Tensor], torch.Tensor]
 """Feeds token ids (1, T) at the next positions; returns next-token logits (1, vocab)."""
 
 
+class PositionedStep:
+    """A :data:`Step` over ``cache`` whose tokens take the positions ``start``, ``start`` + 1, …
+
+    ``model_kwargs`` go to every forward call (a custom attention's inputs). ``fed`` counts the
+    tokens fed so far (the local window's length); ``last_position`` is the largest position used.
+    """
+
+    def __init__(self, model, cache, start: int, device, **model_kwargs) -> None:
+        self.model, self.cache, self.start, self.device = model, cache, start, device
+        self.model_kwargs = model_kwargs
+        self.fed = 0
+        self.last_position = start - 1
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=self.device)[None] + self.start + self.fed
+        out = self.model(
+            input_ids=ids.to(self.device),
+            position_ids=pos,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **self.model_kwargs,
+        )
+        self.fed += ids.shape[1]
+        self.last_position = int(pos[0, -1])
+        return out.logits[:, -1].float()
+
+
 def greedy(step: Step, prompt_ids: list[int], stop: set[int], max_new_tokens: int) -> Iterator[int]:
     """Yield greedily chosen token ids until a stop token or ``max_new_tokens``."""
     device_ids = torch.tensor([prompt_ids], dtype=torch.long)

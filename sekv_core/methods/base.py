@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..decode import PositionedStep
 from ..documents import Document
 from ..models import LoadedModel
 from ..prefill import Progress
@@ -42,6 +43,17 @@ class Method(ABC):
     """
 
     name: ClassVar[str]
+    step: PositionedStep | None = None  # the last answer's decoding step (methods that use one)
+
+    @property
+    def local_tokens(self) -> int:
+        """Question + answer tokens the last answer fed (its local window)."""
+        return self.step.fed if self.step is not None else 0
+
+    @property
+    def max_position(self) -> int:
+        """The largest RoPE position the last answer used."""
+        return self.step.last_position if self.step is not None else 0
 
     def __init__(
         self, loaded: LoadedModel, document: Document, context: Context, settings: MethodSettings

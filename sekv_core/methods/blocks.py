@@ -30,7 +30,7 @@ from transformers import AttentionInterface, DynamicCache
 
 from ..attention import attention_switch, mixed_attention
 from ..basis import BASIS_DTYPE
-from ..decode import greedy
+from ..decode import PositionedStep, greedy
 from ..errors import SekvError
 from ..models import LoadedModel
 from ..paths import sekv_home
@@ -198,7 +198,6 @@ class BlockRetrieval(Method):
     path: Path
     cache_hit: bool = False
     policy: BlockPolicy | None = None
-    local_tokens: int = 0
 
     def prepare(self, progress: Progress | None = None) -> None:
         settings = self.settings.extra.get("block_settings") or BlockSettings()
@@ -246,22 +245,9 @@ class BlockRetrieval(Method):
         memory.clear()
         local = DynamicCache(config=model.config)
         start = len(self.context)  # local tokens continue after the document's positions
-        self.local_tokens = 0
-
-        def step(ids: torch.Tensor) -> torch.Tensor:
-            pos = torch.arange(ids.shape[1], device=device)[None] + start + self.local_tokens
-            with torch.inference_mode():
-                out = model(
-                    input_ids=ids.to(device),
-                    position_ids=pos,
-                    cache=local,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    block_memory=memory,
-                    block_policy=policy,
-                )
-            self.local_tokens += ids.shape[1]
-            return out.logits[:, -1].float()
+        self.step = step = PositionedStep(
+            model, local, start, device, block_memory=memory, block_policy=policy
+        )
 
         with attention_switch(model, NAME):
             yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)

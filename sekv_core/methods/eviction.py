@@ -31,7 +31,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 
 from ..attention import attention_switch
-from ..decode import greedy
+from ..decode import PositionedStep, greedy
 from ..models import LoadedModel
 from ..prompt import stop_ids
 from .base import Method, MethodSettings, Progress
@@ -224,7 +224,6 @@ class EvictionMethod(Method):
     cache: DynamicCache | None = None
     kept: torch.Tensor | None = None  # (L, H_kv, k) context indices of the last compression
     kept_bytes: int = 0
-    local_tokens: int = 0
 
     @abstractmethod
     def keep(self, stats: AttentionStats) -> torch.Tensor:
@@ -267,20 +266,7 @@ class EvictionMethod(Method):
         truncate(self.cache, self.kept_tokens)  # every question starts from the kept context
         model, cache, device = self.loaded.model, self.cache, self.loaded.device
         start = len(self.context)  # new tokens continue after the document's positions
-        self.local_tokens = 0
-
-        @torch.inference_mode()
-        def step(ids: torch.Tensor) -> torch.Tensor:
-            pos = torch.arange(ids.shape[1], device=device)[None] + start + self.local_tokens
-            out = model(
-                input_ids=ids.to(device),
-                position_ids=pos,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            self.local_tokens += ids.shape[1]
-            return out.logits[:, -1].float()
+        self.step = step = PositionedStep(model, cache, start, device)
 
         try:
             yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
