@@ -47,6 +47,7 @@ from .signals import (
     StudentContext,
     TeacherTrace,
     answer_steps,
+    step_best,
     step_decisions,
 )
 
@@ -259,7 +260,7 @@ def losses(
     kl = kl_to_teacher(logits, ex)
     z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
     L, Hkv, G, Tq, N = z.shape
-    order = order_loss(z, ex, doc)
+    order = order_loss(z, ex)
     z = z.reshape(L, Hkv * G, Tq, N)
     mined, targets = zoom_targets(ex.mass.to(z.device), s.rho)
     if mined.any():
@@ -300,13 +301,13 @@ def step_mass(ex: Example, shape: tuple[int, ...], device) -> torch.Tensor:
     return out.index_add_(2, steps, mass)
 
 
-def order_loss(z: torch.Tensor, ex: Example, doc: PreparedDoc) -> torch.Tensor:
+def order_loss(z: torch.Tensor, ex: Example) -> torch.Tensor:
     """Listwise ranking loss of the decisions: per (layer, KV head, step), KL from the teacher's
     span-mass distribution to softmax of the decision's gate logits. Under a token budget the
     decision zooms the best spans first, so their order is what answering depends on."""
     L, Hkv, G, Tq, N = z.shape
     steps = answer_steps(Tq, ex.answer_len, z.device)
-    best = torch.stack([step_decisions(z[i], steps, doc.memory.lengths, 1)[0] for i in range(L)])
+    best = torch.stack([step_best(z[i], steps) for i in range(L)])  # (L, Hkv, P, N)
     mass = step_mass(ex, z.shape, z.device)  # (L, Hkv, P, N)
     total = mass.sum(-1)
     counted = total >= MINE_MASS * G  # decisions whose heads reach far back
