@@ -30,6 +30,7 @@ from transformers import AttentionInterface
 
 from .rope import rotate_half
 from .router import Router, select
+from .sketch import QueryMoments
 from .zoom import PREFILTER_KEEP, PREFILTER_SPANS, SpanMemory, ZoomTrace
 
 NAME = "sekv"
@@ -58,7 +59,8 @@ class LocalWindow:
 
     keys, values : (L, H_kv, W, D) the previous tokens (keys pre-RoPE); cos, sin : (W, D) RoPE
     tables of their positions. After the forward, ``captured`` holds per layer the chunk's
-    (post-RoPE keys, values), each (H_kv, Tq, D).
+    (post-RoPE keys, values), each (H_kv, Tq, D). ``moments``, when given, sums the chunk's
+    queries' second moments (the routing sketch's weighting).
     """
 
     keys: torch.Tensor
@@ -66,6 +68,7 @@ class LocalWindow:
     cos: torch.Tensor
     sin: torch.Tensor
     captured: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    moments: QueryMoments | None = None
 
     def extend(
         self, layer: int, key: torch.Tensor, value: torch.Tensor
@@ -165,6 +168,8 @@ def sekv_attention_forward(
     k_loc, v_loc = key[0], value[0]
     if sekv_window is not None:
         k_loc, v_loc = sekv_window.extend(layer, k_loc, v_loc)
+        if sekv_window.moments is not None:
+            sekv_window.moments.add(layer, query[0], Hkv)
     if sekv_memory is None or sekv_policy is None:
         empty = q.new_zeros(Hkv, 0, D)
         bias = q.new_zeros(Hkv, 0)

@@ -77,44 +77,6 @@ def summarize(
     return summary_k, summary_v
 
 
-def key_sketch(keys: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routing sketch: every span key projected on its head's top ``dim`` principal directions.
-
-    keys : (L, H, S, D) span-token keys. Returns the projection (L, H, D, dim) (uncentred: the
-    mean direction of keys matters for logits) and the sketch (L, H, S, dim), so that
-    q . k ~= (q P) . (k P) for the spans' keys.
-    """
-    _, vecs = torch.linalg.eigh(keys.transpose(-1, -2) @ keys)  # (L, H, D, D) ascending
-    proj = vecs[..., -dim:].flip(-1)  # (L, H, D, dim)
-    return proj, keys @ proj
-
-
-def quantize_sketch(sketch: torch.Tensor, bits: int = 4) -> dict[str, torch.Tensor]:
-    """Quantise the sketch (L, H, S, R) with one fp16 scale per (layer, head, dim).
-
-    bits = 8: int8 values. bits = 4: values in [-7, 7] packed two per byte (uint8, last dim R/2).
-    """
-    levels = 2 ** (bits - 1) - 1
-    scale = sketch.abs().amax(dim=2).clamp(min=1e-6) / levels  # (L, H, R)
-    q = (sketch / scale[:, :, None]).round().clamp(-levels, levels)
-    if bits == 8:
-        packed = q.to(torch.int8)
-    elif bits == 4:
-        u = (q + 8).to(torch.uint8)  # 1..15
-        packed = u[..., 0::2] | (u[..., 1::2] << 4)  # (L, H, S, R/2)
-    else:
-        raise ValueError(f"sketch bits must be 4 or 8, not {bits}")
-    return {"sketch": packed, "sketch_scale": scale.to(BASIS_DTYPE)}
-
-
-def dequantize_sketch(packed: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """(..., S, R) values of a quantised sketch (without the scale), in ``dtype``."""
-    if packed.dtype == torch.int8:
-        return packed.to(dtype)
-    low, high = packed & 15, packed >> 4
-    return torch.stack([low, high], dim=-1).flatten(-2)[..., :dim].to(dtype) - 8
-
-
 def factorize(blocks: torch.Tensor, lengths: torch.Tensor, energy: float) -> PackedBasis:
     """Adaptive-rank SVD of padded span blocks (L, H, N, M, D); see the module docstring."""
     L, H, N, M, D = blocks.shape

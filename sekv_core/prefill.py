@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .sketch import QueryMoments
 
 Progress = Callable[[int, int], None]
 """progress(done_tokens, total_tokens) during context prefill."""
@@ -19,11 +23,26 @@ class Prefill:
 
     keys, values : (L, H_kv, T, D) tensors on CPU (post-RoPE keys, at original positions)
     surprisal : (T,) float32, -log p(x_t | x_<t) in nats (0 for the first token)
+    query_moment : (L, H_kv, D, D) mean q q^T of each KV head group's queries (the sketch's
+    weighting, see :mod:`sekv_core.sketch`)
     """
 
     keys: torch.Tensor
     values: torch.Tensor
     surprisal: np.ndarray
+    query_moment: torch.Tensor | None = None
+
+
+MOMENTS = "sekv_moments"  # attention implementation: sdpa that also records query moments
+
+
+def _attention_with_moments(module, query, key, value, attention_mask, **kwargs):
+    kwargs.pop(MOMENTS).add(module.layer_idx, query[0], key.shape[1])
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+AttentionInterface.register(MOMENTS, _attention_with_moments)
+AttentionMaskInterface.register(MOMENTS, sdpa_mask)  # (custom names get no mask: wrong causality)
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -37,28 +56,34 @@ def prefill(model, ids: list[int], chunk: int = 512, progress: Progress | None =
     """Run ``ids`` through ``model`` in chunks of ``chunk`` tokens.
 
     Only one chunk's logits ([chunk, vocab]) exist at a time: the log-probability of each
-    realised next token is gathered chunk by chunk.
+    realised next token is gathered chunk by chunk. The queries' second moments are summed on
+    the way (attention runs as sdpa).
     """
+    from .attention import attention_switch  # (attention -> zoom -> store -> prefill)
+
+    moments = QueryMoments()
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     surprisal = np.zeros(len(ids), dtype=np.float32)
     token_ids = torch.tensor(ids, device=device)
     prev_logits = None  # (vocab,) logits of the last token of the previous chunk
-    for start in range(0, len(ids), chunk):
-        piece = token_ids[start : start + chunk]
-        logits = model(input_ids=piece[None], cache=cache, use_cache=True).logits[0]  # (c, V)
-        if prev_logits is not None:
-            logits = torch.cat([prev_logits[None], logits])  # predicts piece[0] first
-            targets = piece
-            offset = start
-        else:
-            targets = piece[1:]
-            offset = 1
-        nll = token_nll(logits[: len(targets)], targets)  # (c,)
-        surprisal[offset : offset + len(targets)] = nll.cpu().numpy()
-        prev_logits = logits[-1]
-        if progress:
-            progress(min(start + chunk, len(ids)), len(ids))
+    with attention_switch(model, MOMENTS):
+        for start in range(0, len(ids), chunk):
+            piece = token_ids[start : start + chunk]
+            out = model(input_ids=piece[None], cache=cache, use_cache=True, sekv_moments=moments)
+            logits = out.logits[0]  # (c, V)
+            if prev_logits is not None:
+                logits = torch.cat([prev_logits[None], logits])  # predicts piece[0] first
+                targets = piece
+                offset = start
+            else:
+                targets = piece[1:]
+                offset = 1
+            nll = token_nll(logits[: len(targets)], targets)  # (c,)
+            surprisal[offset : offset + len(targets)] = nll.cpu().numpy()
+            prev_logits = logits[-1]
+            if progress:
+                progress(min(start + chunk, len(ids)), len(ids))
     keys = torch.stack([layer.keys[0] for layer in cache.layers]).cpu()  # (L, H, T, D)
     values = torch.stack([layer.values[0] for layer in cache.layers]).cpu()
-    return Prefill(keys, values, surprisal)
+    return Prefill(keys, values, surprisal, moments.moment())

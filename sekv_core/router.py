@@ -7,8 +7,8 @@ whose best token would weigh e^-margin of the best one is not worth its reconstr
 
 Routers (training-free; a trained router plugs in through the same ``scores`` method):
 
-- ``sketch`` (default): each span key projected on its head's top principal directions (32 dims,
-  4-bit, resident); a span scores its max approximate logit.
+- ``sketch`` (default): each span key reduced to a few numbers (16 dims, 4-bit, resident; see
+  :mod:`sekv_core.sketch`); a span scores its max estimated logit.
 - ``summary``: query . span summary + log|S| (the paper's coarse score; routes poorly untrained).
 - ``oracle``: the exact max logit over the span's reconstructed keys (a diagnostic: it reads every
   span's basis, so it saves nothing).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from .basis import dequantize_sketch
+from .sketch import sketch_logits
 
 if TYPE_CHECKING:
     from .zoom import SpanMemory
@@ -52,11 +52,7 @@ class SketchRouter:
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
-        proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
-        scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]  # (H, 1, 1, R)
-        qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * scale
-        sketch = dequantize_sketch(memory.sketch[layer], proj.shape[-1], q.dtype)  # (H, S, R)
-        logits = torch.einsum("hgtr,hsr->hgts", qs, sketch)  # (H, G, Tq, S)
+        logits = sketch_logits(memory, layer, q)  # (H, G, Tq, S)
         best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
         return segment_max(best, memory.sketch_span, memory.n_spans)
 

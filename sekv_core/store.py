@@ -37,14 +37,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .basis import (
-    BASIS_DTYPE,
-    factorize,
-    gather_spans,
-    key_sketch,
-    quantize_sketch,
-    summarize,
-)
+from .basis import BASIS_DTYPE, factorize, gather_spans, summarize
 from .documents import Document, token_pages
 from .errors import SekvError
 from .models import LoadedModel
@@ -53,9 +46,10 @@ from .prefill import Progress, prefill
 from .prompt import Context
 from .rope import Rope
 from .segment import ANCHOR, SINK, SPAN, SegmentSettings, segment
+from .sketch import quantize_sketch, sketch_basis
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 2  # 2: positions (original | bounded), sketch bounds, streamed books
+FORMAT_VERSION = 3  # 2: positions (original | bounded), streamed books; 3: query-weighted sketch
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 ANSWER_RESERVE = 32  # tokens kept free for the question and the start of an answer
 
@@ -87,7 +81,7 @@ class StoreSettings:
     # needle's digits (0.9: 0/4, 0.95: 1/4, 0.99: 4/4 at budget 256), values tolerate 0.95
     key_energy: float = 0.99
     value_energy: float = 0.95
-    sketch_dim: int = 32  # routing sketch: span keys on their top principal directions
+    sketch_dim: int = 16  # routing sketch dims per span token (see sekv_core.sketch)
     sketch_bits: int = 4  # its quantisation (4: two values per byte; 8: int8)
     prefill_chunk: int = 512
     stream: StreamSettings = field(default_factory=StreamSettings)
@@ -291,7 +285,7 @@ def load_store(
     device = loaded.device
     # the resident tier stays in half precision on the device (fp32 models compute on copies)
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else BASIS_DTYPE
-    for name in ("fixed_k", "fixed_v", "sketch_proj", "sketch_scale"):
+    for name in ("fixed_k", "fixed_v", "sketch_proj", "sketch_mean", "sketch_scale"):
         resident[name] = resident[name].to(device=device, dtype=dtype)
     for name in ("summary_k", "summary_v"):  # SpanMemory places them when an answer reads them
         resident[name] = resident[name].to(dtype=dtype)
@@ -330,7 +324,9 @@ def build_store(
     summary_k = rope.rotate(summary_pre, (starts + ends - 1) // 2)  # at each span's centre
     span_tokens = torch.from_numpy(np.flatnonzero(seg.roles == SPAN))  # spans in order
     with one_thread():
-        sketch_proj, sketch = key_sketch(keys[:, :, span_tokens], settings.sketch_dim)
+        span_keys = keys[:, :, span_tokens]
+        basis = sketch_basis(span_keys, pre.query_moment, settings.sketch_dim)
+        sketch = basis.project(span_keys)
     timings["segment_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -348,7 +344,8 @@ def build_store(
         "span_ends": ends,
         "summary_k": summary_k.to(BASIS_DTYPE),
         "summary_v": summary_v.to(BASIS_DTYPE),
-        "sketch_proj": sketch_proj.to(BASIS_DTYPE),
+        "sketch_proj": basis.query_proj.to(BASIS_DTYPE),
+        "sketch_mean": basis.mean.to(BASIS_DTYPE),
         **quantized,
         "span_reps": span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], lengths),
         **kb.tables("k"),

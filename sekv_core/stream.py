@@ -47,16 +47,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .attention import LocalWindow, ZoomPolicy, sekv_attention
-from .basis import (
-    BASIS_DTYPE,
-    PackedBasis,
-    dequantize_sketch,
-    factorize,
-    gather_spans,
-    key_sketch,
-    quantize_sketch,
-    summarize,
-)
+from .basis import BASIS_DTYPE, PackedBasis, factorize, gather_spans, summarize
 from .documents import Document
 from .errors import SekvError
 from .models import LoadedModel
@@ -65,6 +56,13 @@ from .prompt import Context
 from .rope import Rope
 from .router import SketchRouter
 from .segment import ANCHOR, SINK, SPAN, Segmentation, _forced_cut
+from .sketch import (
+    QueryMoments,
+    SketchBasis,
+    dequantize_sketch,
+    quantize_sketch,
+    sketch_basis,
+)
 from .store import (
     StoreSettings,
     _nbytes,
@@ -92,7 +90,7 @@ TABLES = tuple(f"{kind}_{t}" for kind in "kv" for t in ("rank", "raw", "coef_off
 # what a resumed build reads back from each part (not the bases, summaries or anchors' K/V)
 REPLAYED = (*TABLES, "span_starts", "span_ends", "span_reps", "sketch", "sketch_scale")
 REPLAYED += ("anchor_pos",)
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: query-weighted sketch (query moments, basis)
 
 
 def span_cuts(
@@ -247,7 +245,8 @@ class StreamBuilder:
         self.surprisal = np.zeros(self.T, dtype=np.float32)
         self.roles = np.full(self.T, SPAN, dtype=np.int8)
         self.roles[: self.n_sinks] = SINK
-        self.sketch_proj: torch.Tensor | None = None  # (L, H, D, R), fixed at the first commit
+        self.sketch_basis: SketchBasis | None = None  # fixed at the first commit
+        self.moments = QueryMoments()  # the queries seen until then (the sketch's weighting)
         self.sketch_scale: torch.Tensor | None = None  # (L, H, R) float32, grows rarely
         self.grow = {name: Grow(2) for name in ("sketch", *TABLES)}
         self.grow.update(span_starts=Grow(0), span_ends=Grow(0), span_reps=Grow(0))
@@ -327,7 +326,8 @@ class StreamBuilder:
         like = torch.zeros(1, device=self.device, dtype=self.dtype)
         waiting = torch.arange(self.commit_end, max(a, self.commit_end)) - shift  # none at first
         cos, sin = self.rope.tables(waiting, like)
-        window = LocalWindow(self.pending_k, self.pending_v, cos, sin)
+        moments = self.moments if self.sketch_basis is None else None
+        window = LocalWindow(self.pending_k, self.pending_v, cos, sin, moments=moments)
         memory, policy = None, None
         if a > 0:
             memory = self.memory
@@ -390,6 +390,7 @@ class StreamBuilder:
             summary_k=empty,
             summary_v=empty,
             sketch_proj=torch.zeros(L, H, D, R, dtype=keep, device=dev),
+            sketch_mean=torch.zeros(L, H, D, dtype=keep, device=dev),
             sketch=torch.zeros(L, H, 0, R // 2 if bits == 4 else R, dtype=_sketch_dtype(bits)),
             sketch_scale=torch.ones(L, H, R, dtype=keep, device=dev),
             span_starts=torch.zeros(0, dtype=torch.int64),
@@ -400,8 +401,14 @@ class StreamBuilder:
         self.store.resident["sketch"] = self.store.resident["sketch"].to(dev)
         self.memory = SpanMemory(self.store, self.rope, dev, self.dtype)
         self.memory.clear(capacity=self.budget * H)
-        if self.sketch_proj is not None:
-            self.store.resident["sketch_proj"] = self.sketch_proj.to(dev, keep)
+        if self.sketch_basis is not None:
+            self._place_sketch_basis()
+
+    def _place_sketch_basis(self) -> None:
+        """The sketch's query side on the device (routers read it from the resident tier)."""
+        b, dev, keep = self.sketch_basis, self.device, self.keep
+        self.store.resident["sketch_proj"] = b.query_proj.to(dev, keep)
+        self.store.resident["sketch_mean"] = b.mean.to(dev, keep)
 
     def _commit(self, final: bool) -> None:
         """Commit the complete spans older than the window (all tokens when ``final``), part by
@@ -422,13 +429,14 @@ class StreamBuilder:
         if found is None:
             return False
         spans, chosen, end = found
-        if self.sketch_proj is None:  # the sketch's principal directions, from what waits
+        if self.sketch_basis is None:  # the sketch's directions, from what waits
             whole = self._segment(final, limit) if final else None  # final: all span tokens
             rows = _rows(whole[0], c) if whole else torch.arange(b - c)
             keys = self._frame(self.pending_k[:, :, rows].float().cpu(), c, rows + c)
             with one_thread():
-                self.sketch_proj, _ = key_sketch(keys, self.settings.sketch_dim)
-            self.store.resident["sketch_proj"] = self.sketch_proj.to(self.device, self.keep)
+                moment = self.moments.moment()
+                self.sketch_basis = sketch_basis(keys, moment, self.settings.sketch_dim)
+            self._place_sketch_basis()
         self.roles[c:end] = SPAN
         self.roles[chosen] = ANCHOR
         part = self._part(c, end, spans, chosen)
@@ -483,7 +491,7 @@ class StreamBuilder:
             summary_k = self.rope.rotate(summary_k, (starts + ends - 1) // 2)
         rows = _rows(spans, c)
         span_keys = framed[:, :, rows]  # (L, H, S, D)
-        quantized = quantize_sketch(span_keys @ self.sketch_proj, s.sketch_bits)
+        quantized = quantize_sketch(self.sketch_basis.project(span_keys), s.sketch_bits)
         span_h = torch.from_numpy(self.surprisal[c:end].copy())[rows]  # part-local sketch rows
         with one_thread():
             kb = _factorize(k_blocks, lengths, s.key_energy)
@@ -568,8 +576,11 @@ class StreamBuilder:
             "surprisal": torch.from_numpy(self.surprisal),
             "roles": torch.from_numpy(self.roles),
         }
-        if self.sketch_proj is not None:
-            tensors["sketch_proj"] = self.sketch_proj
+        if self.sketch_basis is not None:
+            b = self.sketch_basis
+            tensors.update(sketch_query=b.query_proj, sketch_key=b.key_proj, sketch_mean=b.mean)
+        else:
+            tensors.update(self.moments.state())
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(self.work / name))
         state = {
             "version": STATE_VERSION,
@@ -620,7 +631,11 @@ class StreamBuilder:
         self.sink_v = tensors["sink_v"].to(self.device)
         self.surprisal = tensors["surprisal"].numpy().copy()
         self.roles = tensors["roles"].numpy().copy()
-        self.sketch_proj = tensors.get("sketch_proj")
+        if "sketch_query" in tensors:
+            t = tensors
+            self.sketch_basis = SketchBasis(t["sketch_query"], t["sketch_key"], t["sketch_mean"])
+        else:
+            self.moments = QueryMoments.from_state(tensors)
         if self.next > 0:
             self._start_memory()
         for meta in state["parts"]:
@@ -659,6 +674,7 @@ class StreamBuilder:
             "summary_k": torch.cat([empty, *pieces["summary_k"]], 2),
             "summary_v": torch.cat([empty, *pieces["summary_v"]], 2),
             "sketch_proj": self.store.resident["sketch_proj"].cpu().to(BASIS_DTYPE),
+            "sketch_mean": self.store.resident["sketch_mean"].cpu().to(BASIS_DTYPE),
             "sketch_scale": self.store.resident["sketch_scale"].cpu().to(BASIS_DTYPE),
             **r,
         }

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .basis import BASIS_DTYPE, dequantize_sketch
+from .basis import BASIS_DTYPE
 from .rope import Rope, rotate_half
+from .sketch import sketch_logits
 from .store import SpanStore
 
 CACHE_DTYPE = BASIS_DTYPE  # reconstructions wait between steps in half precision
@@ -77,6 +78,7 @@ class SpanMemory:
             pos = torch.where(pos < self.n_sinks, pos, torch.zeros_like(pos))
             self.fixed_k = rope.rotate(self.fixed_k.to(dtype), pos).to(self.fixed_v.dtype)
         self.sketch_proj, self.sketch = r["sketch_proj"], r["sketch"]  # (L,H,D,R) (L,H,S,R)
+        self.sketch_mean = r["sketch_mean"]  # (L, H, D): see sekv_core.sketch
         self.sketch_scale = r["sketch_scale"]  # (L, H, R)
         self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
         self.lengths = (self.ends - self.starts).to(device)
@@ -133,6 +135,7 @@ class SpanMemory:
             self.fixed_v,
             *self._device_summaries.values(),
             self.sketch_proj,
+            self.sketch_mean,
             self.sketch,
             self.sketch_scale,
             self.lengths,
@@ -350,13 +353,9 @@ class SpanMemory:
     def representative_scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """(H, N) sketch logit (unscaled) of each span's best representative token for queries
         ``q`` (H, G, Tq, D): the exact sketch score restricted to a few rows per span."""
-        H, G, Tq, _ = q.shape
-        proj = self.sketch_proj[layer].to(q.dtype)  # (H, D, R)
-        scale = self.sketch_scale[layer].to(q.dtype)[:, None]  # (H, 1, R)
-        qs = torch.einsum("hgtd,hdr->hgtr", q, proj).reshape(H, G * Tq, -1) * scale
+        H = q.shape[0]
         rows = self.span_reps.flatten()  # (N * k,)
-        sketch = dequantize_sketch(self.sketch[layer][:, rows], proj.shape[-1], q.dtype)
-        best = (qs @ sketch.transpose(1, 2)).amax(dim=1)  # (H, N * k)
+        best = sketch_logits(self, layer, q, rows).amax(dim=(1, 2))  # (H, N * k)
         return best.view(H, self.n_spans, -1).amax(dim=-1)
 
     def candidates(
@@ -422,6 +421,7 @@ class SpanSubset:
         self.rows = first[index][local] + within  # (S_k,) sketch rows of the subset's tokens
         self.sketch_span = local
         self.sketch_proj, self.sketch_scale = memory.sketch_proj, memory.sketch_scale
+        self.sketch_mean = memory.sketch_mean
         self.sketch = _OneLayer(layer, memory.sketch[layer][:, self.rows])
         self.layer = layer
 

@@ -32,8 +32,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .basis import dequantize_sketch
 from .errors import SekvError
+from .sketch import sketch_logits
 
 FORMAT = "sekv-zoom-router"
 FORMAT_VERSION = 1
@@ -155,11 +155,7 @@ class ZoomNet(nn.Module):
 
 def span_max_logits(memory, layer: int, q: torch.Tensor, scaling: float) -> torch.Tensor:
     """Sketch estimate of each span's max logit per query head and query: (Hkv, G, Tq, N)."""
-    proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
-    scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]
-    qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * scale
-    sketch = dequantize_sketch(memory.sketch[layer], proj.shape[-1], q.dtype)  # (H, S, R)
-    logits = torch.einsum("hgtr,hsr->hgts", qs, sketch) * scaling  # (H, G, Tq, S)
+    logits = sketch_logits(memory, layer, q) * scaling  # (H, G, Tq, S)
     flat = logits.reshape(-1, logits.shape[-1])
     out = flat.new_full((flat.shape[0], memory.n_spans), float("-inf"))
     index = memory.sketch_span[None].expand_as(flat)

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from sekv_core.documents import load_document
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
-from sekv_core.store import FILES, StoreSettings, load_store, open_or_build
+from sekv_core.store import FILES, FORMAT_VERSION, StoreSettings, load_store, open_or_build
 
 TEXT = "\n\n".join(
     f"Section {i}. The {w} vault on floor {i % 9} holds crate {i * 37 % 101} of copper."
@@ -114,7 +114,10 @@ def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv
     document = load_document(doc)
     ctx = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
     store, hit = open_or_build(loaded, document, ctx)
-    assert not hit and json.loads((store.path / "manifest.json").read_text())["version"] == 2
+    assert (
+        not hit
+        and json.loads((store.path / "manifest.json").read_text())["version"] == FORMAT_VERSION
+    )
 
 
 def test_interrupted_write_cleans_up(tiny_loaded, tmp_path, sekv_home, monkeypatch):

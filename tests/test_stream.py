@@ -18,7 +18,6 @@ from safetensors.torch import load_file
 
 import sekv_core.stream as stream_mod
 from sekv_core.attention import ZoomPolicy, sekv_attention
-from sekv_core.basis import dequantize_sketch
 from sekv_core.documents import Document, token_pages
 from sekv_core.engine import Session
 from sekv_core.errors import SekvError
@@ -27,6 +26,7 @@ from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.router import ROUTERS, SketchRouter
 from sekv_core.segment import ANCHOR, SINK, SPAN, SegmentSettings
+from sekv_core.sketch import dequantize_sketch
 from sekv_core.store import FILES, StoreSettings, StreamSettings, open_or_build
 
 WINDOW = 512

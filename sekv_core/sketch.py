@@ -1,0 +1,147 @@
+"""Routing sketch: a few numbers per span token that estimate the token's attention logits.
+
+Routers need, for every span, the largest logit any current query gives one of its tokens. The
+sketch keeps R numbers per span token and KV head (4-bit) and estimates
+
+    q . k  =  q . mu  +  q . (k - mu)  ~=  q . mu  +  (q A) . ((k - mu) B)
+
+with mu the head's mean span key (an exact term: it shifts every token's logit for a query by the
+same amount, but it decides which *query* gives a span its best logit). A and B (D x R) come from
+the document's own statistics. With Q the second moment of the head group's queries over the
+context, W = Q^1/2 and C the centred key second moment, the mean squared error of the estimate
+over those queries and keys is smallest for B = W U, A = W^-1 U, U the top R eigenvectors of
+W C W: the directions that carry the logit's variance, not the keys' (a key direction the queries
+never read costs nothing to drop). Without query statistics W = I: plain centred key PCA.
+
+Measured on the default model (share of the best attainable span attention mass that the top
+spans by estimated logit hold, under a 5% / 10% token budget, 18 sample-document questions and
+2 needles, the question and 6 answer steps each): uncentred key PCA, 32 dims: 0.77 / 0.83;
+centred PCA 16 dims: 0.68 / 0.77; query-weighted 16 dims: 0.81 / 0.86; 8 dims: 0.75 / 0.82;
+32 dims: 0.85 / 0.89; the exact max logit (oracle): 0.90 / 0.92.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .basis import BASIS_DTYPE
+
+RIDGE = 1e-4  # query directions below this share of the strongest one are floored (invertible W)
+
+
+class QueryMoments:
+    """Running second moment of the queries of each (layer, KV head group): sum of q q^T."""
+
+    def __init__(self) -> None:
+        self.sums: dict[int, torch.Tensor] = {}
+        self.counts: dict[int, int] = {}
+
+    def add(self, layer: int, query: torch.Tensor, num_kv_heads: int) -> None:
+        """query: (Hq, T, D) or (1, Hq, T, D) queries of one layer (post-RoPE)."""
+        q = query.reshape(-1, *query.shape[-2:]).float()  # (Hq, T, D)
+        flat = q.reshape(num_kv_heads, -1, q.shape[-1])  # (Hkv, G * T, D), groups contiguous
+        moment = flat.transpose(1, 2) @ flat  # (Hkv, D, D)
+        if layer in self.sums:
+            self.sums[layer] += moment.cpu()
+            self.counts[layer] += flat.shape[1]
+        else:
+            self.sums[layer], self.counts[layer] = moment.cpu(), flat.shape[1]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Tensors to checkpoint (an empty dict before any query)."""
+        if not self.sums:
+            return {}
+        layers = sorted(self.sums)
+        return {
+            "query_moment_sum": torch.stack([self.sums[i] for i in layers]),
+            "query_moment_count": torch.tensor([self.counts[i] for i in layers]),
+        }
+
+    @classmethod
+    def from_state(cls, tensors: dict[str, torch.Tensor]) -> QueryMoments:
+        out = cls()
+        if "query_moment_sum" in tensors:
+            sums, counts = tensors["query_moment_sum"], tensors["query_moment_count"]
+            out.sums = {i: sums[i].clone() for i in range(sums.shape[0])}
+            out.counts = {i: int(counts[i]) for i in range(sums.shape[0])}
+        return out
+
+    def moment(self) -> torch.Tensor | None:
+        """(L, Hkv, D, D) mean q q^T, or None before any query was seen."""
+        if not self.sums:
+            return None
+        return torch.stack([self.sums[i] / self.counts[i] for i in sorted(self.sums)])
+
+
+@dataclass
+class SketchBasis:
+    """query_proj A, key_proj B (L, H, D, R) and the mean span key mu (L, H, D)."""
+
+    query_proj: torch.Tensor
+    key_proj: torch.Tensor
+    mean: torch.Tensor
+
+    def project(self, keys: torch.Tensor) -> torch.Tensor:
+        """Sketch rows (L, H, S, R) of keys (L, H, S, D) (before quantisation)."""
+        return (keys - self.mean[:, :, None]) @ self.key_proj
+
+
+def sketch_basis(keys: torch.Tensor, query_moment: torch.Tensor | None, dim: int) -> SketchBasis:
+    """The sketch's projections for span keys (L, H, S, D), given the queries' second moment
+    (L, H, D, D) (None: centred key PCA)."""
+    keys = keys.float()
+    mean = keys.mean(dim=2) if keys.shape[2] else keys.new_zeros(*keys.shape[:2], keys.shape[3])
+    centred = keys - mean[:, :, None]
+    cov = centred.transpose(-1, -2) @ centred  # (L, H, D, D)
+    if query_moment is None:
+        _, vecs = torch.linalg.eigh(cov)
+        top = vecs[..., -dim:].flip(-1)
+        return SketchBasis(top, top, mean)
+    vals, vecs = torch.linalg.eigh(query_moment.float())
+    vals = vals.clamp(min=1e-12).maximum(vals[..., -1:] * RIDGE)
+    w = vecs @ torch.diag_embed(vals.sqrt()) @ vecs.transpose(-1, -2)  # Q^1/2 (symmetric)
+    w_inv = vecs @ torch.diag_embed(vals.rsqrt()) @ vecs.transpose(-1, -2)
+    _, u = torch.linalg.eigh(w @ cov @ w)
+    top = u[..., -dim:].flip(-1)  # (L, H, D, R), strongest direction first
+    return SketchBasis(w_inv @ top, w @ top, mean)
+
+
+def quantize_sketch(sketch: torch.Tensor, bits: int = 4) -> dict[str, torch.Tensor]:
+    """Quantise the sketch (L, H, S, R) with one fp16 scale per (layer, head, dim).
+
+    bits = 8: int8 values. bits = 4: values in [-7, 7] packed two per byte (uint8, last dim R/2).
+    """
+    levels = 2 ** (bits - 1) - 1
+    scale = sketch.abs().amax(dim=2).clamp(min=1e-6) / levels  # (L, H, R)
+    q = (sketch / scale[:, :, None]).round().clamp(-levels, levels)
+    if bits == 8:
+        packed = q.to(torch.int8)
+    elif bits == 4:
+        u = (q + 8).to(torch.uint8)  # 1..15
+        packed = u[..., 0::2] | (u[..., 1::2] << 4)  # (L, H, S, R/2)
+    else:
+        raise ValueError(f"sketch bits must be 4 or 8, not {bits}")
+    return {"sketch": packed, "sketch_scale": scale.to(BASIS_DTYPE)}
+
+
+def dequantize_sketch(packed: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """(..., S, R) values of a quantised sketch (without the scale), in ``dtype``."""
+    if packed.dtype == torch.int8:
+        return packed.to(dtype)
+    low, high = packed & 15, packed >> 4
+    return torch.stack([low, high], dim=-1).flatten(-2)[..., :dim].to(dtype) - 8
+
+
+def sketch_logits(memory, layer: int, q: torch.Tensor, rows: torch.Tensor | None = None):
+    """Estimated logits (unscaled) (H, G, Tq, S) of queries ``q`` (H, G, Tq, D) for the sketch
+    rows of ``layer`` (``rows``: a subset of them). ``memory`` holds ``sketch``,
+    ``sketch_proj``, ``sketch_scale`` and ``sketch_mean`` per layer."""
+    proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
+    scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]  # (H, 1, 1, R)
+    qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * scale
+    packed = memory.sketch[layer] if rows is None else memory.sketch[layer][:, rows]
+    sketch = dequantize_sketch(packed, proj.shape[-1], q.dtype)  # (H, S, R)
+    offset = torch.einsum("hgtd,hd->hgt", q, memory.sketch_mean[layer].to(q.dtype))
+    return torch.einsum("hgtr,hsr->hgts", qs, sketch) + offset[..., None]
