@@ -104,6 +104,65 @@ def suite(
     typer.echo((out / "results.md").read_text(), nl=False)
 
 
+@bench_app.command("fidelity")
+@handle_errors
+def fidelity(
+    methods: str = typer.Option("sekv,sekv-trained", help="Methods, comma-separated (not full)."),
+    tasks: str = typer.Option("needle,multikey,qa", help="Tasks, comma-separated."),
+    lengths: str = typer.Option("2000,4000", help="Target lengths in tokens (generated tasks)."),
+    depths: str = typer.Option("0.25,0.75", help="Depths (0..1) of the asked fact."),
+    budgets: str = typer.Option(
+        "0.1,0.15,0.2", help="Resident-memory targets as shares of the fp16 full KV cache."
+    ),
+    seeds: str = typer.Option("1", help="Seeds of the generated samples, comma-separated."),
+    answer_tokens: int = typer.Option(24, min=1, help="Reference answer length cap, in tokens."),
+    router: str = typer.Option(
+        "auto", help="sekv-trained's router: auto (the one trained for the model) or a file."
+    ),
+    model: str | None = MODEL_OPTION,
+    out: Path = typer.Option(Path("sekv-fidelity"), help="Directory for the results."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Fidelity to full KV: top-1 agreement and KL along full KV's own answers."""
+    from sekv_core.bench.fidelity import run_fidelity
+    from sekv_core.bench.suite import SuiteConfig
+    from sekv_core.methods import MethodSettings
+
+    config = SuiteConfig(
+        methods=comma_list(methods, str, "--methods"),
+        tasks=comma_list(tasks, str, "--tasks"),
+        lengths=comma_list(lengths, int, "--lengths"),
+        depths=comma_list(depths, float, "--depths"),
+        budgets=comma_list(budgets, float, "--budgets"),
+        seeds=comma_list(seeds, int, "--seeds"),
+        max_new_tokens=answer_tokens,
+    )
+    config.check()
+    summary = run_fidelity(
+        load_model_quietly(model),
+        config,
+        out,
+        answer_tokens,
+        MethodSettings(),
+        trained_router=router,
+        on_row=lambda row: err.print(
+            f"{row['sample']} {config_name(row)}: {row['agree']}/{row['tokens']} tokens agree, "
+            f"resident {row['resident_ratio']:.1%}",
+            highlight=False,
+        ),
+    )
+    if json_out:
+        print_json(summary)
+        return
+    typer.echo((out / "fidelity.md").read_text(), nl=False)
+
+
+def config_name(row: dict) -> str:
+    from sekv_core.bench.suite import config_label
+
+    return config_label(row["method"], row["budget"])
+
+
 @bench_app.command("report")
 @handle_errors
 def report(

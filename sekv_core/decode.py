@@ -1,8 +1,16 @@
-"""Greedy decoding over a model step function (shared by every method)."""
+"""Greedy decoding over a model step function (shared by every method).
+
+Inside :func:`forced` every method's greedy loop feeds given answer tokens instead of its own
+choices (teacher forcing) and records each step's log-probabilities: the fidelity benchmark
+compares a method's next-token distributions with full KV's along full KV's own answer.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,16 +47,47 @@ class PositionedStep:
         return out.logits[:, -1].float()
 
 
+@dataclass
+class Forcing:
+    """Answer tokens to feed (None: the method's own greedy choices) and, per step, the
+    log-probabilities (vocab,) the method predicted (on the CPU)."""
+
+    tokens: list[int] | None = None
+    logprobs: list[torch.Tensor] = field(default_factory=list)
+
+
+_FORCING: ContextVar[Forcing | None] = ContextVar("sekv_forcing", default=None)
+
+
+@contextmanager
+def forced(tokens: list[int] | None = None) -> Iterator[Forcing]:
+    """Record every step's log-probabilities; with ``tokens``, feed them (teacher forcing)."""
+    forcing = Forcing(tokens)
+    handle = _FORCING.set(forcing)
+    try:
+        yield forcing
+    finally:
+        _FORCING.reset(handle)
+
+
 def greedy(step: Step, prompt_ids: list[int], stop: set[int], max_new_tokens: int) -> Iterator[int]:
-    """Yield greedily chosen token ids until a stop token or ``max_new_tokens``."""
+    """Yield greedily chosen token ids until a stop token or ``max_new_tokens`` (see
+    :func:`forced` for teacher forcing)."""
+    forcing = _FORCING.get()
+    given = forcing.tokens if forcing is not None else None
+    if given is not None:
+        max_new_tokens = min(max_new_tokens, len(given))
     device_ids = torch.tensor([prompt_ids], dtype=torch.long)
     logits = step(device_ids)
-    for _ in range(max_new_tokens):
-        token = int(logits[0].argmax())
-        if token in stop:
+    for i in range(max_new_tokens):
+        if forcing is not None:
+            forcing.logprobs.append(logits[0].float().log_softmax(-1).cpu())
+        token = given[i] if given is not None else int(logits[0].argmax())
+        if given is None and token in stop:
             return
         yield token
-        logits = step(torch.tensor([[token]], dtype=torch.long))
+        if i + 1 < max_new_tokens:
+            logits = step(torch.tensor([[token]], dtype=torch.long))
 
 
 class TextStream:

