@@ -31,6 +31,21 @@ def comma_list(value: str, cast: Callable, option: str) -> list:
         ) from None
 
 
+def suite_config(methods, tasks, lengths, depths, budgets, seeds, **extra):
+    """A SuiteConfig from the comma-separated options (names and ranges checked later)."""
+    from sekv_core.bench.suite import SuiteConfig
+
+    return SuiteConfig(
+        methods=comma_list(methods, str, "--methods"),
+        tasks=comma_list(tasks, str, "--tasks"),
+        lengths=comma_list(lengths, int, "--lengths"),
+        depths=comma_list(depths, float, "--depths"),
+        budgets=comma_list(budgets, float, "--budgets"),
+        seeds=comma_list(seeds, int, "--seeds"),
+        **extra,
+    )
+
+
 @bench_app.callback(invoke_without_command=True)
 @handle_errors
 def suite(
@@ -65,19 +80,13 @@ def suite(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from sekv_core.bench.suite import Suite, SuiteConfig
+    from sekv_core.bench.suite import Suite
     from sekv_core.methods import METHODS
 
-    config = SuiteConfig(
-        methods=comma_list(methods, str, "--methods") if methods else list(METHODS),
-        tasks=comma_list(tasks, str, "--tasks"),
-        lengths=comma_list(lengths, int, "--lengths"),
-        depths=comma_list(depths, float, "--depths"),
-        budgets=comma_list(budgets, float, "--budgets"),
-        seeds=comma_list(seeds, int, "--seeds"),
-        max_new_tokens=max_new_tokens,
-        recall=recall,
-    )
+    config = suite_config(
+        methods or ",".join(METHODS), tasks, lengths, depths, budgets, seeds,
+        max_new_tokens=max_new_tokens, recall=recall,
+    )  # fmt: skip
     config.check()  # names and ranges before the model loads; lengths against its window after
     bench = Suite(load_model_quietly(model), config, out)
     sessions = len(bench.samples) * len(bench.configs)
@@ -125,17 +134,10 @@ def fidelity(
 ) -> None:
     """Fidelity to full KV: top-1 agreement and KL along full KV's own answers."""
     from sekv_core.bench.fidelity import run_fidelity
-    from sekv_core.bench.suite import SuiteConfig
     from sekv_core.methods import MethodSettings
 
-    config = SuiteConfig(
-        methods=comma_list(methods, str, "--methods"),
-        tasks=comma_list(tasks, str, "--tasks"),
-        lengths=comma_list(lengths, int, "--lengths"),
-        depths=comma_list(depths, float, "--depths"),
-        budgets=comma_list(budgets, float, "--budgets"),
-        seeds=comma_list(seeds, int, "--seeds"),
-        max_new_tokens=answer_tokens,
+    config = suite_config(
+        methods, tasks, lengths, depths, budgets, seeds, max_new_tokens=answer_tokens
     )
     config.check()
     summary = run_fidelity(
