@@ -7,7 +7,7 @@ whose best token would weigh e^-margin of the best one is not worth its reconstr
 
 Routers (training-free; a trained router plugs in through the same ``scores`` method):
 
-- ``sketch`` (default): each span key reduced to a few numbers (16 dims, 4-bit, resident; see
+- ``sketch`` (default): each span key reduced to a few numbers (32 dims, 4-bit, resident; see
   :mod:`sekv_core.sketch`); a span scores its max estimated logit.
 - ``summary``: query . span summary + log|S| (the paper's coarse score; routes poorly untrained).
 - ``oracle``: the exact max logit over the span's reconstructed keys (a diagnostic: it reads every
