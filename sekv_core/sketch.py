@@ -34,7 +34,8 @@ RIDGE = 1e-4  # query directions below this share of the strongest one are floor
 
 
 class QueryMoments:
-    """Running second moment of the queries of each (layer, KV head group): sum of q q^T."""
+    """Running second moment of the queries of each (layer, KV head group): sum of q q^T (kept
+    on the queries' device; nothing is copied to the host until :meth:`moment` / :meth:`state`)."""
 
     def __init__(self) -> None:
         self.sums: dict[int, torch.Tensor] = {}
@@ -46,10 +47,10 @@ class QueryMoments:
         flat = q.reshape(num_kv_heads, -1, q.shape[-1])  # (Hkv, G * T, D), groups contiguous
         moment = flat.transpose(1, 2) @ flat  # (Hkv, D, D)
         if layer in self.sums:
-            self.sums[layer] += moment.cpu()
+            self.sums[layer] = self.sums[layer].to(moment.device) + moment  # (resumed: on host)
             self.counts[layer] += flat.shape[1]
         else:
-            self.sums[layer], self.counts[layer] = moment.cpu(), flat.shape[1]
+            self.sums[layer], self.counts[layer] = moment, flat.shape[1]
 
     def state(self) -> dict[str, torch.Tensor]:
         """Tensors to checkpoint (an empty dict before any query)."""
@@ -57,7 +58,7 @@ class QueryMoments:
             return {}
         layers = sorted(self.sums)
         return {
-            "query_moment_sum": torch.stack([self.sums[i] for i in layers]),
+            "query_moment_sum": torch.stack([self.sums[i] for i in layers]).cpu(),
             "query_moment_count": torch.tensor([self.counts[i] for i in layers]),
         }
 
@@ -74,7 +75,7 @@ class QueryMoments:
         """(L, Hkv, D, D) mean q q^T, or None before any query was seen."""
         if not self.sums:
             return None
-        return torch.stack([self.sums[i] / self.counts[i] for i in sorted(self.sums)])
+        return torch.stack([self.sums[i] / self.counts[i] for i in sorted(self.sums)]).cpu()
 
 
 @dataclass

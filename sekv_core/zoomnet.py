@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .errors import SekvError
+from .router import segment_max
 from .sketch import sketch_logits
 
 FORMAT = "sekv-zoom-router"
@@ -157,10 +158,7 @@ class ZoomNet(nn.Module):
 def span_max_logits(memory, layer: int, q: torch.Tensor, scaling: float) -> torch.Tensor:
     """Sketch estimate of each span's max logit per query head and query: (Hkv, G, Tq, N)."""
     logits = sketch_logits(memory, layer, q) * scaling  # (H, G, Tq, S)
-    flat = logits.reshape(-1, logits.shape[-1])
-    out = flat.new_full((flat.shape[0], memory.n_spans), float("-inf"))
-    index = memory.sketch_span[None].expand_as(flat)
-    out = out.scatter_reduce(1, index, flat, reduce="amax", include_self=True)
+    out = segment_max(logits.reshape(-1, logits.shape[-1]), memory.sketch_span, memory.n_spans)
     return out.view(*logits.shape[:-1], memory.n_spans)
 
 

@@ -409,10 +409,11 @@ def train(
     docs, examples, held = prepare(loaded, settings, log)
     if not examples:
         raise SekvError("no training examples were generated; raise --docs")
-    base = evaluate(loaded, ZoomNet(shape).to(loaded.device), docs, held, settings)
+    untrained = ZoomNet(shape).to(loaded.device)
+    base = evaluate(loaded, untrained, docs, held, settings)
     log(f"training-free start (held out): {base}")
     # model selection on the held-out documents: the training-free start is a candidate too
-    best = (held_out_score(base), 0, ZoomNet(shape).state_dict(), base)
+    best = (held_out_score(base), 0, untrained.state_dict(), base)
     order = random.Random(settings.seed)
     schedule = [
         i
