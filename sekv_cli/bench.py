@@ -68,6 +68,9 @@ def suite(
     recall: bool = typer.Option(
         False, "--recall", help="SeKV methods also report routing recall vs the oracle router."
     ),
+    router: str = typer.Option(
+        "auto", help="sekv-trained's router: auto (the one trained for the model) or a file."
+    ),
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
     json_out: bool = JSON_OPTION,
@@ -85,7 +88,7 @@ def suite(
 
     config = suite_config(
         methods or ",".join(METHODS), tasks, lengths, depths, budgets, seeds,
-        max_new_tokens=max_new_tokens, recall=recall,
+        max_new_tokens=max_new_tokens, recall=recall, trained_router=router,
     )  # fmt: skip
     config.check()  # names and ranges before the model loads; lengths against its window after
     bench = Suite(load_model_quietly(model), config, out)

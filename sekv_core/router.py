@@ -93,12 +93,10 @@ class TrainedRouter:
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
-        from .zoomnet import span_max_logits
+        from .zoomnet import sketch_spans
 
-        span_max = span_max_logits(memory, layer, q, scaling)  # (H, G, Tq, N)
-        z = self.net.gate.logits(
-            layer, q, span_max, memory.summary_k[layer], memory.log_len, scaling
-        )
+        spans = sketch_spans(memory, layer, q, scaling)
+        z = self.net.gate.logits(layer, q, spans, memory.log_len, scaling)
         return z.amax(dim=(1, 2))
 
 

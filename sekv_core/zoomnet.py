@@ -4,14 +4,18 @@ Both are tiny and sit beside the frozen base model (the only parameters ``sekv t
 
 **Relevance gate.** For a query q (post-RoPE) of layer l, query head h, and a span S, the gate logit
 
-    z = a * (m_S - max_S' m_S') + c * (W q) . (W summary_S) * scale + b * log|S| - tau
+    z = a * (m_S - max_S' m_S') + e * (n_S - max_S' n_S') + c * (W q) . (W k_S) * scale
+        + b * log|S| - tau
 
-where m_S is the sketch router's estimate of the span's max logit (resident 4-bit sketch), W
-projects the query and the span summary into one ``dim``-sized routing space (a learned low-rank
-form: one matrix per layer and query head, so the parameters stay < 0.05% of the default model),
-c weighs that term, b the log|S| prior, and tau is the learned zoom threshold. A span is zoomed
-when z > 0. At initialisation (a=1, c=0, b=0, tau=-6) this is exactly the training-free router's
-rule "within 6 nats of the best span", so training starts from the heuristic.
+reads only the resident tier the training-free router reads (the 4-bit sketch; no span summary is
+placed on the device): m_S is the sketch's estimate of the span's max logit, n_S the log-sum-exp
+of its tokens' estimated logits (the span's estimated attention mass), k_S the span's mean key as
+the sketch reconstructs it, W projects the query and k_S into one ``dim``-sized routing space (a
+learned low-rank form: one matrix per layer and query head, so the parameters stay < 0.05% of the
+default model), c weighs that term, b the log|S| prior, and tau is the learned zoom threshold. A
+span is zoomed when z > 0. At initialisation (a=1, e=0, c=0, b=0, tau=-6) this is exactly the
+training-free router's rule "within 6 nats of the best span", so training starts from the
+heuristic.
 
 **Rank gate.** A span's stored factor ``coef = U diag(sigma)`` has singular values sigma_1 >= …;
 each gets a gate g_i = sigmoid(w . [log(sigma_i / sigma_1), energy share before i, i / D] + c)
@@ -35,10 +39,10 @@ from torch import nn
 
 from .errors import SekvError
 from .router import segment_max
-from .sketch import sketch_logits
+from .sketch import dequantize_sketch, sketch_logits
 
 FORMAT = "sekv-zoom-router"
-FORMAT_VERSION = 2  # 2: one routing projection per (layer, head), store format 3 sketch
+FORMAT_VERSION = 3  # 3: sketch-only features (span mass estimate, sketch mean key; no summaries)
 INIT_MARGIN = 6.0  # the training-free threshold the gate starts from (nats below the best span)
 
 
@@ -68,33 +72,30 @@ class ZoomGate(nn.Module):
         self.w_route = nn.Parameter(torch.randn(L, H, D, R, generator=g) * D**-0.5)
         self.route_weight = nn.Parameter(torch.zeros(L, H))  # starts without this term
         self.sketch_weight = nn.Parameter(torch.ones(L, H))
+        self.mass_weight = nn.Parameter(torch.zeros(L, H))
         self.prior_weight = nn.Parameter(torch.zeros(L, H))
         self.threshold = nn.Parameter(torch.full((L, H), -INIT_MARGIN))
 
     def logits(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        span_max: torch.Tensor,
-        summary_k: torch.Tensor,
-        log_len: torch.Tensor,
-        scaling: float,
+        self, layer: int, q: torch.Tensor, spans: SketchSpans, log_len: torch.Tensor, scaling: float
     ) -> torch.Tensor:
         """Gate logits (Hkv, G, Tq, N).
 
-        q : (Hkv, G, Tq, D) queries; span_max : (Hkv, G, Tq, N) sketch max logit per span;
-        summary_k : (Hkv, N, D) span summaries; log_len : (N,).
+        q : (Hkv, G, Tq, D) queries; spans : the sketch's per-span estimates for them
+        (:func:`sketch_spans`); log_len : (N,).
         """
         Hkv, G = q.shape[:2]
         view = (Hkv, G, 1, 1)
         w = self.w_route[layer].view(Hkv, G, *self.w_route.shape[2:]).to(q.dtype)
         qr = torch.einsum("hgtd,hgdr->hgtr", q, w)
-        sr = torch.einsum("hnd,hgdr->hgnr", summary_k.to(q.dtype), w)
+        sr = torch.einsum("hnd,hgdr->hgnr", spans.mean_key.to(q.dtype), w)
         bilinear = torch.einsum("hgtr,hgnr->hgtn", qr, sr).float() * scaling
         bilinear = self.route_weight[layer].view(view) * bilinear
-        rel = span_max.float() - span_max.float().amax(dim=-1, keepdim=True)
+        peak = spans.max_logit.float()
+        mass = spans.log_mass.float()
         return (
-            self.sketch_weight[layer].view(view) * rel
+            self.sketch_weight[layer].view(view) * (peak - peak.amax(dim=-1, keepdim=True))
+            + self.mass_weight[layer].view(view) * (mass - mass.amax(dim=-1, keepdim=True))
             + bilinear
             + self.prior_weight[layer].view(view) * log_len.float()
             - self.threshold[layer].view(view)
@@ -155,11 +156,33 @@ class ZoomNet(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def span_max_logits(memory, layer: int, q: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Sketch estimate of each span's max logit per query head and query: (Hkv, G, Tq, N)."""
+@dataclass
+class SketchSpans:
+    """What the sketch says about each span for a layer's queries (the gate's inputs)."""
+
+    max_logit: torch.Tensor  # (Hkv, G, Tq, N) estimated max logit (scaled)
+    log_mass: torch.Tensor  # (Hkv, G, Tq, N) log-sum-exp of the span's estimated logits
+    mean_key: torch.Tensor  # (Hkv, N, D) the span's mean key, reconstructed from its sketch rows
+
+
+def sketch_spans(memory, layer: int, q: torch.Tensor, scaling: float) -> SketchSpans:
+    """The sketch's per-span estimates for queries ``q`` (Hkv, G, Tq, D) of ``layer``: one pass
+    over the resident sketch (``memory``: a :class:`~sekv_core.zoom.SpanMemory` or a subset)."""
     logits = sketch_logits(memory, layer, q) * scaling  # (H, G, Tq, S)
-    out = segment_max(logits.reshape(-1, logits.shape[-1]), memory.sketch_span, memory.n_spans)
-    return out.view(*logits.shape[:-1], memory.n_spans)
+    shape, n = logits.shape[:-1], memory.n_spans
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    peak = segment_max(flat, memory.sketch_span, n)  # (H*G*Tq, N)
+    shifted = (flat - peak.gather(1, memory.sketch_span[None].expand_as(flat))).exp()
+    total = flat.new_zeros(flat.shape[0], n).index_add_(1, memory.sketch_span, shifted)
+    log_mass = peak + total.clamp(min=1e-30).log()
+    # mean sketch row per span -> key space: mu + mean((k - mu) B) A^T (A: the query projection)
+    proj = memory.sketch_proj[layer].float()  # (H, D, R)
+    rows = dequantize_sketch(memory.sketch[layer], proj.shape[-1], torch.float32)
+    rows = rows * memory.sketch_scale[layer].float()[:, None]  # (H, S, R)
+    sums = rows.new_zeros(rows.shape[0], n, rows.shape[-1]).index_add_(1, memory.sketch_span, rows)
+    mean_rows = sums / memory.lengths.float().clamp(min=1)[None, :, None]
+    mean_key = memory.sketch_mean[layer].float()[:, None] + mean_rows @ proj.transpose(1, 2)
+    return SketchSpans(peak.view(*shape, n), log_mass.view(*shape, n), mean_key)
 
 
 @dataclass

@@ -76,3 +76,20 @@ def test_sekv_finds_a_planted_needle(default_model, tmp_path):
     }
     zoomed = [z for z in answer.zoom if needle_tokens & set(range(z["start"], z["end"]))]
     assert zoomed, "the needle's span is missing from the zoom trace"
+
+
+def test_the_shipped_router_fits_the_default_model(default_model):
+    """The router shipped in the package loads for the embedded model (a router format change
+    without retraining would leave `--router auto` and sekv-trained without one) and answers."""
+    from sekv_core.methods import MethodSettings
+    from sekv_core.zoomnet import SHIPPED, resolve_router
+
+    router = resolve_router("auto", default_model.fingerprint, default_model.model_id)
+    assert router is not None and list(SHIPPED.glob("*.safetensors"))
+    share = router.manifest["parameter_share"]
+    assert router.net.num_parameters() == router.manifest["parameters"] and share < 0.0005
+    item = qa("lighthouse.md")[0]
+    session = Session(default_model, load_document(SAMPLES / "lighthouse.md"), "sekv-trained")
+    answer = session.ask(item["question"], max_new_tokens=24)
+    assert answer.routing["router"] == "trained", answer.routing
+    assert item["answer"].lower() in answer.answer.lower(), answer.answer

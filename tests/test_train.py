@@ -231,3 +231,49 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     )
     assert refused.exit_code == 1 and "Error:" in refused.output
     assert "trained for" in refused.output
+
+
+def test_sketch_spans_match_the_sketch_token_by_token(prepared):
+    """The gate's span features are exact functions of the resident sketch: per-span max and
+    log-sum-exp of the estimated logits, and a mean key whose logit is their mean."""
+    from sekv_core.sketch import sketch_logits
+    from sekv_core.zoomnet import sketch_spans
+
+    loaded, docs, _, _ = prepared
+    memory = docs[0].memory
+    torch.manual_seed(3)
+    H, D = memory.num_kv_heads, memory.head_dim
+    G = loaded.model.config.num_attention_heads // H
+    q = torch.randn(H, G, 5, D)
+    scaling = D**-0.5
+    for layer in range(memory.num_layers):
+        spans = sketch_spans(memory, layer, q, scaling)
+        logits = sketch_logits(memory, layer, q).float() * scaling  # (H, G, Tq, S)
+        mean_logit = torch.einsum("hgtd,hnd->hgtn", q, spans.mean_key) * scaling
+        for n in range(memory.n_spans):
+            rows = logits[..., memory.sketch_span == n]
+            assert torch.allclose(spans.max_logit[..., n], rows.amax(-1), atol=1e-5)
+            assert torch.allclose(spans.log_mass[..., n], rows.logsumexp(-1), atol=1e-4)
+            assert torch.allclose(mean_logit[..., n], rows.mean(-1), atol=1e-3)
+
+
+def test_untrained_gate_is_the_training_free_rule_and_reads_no_summaries(prepared):
+    """At initialisation the gate zooms exactly the spans within the training-free margin, and
+    routing with it places nothing on the device beyond the training-free tier."""
+    from sekv_core.attention import ZoomPolicy
+    from sekv_core.router import SketchRouter, TrainedRouter, select
+
+    loaded, docs, _, _ = prepared
+    memory = docs[0].memory
+    net = ZoomNet(shape_of(loaded))
+    H, D = memory.num_kv_heads, memory.head_dim
+    q = torch.randn(H, loaded.model.config.num_attention_heads // H, 3, D)
+    before = memory.resident_bytes()
+    for layer in range(memory.num_layers):
+        free = SketchRouter().scores(memory, layer, q, D**-0.5)
+        gate = TrainedRouter(net).scores(memory, layer, q, D**-0.5)
+        budget = int(memory.lengths.sum())
+        want, _ = select(free, memory.lengths, budget, ZoomPolicy.margin)
+        got, _ = select(gate, memory.lengths, budget, None)
+        assert torch.equal(want, got)
+    assert memory.resident_bytes() == before  # no summaries were placed

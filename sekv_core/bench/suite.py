@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class SuiteConfig:
     max_new_tokens: int = 48
     recall: bool = False  # SeKV methods also run the oracle router: routing recall vs oracle
     qa_docs: list[Path] | None = None  # default: the sample documents
+    trained_router: str = "auto"  # sekv-trained's router (auto: the one trained for the model)
 
     def check(self, window: int | None = None) -> None:
         """Raise SekvError naming the first setting a user must fix (lengths need ``window``)."""
@@ -157,6 +158,8 @@ class Suite:
     ) -> Iterator[dict[str, Any]]:
         """One session (prepared once) answering the sample's questions: one row each."""
         settings = MethodSettings(memory_ratio=budget, measure_recall=self.config.recall)
+        if method == "sekv-trained":
+            settings = replace(settings, router=self.config.trained_router)
         session = Session(self.loaded, document, method, settings)
         for q in sample.questions:
             a = session.ask(q.question, self.config.max_new_tokens)

@@ -64,7 +64,7 @@ class SeKV(Method):
             oracle = MarginRouter(OracleRouter(), s.extra.get("margin", ZoomPolicy.margin))
             oracle = oracle if s.measure_recall else None
         # place what this answer reads on the device before the budget pays the resident tier
-        if s.use_summaries or router.name in ("summary", "trained"):
+        if s.use_summaries or router.name == "summary":
             self.spans.place_summaries(values=s.use_summaries)
         return ZoomPolicy(
             router=router,

@@ -263,8 +263,13 @@ def make_doc(tokenizer, tokens: int, facts: int, seed: int) -> TrainDoc:
 def make_corpus(
     tokenizer, docs: int, seed: int = 0, lengths: tuple[int, int] = (500, 1500), facts: int = 4
 ) -> list[TrainDoc]:
-    """``docs`` training documents of varied lengths and topics (deterministic for ``seed``)."""
+    """``docs`` training documents of varied lengths, topics and shapes (deterministic for
+    ``seed``): topical prose and sectioned reports (:mod:`sekv_core.train.reports`) in turn."""
+    from .reports import make_report  # (it builds on this module's names and Fact)
+
     rng = random.Random(f"sekv-corpus-{seed}")
-    return [
-        make_doc(tokenizer, rng.randrange(*lengths), facts, seed * 1000 + i) for i in range(docs)
-    ]
+    out = []
+    for i in range(docs):
+        make = make_doc if i % 2 == 0 else make_report
+        out.append(make(tokenizer, rng.randrange(*lengths), facts, seed * 1000 + i))
+    return out

@@ -70,8 +70,10 @@ class TrainSettings:
     rank_cost: float = 0.1
     dim: int = 3
     doc_tokens: tuple[int, int] = (500, 1500)
-    budget_shares: tuple[float, float] = (0.05, 0.3)  # zoom budget drawn per step (span share)
-    eval_shares: tuple[float, ...] = (0.1, 0.2)
+    # zoom budgets drawn per step (share of span tokens); memory targets of 10-20% of full KV
+    # leave ~1-10% of the span tokens to zoom once the resident tier is paid
+    budget_shares: tuple[float, float] = (0.01, 0.15)
+    eval_shares: tuple[float, ...] = (0.02, 0.05, 0.1)
     save_every: int = 50
     eval_every: int = 100  # held-out evaluation; the router file keeps the best one (step 0 too)
 

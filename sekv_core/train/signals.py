@@ -27,7 +27,7 @@ from transformers import AttentionInterface
 
 from ..router import select
 from ..zoom import SpanMemory
-from ..zoomnet import ZoomNet, span_max_logits
+from ..zoomnet import ZoomNet, sketch_spans
 
 TEACHER, STUDENT = "sekv_teacher", "sekv_student"
 
@@ -127,8 +127,8 @@ def student_attention(
     scaling = scaling if scaling is not None else D**-0.5
     q = query[0].view(Hkv, Hq // Hkv, Tq, D)
     with torch.no_grad():
-        span_max = span_max_logits(memory, layer, q.detach(), scaling)
-    z = ctx.net.gate.logits(layer, q, span_max, memory.summary_k[layer], memory.log_len, scaling)
+        spans = sketch_spans(memory, layer, q.detach(), scaling)
+    z = ctx.net.gate.logits(layer, q, spans, memory.log_len, scaling)
     ctx.gates.append(z)
     # the answer-time decisions (one per step: question prefill, then each answer token), per
     # KV head, hard forward, straight-through gradients
