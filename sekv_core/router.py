@@ -115,23 +115,43 @@ class MarginRouter:
 
 
 ROUTERS = {r.name: r for r in (SketchRouter, SummaryRouter, OracleRouter)}
+SELECT_ROUNDS = 4  # batched greedy passes of :func:`select`
 
 
 def select(
-    scores: torch.Tensor, lengths: torch.Tensor, budget: int, margin: float | None
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    budget: int,
+    margin: float | None,
+    rounds: int = SELECT_ROUNDS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zoom decision per KV head: best spans first while the token budget lasts.
+    """Zoom decision per KV head: best spans first while the token budget lasts; a span that no
+    longer fits is skipped and the next ones are tried (greedy by score).
 
     scores : (H, N) estimated max logits (or gate logits when ``margin`` is None: then a span
     must score above 0); lengths : (N,) span lengths.
     Returns zoom (H, N) bool and the per-head threshold (H,) a span had to reach.
+
+    Greedy in rank order is computed in ``rounds`` batched passes: each pass takes the longest
+    prefix (in rank order) of the still-eligible spans that fits in what is left; the spans left
+    out are only those the greedy order would skip or reach later. Exact when at most
+    ``rounds - 1`` spans are skipped (else the last pass stops at its cut).
     """
     if margin is None:
         threshold = scores.new_zeros(scores.shape[0])
     else:
         threshold = scores.amax(dim=1) - margin  # (H,)
     order = scores.argsort(dim=1, descending=True)  # (H, N)
-    used = lengths[order].cumsum(dim=1)  # tokens needed to zoom the top-k spans
-    ranked_ok = (used <= budget) & (scores.gather(1, order) >= threshold[:, None])
-    zoom = torch.zeros_like(ranked_ok).scatter(1, order, ranked_ok)
+    ranked_len = lengths[order]  # (H, N)
+    open_ = scores.gather(1, order) >= threshold[:, None]  # above the threshold, undecided
+    taken = torch.zeros_like(open_)
+    left = torch.full_like(ranked_len[:, :1], budget)  # (H, 1) tokens left
+    for _ in range(rounds):
+        open_ = open_ & (ranked_len <= left)  # what no longer fits is skipped for good
+        used = (ranked_len * open_).cumsum(dim=1)
+        take = open_ & (used <= left)
+        taken |= take
+        open_ &= ~take
+        left = left - (ranked_len * take).sum(dim=1, keepdim=True)
+    zoom = torch.zeros_like(taken).scatter(1, order, taken)
     return zoom, threshold

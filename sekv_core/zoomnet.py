@@ -4,18 +4,19 @@ Both are tiny and sit beside the frozen base model (the only parameters ``sekv t
 
 **Relevance gate.** For a query q (post-RoPE) of layer l, query head h, and a span S, the gate logit
 
-    z = a * (m_S - max_S' m_S') + e * (n_S - max_S' n_S') + c * (W q) . (W k_S) * scale
+    z = a * (m_S - max m) + e * (n_S - max n) + c * (W q) . (W k_S) * scale
         + b * log|S| - tau
 
 reads only the resident tier the training-free router reads (the 4-bit sketch; no span summary is
 placed on the device): m_S is the sketch's estimate of the span's max logit, n_S the log-sum-exp
-of its tokens' estimated logits (the span's estimated attention mass), k_S the span's mean key as
-the sketch reconstructs it, W projects the query and k_S into one ``dim``-sized routing space (a
-learned low-rank form: one matrix per layer and query head, so the parameters stay < 0.05% of the
-default model), c weighs that term, b the log|S| prior, and tau is the learned zoom threshold. A
-span is zoomed when z > 0. At initialisation (a=1, e=0, c=0, b=0, tau=-6) this is exactly the
-training-free router's rule "within 6 nats of the best span", so training starts from the
-heuristic.
+of its tokens' estimated logits (the span's estimated attention mass), "max" the best value over
+the decision's queries, the head group and the spans (the reference the training-free rule
+measures its margin from), k_S the span's mean key as the sketch reconstructs it, W projects the
+query and k_S into one ``dim``-sized routing space (a learned low-rank form: one matrix per layer
+and query head, so the parameters stay < 0.05% of the default model), c weighs that term, b the
+log|S| prior, and tau is the learned zoom threshold. A span is zoomed when z > 0. At
+initialisation (a=1, e=0, c=0, b=0, tau=-6) this is exactly the training-free router's rule
+"within 6 nats of the best span", so training starts from the heuristic.
 
 **Rank gate.** A span's stored factor ``coef = U diag(sigma)`` has singular values sigma_1 >= …;
 each gets a gate g_i = sigmoid(w . [log(sigma_i / sigma_1), energy share before i, i / D] + c)
@@ -77,12 +78,21 @@ class ZoomGate(nn.Module):
         self.threshold = nn.Parameter(torch.full((L, H), -INIT_MARGIN))
 
     def logits(
-        self, layer: int, q: torch.Tensor, spans: SketchSpans, log_len: torch.Tensor, scaling: float
+        self,
+        layer: int,
+        q: torch.Tensor,
+        spans: SketchSpans,
+        log_len: torch.Tensor,
+        scaling: float,
+        steps: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Gate logits (Hkv, G, Tq, N).
 
         q : (Hkv, G, Tq, D) queries; spans : the sketch's per-span estimates for them
-        (:func:`sketch_spans`); log_len : (N,).
+        (:func:`sketch_spans`); log_len : (N,); steps : (Tq,) the zoom decision each query
+        serves (None: one decision for all of them, as when answering). "Best" in the gate is the
+        best over the decision's queries, the group's heads and the spans: the reference of the
+        training-free rule, which ranks spans by their max logit over those queries.
         """
         Hkv, G = q.shape[:2]
         view = (Hkv, G, 1, 1)
@@ -91,15 +101,26 @@ class ZoomGate(nn.Module):
         sr = torch.einsum("hnd,hgdr->hgnr", spans.mean_key.to(q.dtype), w)
         bilinear = torch.einsum("hgtr,hgnr->hgtn", qr, sr).float() * scaling
         bilinear = self.route_weight[layer].view(view) * bilinear
-        peak = spans.max_logit.float()
-        mass = spans.log_mass.float()
+        peak, mass = spans.max_logit.float(), spans.log_mass.float()
         return (
-            self.sketch_weight[layer].view(view) * (peak - peak.amax(dim=-1, keepdim=True))
-            + self.mass_weight[layer].view(view) * (mass - mass.amax(dim=-1, keepdim=True))
+            self.sketch_weight[layer].view(view) * (peak - decision_best(peak, steps))
+            + self.mass_weight[layer].view(view) * (mass - decision_best(mass, steps))
             + bilinear
             + self.prior_weight[layer].view(view) * log_len.float()
             - self.threshold[layer].view(view)
         )
+
+
+def decision_best(x: torch.Tensor, steps: torch.Tensor | None) -> torch.Tensor:
+    """Max of x (Hkv, G, Tq, N) over the group's heads, the spans and the queries of each
+    decision (``steps`` (Tq,) numbers them; None: all one), broadcast back: (Hkv, 1, Tq, 1)."""
+    per_query = x.amax(dim=(1, 3))  # (Hkv, Tq)
+    if steps is None:
+        return per_query.amax(dim=1)[:, None, None, None].detach()
+    index = steps.to(x.device)[None].expand_as(per_query)
+    best = per_query.new_full((x.shape[0], int(steps.max()) + 1), float("-inf"))
+    best = best.scatter_reduce(1, index, per_query, reduce="amax", include_self=True)
+    return best.gather(1, index)[:, None, :, None].detach()
 
 
 class RankGate(nn.Module):

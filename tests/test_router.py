@@ -7,8 +7,9 @@ def test_select_prefers_best_spans_within_budget_and_margin():
     scores = torch.tensor([[5.0, 9.0, 8.5, 1.0, 8.9], [0.0, 0.0, 10.0, 9.5, -3.0]])
     lengths = torch.tensor([10, 20, 20, 5, 30])
     zoom, thr = select(scores, lengths, budget=45, margin=2.0)
-    # head 0: 9.0 (20) + 8.9 (30) would exceed 45 -> only the best fits; margin excludes 5.0, 1.0
-    assert zoom[0].tolist() == [False, True, False, False, False]
+    # head 0: 9.0 (20); 8.9 (30) no longer fits and is skipped; 8.5 (20) fits; margin excludes
+    # 5.0 and 1.0
+    assert zoom[0].tolist() == [False, True, True, False, False]
     assert zoom[1].tolist() == [False, False, True, True, False]
     assert thr.tolist() == [7.0, 8.0]
     for h in range(2):
@@ -19,3 +20,28 @@ def test_segment_max():
     values = torch.tensor([[1.0, 5.0, 2.0, 7.0, 0.0]])
     ids = torch.tensor([0, 0, 1, 1, 2])
     assert segment_max(values, ids, 3).tolist() == [[5.0, 7.0, 0.0]]
+
+
+def greedy(scores: list[float], lengths: list[int], budget: int, threshold: float) -> list[bool]:
+    """The reference: spans in descending score, each taken if it fits in what is left."""
+    taken, left = [False] * len(scores), budget
+    for i in sorted(range(len(scores)), key=lambda i: -scores[i]):
+        if scores[i] >= threshold and lengths[i] <= left:
+            taken[i], left = True, left - lengths[i]
+    return taken
+
+
+def test_select_is_greedy_by_score_skipping_what_does_not_fit():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        H, N = 3, int(torch.randint(1, 40, (1,), generator=g))
+        scores = torch.randn(H, N, generator=g) * 3
+        lengths = torch.randint(1, 60, (N,), generator=g)
+        budget = int(torch.randint(0, 400, (1,), generator=g))
+        margin = None if trial % 2 else 4.0
+        zoom, thr = select(scores, lengths, budget, margin, rounds=N + 1)
+        for h in range(H):
+            want = greedy(scores[h].tolist(), lengths.tolist(), budget, float(thr[h]))
+            assert zoom[h].tolist() == want
+        few, _ = select(scores, lengths, budget, margin)  # the default rounds
+        assert ((few & ~zoom).sum() == 0) and (lengths * few).sum(1).le(budget).all()

@@ -17,7 +17,7 @@ from sekv_core.train.loop import (
     student_forward,
     zoom_targets,
 )
-from sekv_core.train.signals import answer_steps, step_decisions
+from sekv_core.train.signals import answer_steps, step_best, step_decisions
 from sekv_core.zoomnet import NetShape, ZoomNet, load_router, resolve_router, save_router
 
 SMALL = TrainSettings(steps=4, docs=1, held_out=1, doc_tokens=(120, 160), save_every=2)
@@ -258,22 +258,31 @@ def test_sketch_spans_match_the_sketch_token_by_token(prepared):
 
 
 def test_untrained_gate_is_the_training_free_rule_and_reads_no_summaries(prepared):
-    """At initialisation the gate zooms exactly the spans within the training-free margin, and
-    routing with it places nothing on the device beyond the training-free tier."""
-    from sekv_core.attention import ZoomPolicy
-    from sekv_core.router import SketchRouter, TrainedRouter, select
+    """At initialisation the gate scores every span as the training-free router does (its max
+    estimated logit over the decision's queries, relative to the best span, + the margin): when
+    answering (one decision) and in training (one per step, from that step's queries only).
+    Routing with it places nothing on the device beyond the training-free tier."""
+    from sekv_core.router import SketchRouter, TrainedRouter
+    from sekv_core.zoomnet import INIT_MARGIN, sketch_spans
 
     loaded, docs, _, _ = prepared
     memory = docs[0].memory
     net = ZoomNet(shape_of(loaded))
     H, D = memory.num_kv_heads, memory.head_dim
-    q = torch.randn(H, loaded.model.config.num_attention_heads // H, 3, D)
+    G = loaded.model.config.num_attention_heads // H
+    torch.manual_seed(5)
+    q = torch.randn(H, G, 6, D) * 4  # logits spread wider than the margin
+    steps = torch.tensor([0, 0, 0, 1, 2, 2])
     before = memory.resident_bytes()
     for layer in range(memory.num_layers):
         free = SketchRouter().scores(memory, layer, q, D**-0.5)
         gate = TrainedRouter(net).scores(memory, layer, q, D**-0.5)
-        budget = int(memory.lengths.sum())
-        want, _ = select(free, memory.lengths, budget, ZoomPolicy.margin)
-        got, _ = select(gate, memory.lengths, budget, None)
-        assert torch.equal(want, got)
+        assert torch.allclose(gate, free - free.amax(1, keepdim=True) + INIT_MARGIN, atol=1e-4)
+        spans = sketch_spans(memory, layer, q, D**-0.5)
+        z = net.gate.logits(layer, q, spans, memory.log_len, D**-0.5, steps)
+        best = step_best(z, steps)  # (H, P, N)
+        for step in range(3):
+            free = SketchRouter().scores(memory, layer, q[:, :, steps == step], D**-0.5)
+            want = free - free.amax(1, keepdim=True) + INIT_MARGIN
+            assert torch.allclose(best[:, step], want, atol=1e-4)
     assert memory.resident_bytes() == before  # no summaries were placed

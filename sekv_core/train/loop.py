@@ -35,6 +35,7 @@ from ..attention import attention_switch
 from ..documents import load_document
 from ..errors import SekvError
 from ..methods.full import prefill_cache, truncate
+from ..methods.sekv import MIN_ZOOM
 from ..models import LoadedModel
 from ..prompt import chat_template, encode_context, encode_question
 from ..rope import Rope
@@ -243,9 +244,9 @@ def kl_to_teacher(logits: torch.Tensor, ex: Example) -> torch.Tensor:
 
 
 def budget_tokens(doc: PreparedDoc, share: float) -> int:
-    """A zoom budget of ``share`` of the document's span tokens (at least the longest span)."""
-    lengths = doc.memory.lengths
-    return max(int(lengths.max()), int(share * int(lengths.sum())))
+    """A zoom budget of ``share`` of the document's span tokens (at least the ``MIN_ZOOM``
+    tokens answering zooms under any memory target; spans that do not fit are skipped)."""
+    return max(MIN_ZOOM, int(share * int(doc.memory.lengths.sum())))
 
 
 def losses(

@@ -128,7 +128,7 @@ def student_attention(
     q = query[0].view(Hkv, Hq // Hkv, Tq, D)
     with torch.no_grad():
         spans = sketch_spans(memory, layer, q.detach(), scaling)
-    z = ctx.net.gate.logits(layer, q, spans, memory.log_len, scaling)
+    z = ctx.net.gate.logits(layer, q, spans, memory.log_len, scaling, ctx.steps)
     ctx.gates.append(z)
     # the answer-time decisions (one per step: question prefill, then each answer token), per
     # KV head, hard forward, straight-through gradients
