@@ -27,6 +27,13 @@ def train(
     held_out: int = typer.Option(2, "--held-out", min=1, help="Held-out documents (metrics)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the generated corpus and the order."),
     lr: float = typer.Option(5e-3, "--lr", min=0.0, help="Adam learning rate."),
+    answer_tokens: int = typer.Option(
+        24,
+        "--answer-tokens",
+        min=0,
+        help="Distil along the full-KV model's own answer, up to this many tokens "
+        "(0: the planted fact's answer).",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Train the zoom gate, threshold and rank gate on generated documents (CPU is fine)."""
@@ -43,7 +50,13 @@ def train(
     loaded = load_model_quietly(model)
     out = out or user_router_path(loaded.model_id, loaded.fingerprint)
     settings = TrainSettings(
-        steps=steps, docs=docs, held_out=held_out, seed=seed, lr=lr, doc_tokens=(low, high)
+        steps=steps,
+        docs=docs,
+        held_out=held_out,
+        seed=seed,
+        lr=lr,
+        doc_tokens=(low, high),
+        answer_tokens=answer_tokens,
     )
     with Progress(
         TextColumn("Training"),

@@ -137,14 +137,43 @@ def dequantize_sketch(packed: torch.Tensor, dim: int, dtype: torch.dtype) -> tor
     return torch.stack([low, high], dim=-1).flatten(-2)[..., :dim].to(dtype) - 8
 
 
-def sketch_logits(memory, layer: int, q: torch.Tensor, rows: torch.Tensor | None = None):
+def sketch_rows(memory, layer: int, dtype: torch.dtype, rows: torch.Tensor | None = None):
+    """The sketch rows (H, S, R) of ``layer`` (``rows``: a subset) dequantised to ``dtype``,
+    without their scale (see :func:`quantize_sketch`)."""
+    packed = memory.sketch[layer] if rows is None else memory.sketch[layer][:, rows]
+    return dequantize_sketch(packed, memory.sketch_proj[layer].shape[-1], dtype)
+
+
+def sketch_logits(
+    memory,
+    layer: int,
+    q: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+):
     """Estimated logits (unscaled) (H, G, Tq, S) of queries ``q`` (H, G, Tq, D) for the sketch
-    rows of ``layer`` (``rows``: a subset of them). ``memory`` holds ``sketch``,
-    ``sketch_proj``, ``sketch_scale`` and ``sketch_mean`` per layer."""
+    rows of ``layer`` (``rows``: a subset of them; ``values``: those rows already dequantised by
+    :func:`sketch_rows`). ``memory`` holds ``sketch``, ``sketch_proj``, ``sketch_scale`` and
+    ``sketch_mean`` per layer."""
     proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
     scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]  # (H, 1, 1, R)
     qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * scale
-    packed = memory.sketch[layer] if rows is None else memory.sketch[layer][:, rows]
-    sketch = dequantize_sketch(packed, proj.shape[-1], q.dtype)  # (H, S, R)
+    sketch = sketch_rows(memory, layer, q.dtype, rows) if values is None else values  # (H, S, R)
     offset = torch.einsum("hgtd,hd->hgt", q, memory.sketch_mean[layer].to(q.dtype))
-    return torch.einsum("hgtr,hsr->hgts", qs, sketch) + offset[..., None]
+    return torch.einsum("hgtr,hsr->hgts", qs, sketch.to(q.dtype)) + offset[..., None]
+
+
+def sketch_mean_keys(memory, layer: int, values: torch.Tensor | None = None) -> torch.Tensor:
+    """Each span's mean key (H, N, D) as the sketch reconstructs it: mu + mean((k - mu) B) A^T
+    over the span's sketch rows (a query's logit with it is the mean of the span's estimated
+    logits). ``memory`` as for :func:`sketch_logits`, plus ``sketch_span`` (S,), ``lengths``
+    (N,) and ``n_spans``; ``values``: the rows from :func:`sketch_rows`, if at hand."""
+    proj = memory.sketch_proj[layer].float()  # (H, D, R): A
+    rows = sketch_rows(memory, layer, torch.float32) if values is None else values.float()
+    # spans hold consecutive rows: per-span sums from one running sum (exact: small integers)
+    running = torch.nn.functional.pad(rows.cumsum(dim=1), (0, 0, 1, 0))  # (H, S + 1, R)
+    ends = memory.lengths.cumsum(0)
+    sums = running[:, ends] - running[:, ends - memory.lengths]  # (H, N, R), scaled below
+    scale = memory.sketch_scale[layer].float()[:, None]  # (H, 1, R)
+    mean_rows = sums * scale / memory.lengths.float().clamp(min=1)[None, :, None]
+    return memory.sketch_mean[layer].float()[:, None] + mean_rows @ proj.transpose(1, 2)

@@ -40,7 +40,7 @@ from torch import nn
 
 from .errors import SekvError
 from .router import segment_max
-from .sketch import dequantize_sketch, sketch_logits
+from .sketch import sketch_logits, sketch_mean_keys, sketch_rows
 
 FORMAT = "sekv-zoom-router"
 FORMAT_VERSION = 3  # 3: sketch-only features (span mass estimate, sketch mean key; no summaries)
@@ -111,16 +111,24 @@ class ZoomGate(nn.Module):
         )
 
 
+def step_best(z: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Best of z (Hkv, G, Tq, N) per KV head, step and span (Hkv, P, N) over the group's heads
+    and the step's queries (``steps`` (Tq,) numbers each query's decision): the score each
+    decision ranks by."""
+    Hkv, _, Tq, N = z.shape
+    per_pos = z.amax(dim=1)  # (Hkv, Tq, N)
+    index = steps.to(z.device)[None, :, None].expand_as(per_pos)
+    best = per_pos.new_full((Hkv, int(steps.max()) + 1, N), float("-inf"))
+    return best.scatter_reduce(1, index, per_pos, reduce="amax", include_self=True)
+
+
 def decision_best(x: torch.Tensor, steps: torch.Tensor | None) -> torch.Tensor:
     """Max of x (Hkv, G, Tq, N) over the group's heads, the spans and the queries of each
-    decision (``steps`` (Tq,) numbers them; None: all one), broadcast back: (Hkv, 1, Tq, 1)."""
-    per_query = x.amax(dim=(1, 3))  # (Hkv, Tq)
+    decision (``steps`` (Tq,); None: all one), broadcast back: (Hkv, 1, Tq, 1), no gradient."""
     if steps is None:
-        return per_query.amax(dim=1)[:, None, None, None].detach()
-    index = steps.to(x.device)[None].expand_as(per_query)
-    best = per_query.new_full((x.shape[0], int(steps.max()) + 1), float("-inf"))
-    best = best.scatter_reduce(1, index, per_query, reduce="amax", include_self=True)
-    return best.gather(1, index)[:, None, :, None].detach()
+        return x.amax(dim=(1, 2, 3))[:, None, None, None].detach()
+    best = step_best(x.amax(dim=-1, keepdim=True), steps)  # (Hkv, P, 1)
+    return best[:, steps.to(x.device)][:, None].detach()
 
 
 class RankGate(nn.Module):
@@ -189,20 +197,15 @@ class SketchSpans:
 def sketch_spans(memory, layer: int, q: torch.Tensor, scaling: float) -> SketchSpans:
     """The sketch's per-span estimates for queries ``q`` (Hkv, G, Tq, D) of ``layer``: one pass
     over the resident sketch (``memory``: a :class:`~sekv_core.zoom.SpanMemory` or a subset)."""
-    logits = sketch_logits(memory, layer, q) * scaling  # (H, G, Tq, S)
+    values = sketch_rows(memory, layer, q.dtype)  # dequantised once for both uses
+    logits = sketch_logits(memory, layer, q, values=values) * scaling  # (H, G, Tq, S)
     shape, n = logits.shape[:-1], memory.n_spans
     flat = logits.reshape(-1, logits.shape[-1]).float()
     peak = segment_max(flat, memory.sketch_span, n)  # (H*G*Tq, N)
     shifted = (flat - peak.gather(1, memory.sketch_span[None].expand_as(flat))).exp()
     total = flat.new_zeros(flat.shape[0], n).index_add_(1, memory.sketch_span, shifted)
     log_mass = peak + total.clamp(min=1e-30).log()
-    # mean sketch row per span -> key space: mu + mean((k - mu) B) A^T (A: the query projection)
-    proj = memory.sketch_proj[layer].float()  # (H, D, R)
-    rows = dequantize_sketch(memory.sketch[layer], proj.shape[-1], torch.float32)
-    rows = rows * memory.sketch_scale[layer].float()[:, None]  # (H, S, R)
-    sums = rows.new_zeros(rows.shape[0], n, rows.shape[-1]).index_add_(1, memory.sketch_span, rows)
-    mean_rows = sums / memory.lengths.float().clamp(min=1)[None, :, None]
-    mean_key = memory.sketch_mean[layer].float()[:, None] + mean_rows @ proj.transpose(1, 2)
+    mean_key = sketch_mean_keys(memory, layer, values)  # recomputed: a cache would be resident
     return SketchSpans(peak.view(*shape, n), log_mass.view(*shape, n), mean_key)
 
 

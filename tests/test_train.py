@@ -17,8 +17,15 @@ from sekv_core.train.loop import (
     student_forward,
     zoom_targets,
 )
-from sekv_core.train.signals import answer_steps, step_best, step_decisions
-from sekv_core.zoomnet import NetShape, ZoomNet, load_router, resolve_router, save_router
+from sekv_core.train.signals import answer_steps, step_decisions
+from sekv_core.zoomnet import (
+    NetShape,
+    ZoomNet,
+    load_router,
+    resolve_router,
+    save_router,
+    step_best,
+)
 
 SMALL = TrainSettings(steps=4, docs=1, held_out=1, doc_tokens=(120, 160), save_every=2)
 
@@ -286,3 +293,27 @@ def test_untrained_gate_is_the_training_free_rule_and_reads_no_summaries(prepare
             want = free - free.amax(1, keepdim=True) + INIT_MARGIN
             assert torch.allclose(best[:, step], want, atol=1e-4)
     assert memory.resident_bytes() == before  # no summaries were placed
+
+
+def test_training_distils_along_the_full_kv_models_own_answer(prepared, tmp_path):
+    """By default the answer an example distils along is what full KV answers greedily (the
+    answer `sekv bench fidelity` compares along), and the teacher's cache is left unchanged."""
+    from sekv_core.documents import load_document
+    from sekv_core.engine import Session
+    from sekv_core.methods.full import prefill_cache
+    from sekv_core.prompt import chat_template, encode_context, encode_question
+    from sekv_core.train.loop import teacher_answer
+
+    loaded = prepared[0]
+    path = tmp_path / "doc.txt"
+    path.write_text("The spare key cabinet is kept in room 412. " * 12)
+    session = Session(loaded, load_document(path), "full")
+    question = "Where is the spare key cabinet kept?"
+    want = session.ask(question, max_new_tokens=8)
+    template = chat_template(loaded.tokenizer)
+    context = encode_context(loaded.tokenizer, template, session.document.text)
+    cache = prefill_cache(loaded.model, context.ids, 512)
+    q = encode_question(loaded.tokenizer, template, question)
+    got = teacher_answer(loaded, cache, len(context), q, 8)
+    assert loaded.tokenizer.decode(got, skip_special_tokens=True) == want.answer
+    assert cache.get_seq_length() == len(context)

@@ -25,7 +25,7 @@ class MethodSettings:
     prefill_chunk: int = 512
     # "none" (= "sketch"), "summary", "oracle": training-free; "auto": the trained router for
     # the model (the user's, else the shipped one) if any; else a router file from `sekv train`.
-    # Training-free by default: measured, the shipped router does not yet beat it on needles.
+    # Training-free by default: measured, the shipped router ties with it, does not beat it.
     router: str = "none"
     # non-zoomed spans' summaries in the softmax: measured, they help on generated needle
     # haystacks (14/15 vs 9/15) but hurt real documents (sample QA 9/18 vs 12/18): off by default

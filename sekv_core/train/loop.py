@@ -1,6 +1,7 @@
 """`sekv train`: learn the zoom gate and rank gate with the base model frozen.
 
-Per training example (a generated document, one question about a planted fact, its answer):
+Per training example (a generated document, one question about a planted fact, and the answer
+to distil along: by default the full-KV model's own greedy answer, as `sekv bench fidelity` reads):
 
 - the document's span store is built (or loaded) exactly as for answering, and its full KV cache
   is computed once (teacher);
@@ -32,16 +33,17 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from ..attention import attention_switch
+from ..decode import greedy
 from ..documents import load_document
 from ..errors import SekvError
 from ..methods.full import prefill_cache, truncate
 from ..methods.sekv import MIN_ZOOM
 from ..models import LoadedModel
-from ..prompt import chat_template, encode_context, encode_question
+from ..prompt import chat_template, encode_context, encode_question, stop_ids
 from ..rope import Rope
 from ..store import StoreSettings, open_or_build
 from ..zoom import SpanMemory
-from ..zoomnet import NetShape, ZoomNet, load_router, save_router
+from ..zoomnet import NetShape, ZoomNet, load_router, save_router, step_best
 from .data import make_corpus
 from .signals import (
     STUDENT,
@@ -49,7 +51,6 @@ from .signals import (
     StudentContext,
     TeacherTrace,
     answer_steps,
-    step_best,
     step_decisions,
 )
 
@@ -75,6 +76,9 @@ class TrainSettings:
     # leave ~1-10% of the span tokens to zoom once the resident tier is paid
     budget_shares: tuple[float, float] = (0.01, 0.15)
     eval_shares: tuple[float, ...] = (0.02, 0.05, 0.1)
+    # answers to distil along: the teacher's own greedy answer up to this many tokens (what
+    # `sekv bench fidelity` compares along), 0: the planted fact's answer string
+    answer_tokens: int = 24
     save_every: int = 50
     eval_every: int = 100  # held-out evaluation; the router file keeps the best one (step 0 too)
 
@@ -125,6 +129,8 @@ def prepare(loaded: LoadedModel, settings: TrainSettings, log: Log) -> tuple[lis
             for fact in train_doc.facts:
                 q = encode_question(tok, template, fact.question)
                 a = tok(" " + fact.answer, add_special_tokens=False)["input_ids"]
+                if settings.answer_tokens:
+                    a = teacher_answer(loaded, cache, len(context), q, settings.answer_tokens) or a
                 examples.append(_teacher(loaded, cache, doc, i, q + a, len(a)))
             del cache
             log(
@@ -133,6 +139,24 @@ def prepare(loaded: LoadedModel, settings: TrainSettings, log: Log) -> tuple[lis
             )
     held = [e for e in examples if e.doc >= settings.docs]
     return docs, [e for e in examples if e.doc < settings.docs], held
+
+
+@torch.inference_mode()
+def teacher_answer(
+    loaded: LoadedModel, cache: DynamicCache, context_len: int, question: list[int], limit: int
+) -> list[int]:
+    """The full-KV model's own greedy answer to ``question`` (up to ``limit`` tokens); the
+    cache is left holding the document alone."""
+    model, device = loaded.model, loaded.device
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=ids.to(device), cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+    try:
+        return list(greedy(step, question, stop_ids(loaded.tokenizer), limit))
+    finally:
+        truncate(cache, context_len)
 
 
 def _prepared(memory: SpanMemory, cache: DynamicCache, context_len: int) -> PreparedDoc:

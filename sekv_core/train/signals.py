@@ -27,7 +27,7 @@ from transformers import AttentionInterface
 
 from ..router import select
 from ..zoom import SpanMemory
-from ..zoomnet import ZoomNet, sketch_spans
+from ..zoomnet import ZoomNet, sketch_spans, step_best
 
 TEACHER, STUDENT = "sekv_teacher", "sekv_student"
 
@@ -97,16 +97,6 @@ def step_decisions(
     Hkv, P, N = best.shape
     hard, _ = select(best.detach().reshape(Hkv * P, N), lengths, budget, None)
     return best, hard.view(Hkv, P, N)
-
-
-def step_best(z: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """Best gate logit per KV head, step and span (Hkv, P, N) over the group's heads and the
-    step's queries, from gate logits z (Hkv, G, Tq, N): the score each decision ranks by."""
-    Hkv, _, Tq, N = z.shape
-    per_pos = z.amax(dim=1)  # (Hkv, Tq, N)
-    index = steps.to(z.device)[None, :, None].expand_as(per_pos)
-    best = per_pos.new_full((Hkv, int(steps.max()) + 1, N), float("-inf"))
-    return best.scatter_reduce(1, index, per_pos, reduce="amax", include_self=True)
 
 
 def answer_steps(n: int, answer_len: int, device=None) -> torch.Tensor:
