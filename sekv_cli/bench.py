@@ -31,6 +31,13 @@ def comma_list(value: str, cast: Callable, option: str) -> list:
         ) from None
 
 
+TRAINED_ROUTER_OPTION = typer.Option(
+    "auto",
+    "--router",
+    help="sekv-trained's router: auto (the one trained for the model) or a file.",
+)
+
+
 def suite_config(methods, tasks, lengths, depths, budgets, seeds, **extra):
     """A SuiteConfig from the comma-separated options (names and ranges checked later)."""
     from sekv_core.bench.suite import SuiteConfig
@@ -68,9 +75,7 @@ def suite(
     recall: bool = typer.Option(
         False, "--recall", help="SeKV methods also report routing recall vs the oracle router."
     ),
-    router: str = typer.Option(
-        "auto", help="sekv-trained's router: auto (the one trained for the model) or a file."
-    ),
+    router: str = TRAINED_ROUTER_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
     json_out: bool = JSON_OPTION,
@@ -128,9 +133,7 @@ def fidelity(
     ),
     seeds: str = typer.Option("1", help="Seeds of the generated samples, comma-separated."),
     answer_tokens: int = typer.Option(24, min=1, help="Reference answer length cap, in tokens."),
-    router: str = typer.Option(
-        "auto", help="sekv-trained's router: auto (the one trained for the model) or a file."
-    ),
+    router: str = TRAINED_ROUTER_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-fidelity"), help="Directory for the results."),
     json_out: bool = JSON_OPTION,
@@ -140,8 +143,9 @@ def fidelity(
     from sekv_core.methods import MethodSettings
 
     config = suite_config(
-        methods, tasks, lengths, depths, budgets, seeds, max_new_tokens=answer_tokens
-    )
+        methods, tasks, lengths, depths, budgets, seeds,
+        max_new_tokens=answer_tokens, trained_router=router,
+    )  # fmt: skip
     config.check()
     summary = run_fidelity(
         load_model_quietly(model),
@@ -149,7 +153,6 @@ def fidelity(
         out,
         answer_tokens,
         MethodSettings(),
-        trained_router=router,
         on_row=lambda row: err.print(
             f"{row['sample']} {config_name(row)}: {row['agree']}/{row['tokens']} tokens agree, "
             f"resident {row['resident_ratio']:.1%}",

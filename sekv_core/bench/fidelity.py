@@ -42,11 +42,11 @@ def run_fidelity(
     answer_tokens: int = DEFAULT_ANSWER_TOKENS,
     settings: MethodSettings | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
-    trained_router: str = "auto",
 ) -> dict[str, Any]:
     """Every (method, budget) against full KV on every sample question; writes ``out``'s
     results.jsonl, summary.json and fidelity.md and returns the summary. ``sekv-trained`` routes
-    with ``trained_router`` (auto: the router trained for the model), ``sekv`` training-free."""
+    with ``config.trained_router`` (auto: the router trained for the model), ``sekv``
+    training-free."""
     if "full" in config.methods:
         raise SekvError(
             "full KV is the reference of the fidelity benchmark; drop it from --methods"
@@ -78,7 +78,7 @@ def run_fidelity(
             for method, budget in configs:
                 chosen = replace(base, memory_ratio=budget)
                 if method == "sekv-trained":
-                    chosen = replace(chosen, router=trained_router)
+                    chosen = replace(chosen, router=config.trained_router)
                 session = Session(loaded, document, method, chosen)
                 for question, ids, ref in refs:
                     with forced(ids) as record:
@@ -105,7 +105,7 @@ def run_fidelity(
                         on_row(row)
     summary = {
         "answer_tokens": answer_tokens,
-        "trained_router": trained_router if "sekv-trained" in config.methods else None,
+        "trained_router": config.trained_router if "sekv-trained" in config.methods else None,
         "configs": summarize(rows),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

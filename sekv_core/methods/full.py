@@ -12,6 +12,18 @@ from ..prompt import stop_ids
 from .base import Method, Progress
 
 
+def answer_over(loaded, cache: DynamicCache, question_ids: list[int], max_new_tokens: int):
+    """Greedy answer token ids to ``question_ids`` over a full ``cache`` (it grows with them)."""
+    model, device = loaded.model, loaded.device
+
+    @torch.inference_mode()
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=ids.to(device), cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+    yield from greedy(step, question_ids, stop_ids(loaded.tokenizer), max_new_tokens)
+
+
 class FullKV(Method):
     name = "full"
     budgeted = False  # its memory does not follow a budget (the bench runs it once)
@@ -26,14 +38,7 @@ class FullKV(Method):
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         assert self.cache is not None, "prepare() first"
         truncate(self.cache, len(self.context))  # every question starts from the document alone
-        model, cache, device = self.loaded.model, self.cache, self.loaded.device
-
-        @torch.inference_mode()
-        def step(ids: torch.Tensor) -> torch.Tensor:
-            out = model(input_ids=ids.to(device), cache=cache, use_cache=True, logits_to_keep=1)
-            return out.logits[:, -1].float()
-
-        yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
+        yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
 
     def memory(self) -> dict[str, int]:
         spec, n = self.loaded.spec, len(self.context)

@@ -33,13 +33,12 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from ..attention import attention_switch
-from ..decode import greedy
 from ..documents import load_document
 from ..errors import SekvError
-from ..methods.full import prefill_cache, truncate
+from ..methods.full import answer_over, prefill_cache, truncate
 from ..methods.sekv import MIN_ZOOM
 from ..models import LoadedModel
-from ..prompt import chat_template, encode_context, encode_question, stop_ids
+from ..prompt import chat_template, encode_context, encode_question
 from ..rope import Rope
 from ..store import StoreSettings, open_or_build
 from ..zoom import SpanMemory
@@ -141,20 +140,13 @@ def prepare(loaded: LoadedModel, settings: TrainSettings, log: Log) -> tuple[lis
     return docs, [e for e in examples if e.doc < settings.docs], held
 
 
-@torch.inference_mode()
 def teacher_answer(
     loaded: LoadedModel, cache: DynamicCache, context_len: int, question: list[int], limit: int
 ) -> list[int]:
     """The full-KV model's own greedy answer to ``question`` (up to ``limit`` tokens); the
     cache is left holding the document alone."""
-    model, device = loaded.model, loaded.device
-
-    def step(ids: torch.Tensor) -> torch.Tensor:
-        out = model(input_ids=ids.to(device), cache=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float()
-
     try:
-        return list(greedy(step, question, stop_ids(loaded.tokenizer), limit))
+        return list(answer_over(loaded, cache, question, limit))
     finally:
         truncate(cache, context_len)
 
