@@ -134,13 +134,33 @@ def fidelity(
     seeds: str = typer.Option("1", help="Seeds of the generated samples, comma-separated."),
     answer_tokens: int = typer.Option(24, min=1, help="Reference answer length cap, in tokens."),
     router: str = TRAINED_ROUTER_OPTION,
+    every_span: bool = typer.Option(
+        False,
+        "--every-span",
+        help="No memory target: SeKV zooms every span (what its store alone loses).",
+    ),
+    key_energy: float | None = typer.Option(
+        None, min=0.01, max=1.0, help="Store: spectrum share the key bases keep (default 0.999)."
+    ),
+    value_energy: float | None = typer.Option(
+        None, min=0.01, max=1.0, help="Store: spectrum share the value bases keep (default 0.999)."
+    ),
+    sketch_dim: int | None = typer.Option(
+        None, min=1, help="Store: routing sketch dims per span token (default 32)."
+    ),
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-fidelity"), help="Directory for the results."),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Fidelity to full KV: top-1 agreement and KL along full KV's own answers."""
+    from dataclasses import replace
+
     from sekv_core.bench.fidelity import run_fidelity
     from sekv_core.methods import MethodSettings
+    from sekv_core.store import StoreSettings
+
+    chosen = {"key_energy": key_energy, "value_energy": value_energy, "sketch_dim": sketch_dim}
+    store = replace(StoreSettings(), **{k: v for k, v in chosen.items() if v is not None})
 
     config = suite_config(
         methods, tasks, lengths, depths, budgets, seeds,
@@ -152,7 +172,8 @@ def fidelity(
         config,
         out,
         answer_tokens,
-        MethodSettings(),
+        MethodSettings(extra={"store_settings": store}),
+        every_span=every_span,
         on_row=lambda row: err.print(
             f"{row['sample']} {config_name(row)}: {row['agree']}/{row['tokens']} tokens agree, "
             f"resident {row['resident_ratio']:.1%}",

@@ -73,3 +73,30 @@ def test_fidelity_bench_end_to_end_through_the_cli(tiny_model_dirs, tmp_path):
         app, ["bench", "fidelity", "--methods", "full", "--model", str(tiny_model_dirs["llama"])]
     )
     assert refused.exit_code == 1 and "reference" in refused.output
+
+
+def test_every_span_zoomed_follows_full_kv_as_closely_as_the_store_allows(
+    tiny_model_dirs, tmp_path
+):
+    """--every-span: no memory target, every span zoomed; a lossless store (every singular value
+    kept) is full KV, a coarse one is not (the store options reach the method's store)."""
+
+    def run(energy: str) -> dict:
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench", "fidelity", "--methods", "sekv", "--tasks", "needle", "--lengths",
+                "300", "--depths", "0.5", "--answer-tokens", "4", "--every-span",
+                "--key-energy", energy, "--value-energy", energy,
+                "--model", str(tiny_model_dirs["llama"]), "--out", str(tmp_path / energy),
+                "--json",
+            ],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (config,) = json.loads(result.stdout)["configs"]
+        assert config["budget"] is None
+        return config
+
+    lossless, coarse = run("1.0"), run("0.3")
+    assert lossless["top1_agreement"] == 1.0 and lossless["kl_per_token"] < 1e-3
+    assert coarse["kl_per_token"] > 10 * max(lossless["kl_per_token"], 1e-5)

@@ -42,23 +42,27 @@ def run_fidelity(
     answer_tokens: int = DEFAULT_ANSWER_TOKENS,
     settings: MethodSettings | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    every_span: bool = False,
 ) -> dict[str, Any]:
     """Every (method, budget) against full KV on every sample question; writes ``out``'s
     results.jsonl, summary.json and fidelity.md and returns the summary. ``sekv-trained`` routes
     with ``config.trained_router`` (auto: the router trained for the model), ``sekv``
-    training-free."""
+    training-free. ``every_span``: no memory target, SeKV zooms every span (the ceiling its
+    store sets: what reconstruction alone loses); other methods keep the whole cache."""
     if "full" in config.methods:
         raise SekvError(
             "full KV is the reference of the fidelity benchmark; drop it from --methods"
         )
     config.check(loaded.spec.window)
     base = settings or MethodSettings()
+    if every_span:
+        base = replace(base, budget=EVERY_SPAN)
     out = Path(out)
     (out / "samples").mkdir(parents=True, exist_ok=True)
     configs = [
         (method, budget)
         for method in config.methods
-        for budget in (config.budgets if budgeted(method) else [None])
+        for budget in (config.budgets if budgeted(method) and not every_span else [None])
     ]
     rows: list[dict[str, Any]] = []
     with (out / "results.jsonl").open("w") as sink:
@@ -105,12 +109,16 @@ def run_fidelity(
                         on_row(row)
     summary = {
         "answer_tokens": answer_tokens,
+        "every_span": every_span,
         "trained_router": config.trained_router if "sekv-trained" in config.methods else None,
         "configs": summarize(rows),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "fidelity.md").write_text(markdown(summary))
     return summary
+
+
+EVERY_SPAN = 1 << 30  # a zoom budget (tokens per layer and KV head) no document reaches
 
 
 def compare(reference: torch.Tensor, got: torch.Tensor, ids: list[int]) -> dict[str, Any]:

@@ -106,8 +106,11 @@ class PreparedDoc:
 Log = Callable[[str], None]
 
 
-def prepare(loaded: LoadedModel, settings: TrainSettings, log: Log) -> tuple[list, list, list]:
-    """Generate the corpus; build stores and teacher signals. Returns docs, train, held-out."""
+def prepare(
+    loaded: LoadedModel, settings: TrainSettings, log: Log, store: StoreSettings | None = None
+) -> tuple[list, list, list]:
+    """Generate the corpus; build stores (``store``: answering's default settings) and teacher
+    signals. Returns docs, train, held-out."""
     tok = loaded.tokenizer
     template = chat_template(tok)
     corpus = make_corpus(tok, settings.docs + settings.held_out, settings.seed, settings.doc_tokens)
@@ -120,8 +123,8 @@ def prepare(loaded: LoadedModel, settings: TrainSettings, log: Log) -> tuple[lis
             path.write_text(train_doc.text)
             document = load_document(path)
             context = encode_context(tok, template, document.text)
-            store, _ = open_or_build(loaded, document, context, StoreSettings())
-            memory = SpanMemory(store, Rope(loaded.model), loaded.device, loaded.dtype)
+            span_store, _ = open_or_build(loaded, document, context, store or StoreSettings())
+            memory = SpanMemory(span_store, Rope(loaded.model), loaded.device, loaded.dtype)
             cache = prefill_cache(loaded.model, context.ids, 512)
             doc = _prepared(memory, cache, len(context))
             docs.append(doc)
