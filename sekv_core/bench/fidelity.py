@@ -33,6 +33,7 @@ from ..models import LoadedModel
 from .suite import SuiteConfig, budgeted, build_samples, config_label, group
 
 DEFAULT_ANSWER_TOKENS = 24
+EVERY_SPAN = 1 << 30  # a zoom budget (tokens per layer and KV head) no document reaches
 
 
 def run_fidelity(
@@ -116,9 +117,6 @@ def run_fidelity(
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "fidelity.md").write_text(markdown(summary))
     return summary
-
-
-EVERY_SPAN = 1 << 30  # a zoom budget (tokens per layer and KV head) no document reaches
 
 
 def compare(reference: torch.Tensor, got: torch.Tensor, ids: list[int]) -> dict[str, Any]:
