@@ -159,6 +159,11 @@ def fidelity(
     from sekv_core.methods import MethodSettings
     from sekv_core.store import StoreSettings
 
+    if sketch_dim is not None and sketch_dim % 2:
+        raise typer.BadParameter(
+            f"{sketch_dim} is odd; the 4-bit sketch packs two dims per byte: use an even number",
+            param_hint="--sketch-dim",
+        )
     chosen = {"key_energy": key_energy, "value_energy": value_energy, "sketch_dim": sketch_dim}
     store = replace(StoreSettings(), **{k: v for k, v in chosen.items() if v is not None})
 

@@ -97,6 +97,8 @@ def test_every_span_zoomed_follows_full_kv_as_closely_as_the_store_allows(
         assert config["budget"] is None
         return config
 
+    odd = CliRunner().invoke(app, ["bench", "fidelity", "--sketch-dim", "15"])
+    assert odd.exit_code != 0 and "even" in odd.output
     lossless, coarse = run("1.0"), run("0.3")
     assert lossless["top1_agreement"] == 1.0 and lossless["kl_per_token"] < 1e-3
     assert coarse["kl_per_token"] > 10 * max(lossless["kl_per_token"], 1e-5)
