@@ -77,9 +77,9 @@ class SpanMemory:
             pos = r["fixed_pos"].to(device)
             pos = torch.where(pos < self.n_sinks, pos, torch.zeros_like(pos))
             self.fixed_k = rope.rotate(self.fixed_k.to(dtype), pos).to(self.fixed_v.dtype)
-        self.sketch_proj, self.sketch = r["sketch_proj"], r["sketch"]  # (L,H,D,R) (L,H,S,R)
         self.sketch_mean = r["sketch_mean"]  # (L, H, D): see sekv_core.sketch
-        self.sketch_scale = r["sketch_scale"]  # (L, H, R)
+        self.sketch_dims = r["sketch_proj"].shape[-1]  # stored directions, strongest first
+        self.place_sketch(getattr(self, "routed_dims", None))
         self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
         self.lengths = (self.ends - self.starts).to(device)
         self.log_len = self.lengths.float().log()  # (N,)
@@ -94,6 +94,22 @@ class SpanMemory:
         self.context_len = int(self.store.manifest["document"]["context_tokens"])
         self.tables = {k: v for k, v in r.items() if k.startswith(("k_", "v_"))}
         self._oracle_keys: dict[int, torch.Tensor] = {}
+
+    def place_sketch(self, dims: int | None = None) -> None:
+        """Put the sketch's first ``dims`` directions (None: all) on the device for routing.
+
+        The store keeps them strongest first with one scale per direction, so the first d of a
+        store's directions are exactly a d-dimensional sketch; the rest stay on the host and are
+        not resident. ``dims`` is rounded down to an even number (4-bit rows pack two per byte).
+        """
+        r, full = self.store.resident, self.sketch_dims
+        dims = full if dims is None else max(2, min(full, dims - dims % 2))
+        packed = r["sketch"]
+        cols = dims if packed.dtype == torch.int8 else dims // 2  # int8, or 4-bit pairs
+        self.routed_dims = dims
+        self.sketch_proj = r["sketch_proj"][..., :dims].contiguous().to(self.device)
+        self.sketch_scale = r["sketch_scale"][..., :dims].contiguous().to(self.device)
+        self.sketch = packed[..., :cols].contiguous().to(self.device)  # (L, H, S, cols)
 
     @property
     def summary_k(self) -> torch.Tensor:

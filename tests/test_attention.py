@@ -149,3 +149,53 @@ def test_oracle_recall_is_measured(tiny_loaded, tmp_path):
     oracle, _ = sekv_method(tiny_loaded, tmp_path, budget=40, measure_recall=True, router="oracle")
     list(oracle.generate(encode_question(tok, chat_template(tok), "Where is item 4?"), 3))
     assert oracle.routing()["recall_vs_oracle"] == 1.0
+
+
+def test_routing_with_the_sketchs_first_directions_is_a_smaller_sketch(tiny_loaded, tmp_path):
+    """The first d of a store's sketch directions are exactly a d-dim store's sketch (strongest
+    first, one scale per direction): placing only them routes like the smaller store and the
+    rest is not resident."""
+    from sekv_core.sketch import sketch_logits
+
+    segment = SegmentSettings(min_len=8, max_len=32)
+    wide, _ = sekv_method(tiny_loaded, tmp_path, StoreSettings(segment=segment))
+    narrow, _ = sekv_method(tiny_loaded, tmp_path, StoreSettings(segment=segment, sketch_dim=8))
+    full = wide.spans.sketch_dims
+    assert full > 8 and narrow.spans.sketch_dims == 8
+    before = wide.spans.resident_bytes()
+    wide.spans.place_sketch(8)
+    assert wide.spans.routed_dims == 8
+    # what leaves the device: the other directions' projection (fp16), scales and 4-bit rows
+    L, H, S = wide.spans.sketch.shape[:3]
+    D = wide.spans.head_dim
+    gone = (full - 8) * (L * H * D * 2 + L * H * 2 + L * H * S // 2)
+    assert before - wide.spans.resident_bytes() == gone
+    q = torch.randn(H, 2, 3, D, generator=torch.Generator().manual_seed(0))
+    for layer in range(L):
+        a = sketch_logits(wide.spans, layer, q)
+        b = sketch_logits(narrow.spans, layer, q)
+        assert torch.allclose(a, b, atol=1e-3, rtol=1e-3)
+    wide.spans.place_sketch()
+    assert wide.spans.resident_bytes() == before
+
+
+def test_a_starved_zoom_routes_with_half_the_sketch(tiny_loaded, tmp_path):
+    """Under a memory target that would leave the zoom fewer than STARVED_ZOOM tokens, the
+    answer places half the sketch and zooms more; a loose target keeps the whole sketch."""
+    from sekv_core.methods.sekv import STARVED_ZOOM
+
+    segment = SegmentSettings(min_len=8, max_len=32)
+    method, _ = sekv_method(tiny_loaded, tmp_path, StoreSettings(segment=segment))
+    spans, full = method.spans, method.spans.sketch_dims
+    spec = tiny_loaded.spec
+    kv = spec.kv_bytes(len(method.context), 2)
+    per_token = spec.kv_bytes(1, 2) * (1 + 2 / spec.num_layers)
+    spans.place_sketch()
+    whole = spans.resident_bytes()
+    # a target leaving the whole sketch exactly one token short of the starved line
+    method.settings.memory_ratio = (whole + (STARVED_ZOOM - 1) * per_token) / kv
+    budget = method.zoom_budget()
+    assert spans.routed_dims == full // 2 and budget > STARVED_ZOOM - 1
+    assert budget == int((method.settings.memory_ratio * kv - spans.resident_bytes()) // per_token)
+    method.settings.memory_ratio = (whole + (STARVED_ZOOM + 1) * per_token) / kv
+    assert method.zoom_budget() >= STARVED_ZOOM and spans.routed_dims == full

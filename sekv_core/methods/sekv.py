@@ -24,6 +24,7 @@ from .base import Method, Progress
 
 DEFAULT_BUDGET = 256
 MIN_ZOOM = 32
+STARVED_ZOOM = 2 * MIN_ZOOM  # under this many zoomed tokens, route with half the sketch
 PREVIEW_CHARS = 80
 
 
@@ -88,16 +89,27 @@ class SeKV(Method):
 
         Under a memory target, the resident tier is paid first; a zoomed token costs its fp16 K/V
         once (the pool attention reads is its only copy) plus, while one layer's pool is rebuilt,
-        about two more layers' worth. A target below the resident tier still zooms one span of
-        ``MIN_ZOOM`` tokens (reported as measured).
+        about two more layers' worth. When the whole sketch would leave the zoom fewer than
+        ``STARVED_ZOOM`` tokens, the answer routes with the sketch's strongest half and spends
+        the rest on zooming (measured under 10% targets: 0.788 -> 0.831 of full KV's answer
+        tokens; where the zoom is not starved the whole sketch is better: 0.914 vs 0.894 at 20%).
+        A target below the resident tier still zooms one span of ``MIN_ZOOM`` tokens (reported
+        as measured).
         """
         s = self.settings
+        self.spans.place_sketch()
         if s.memory_ratio is None:
             return s.budget or DEFAULT_BUDGET
         spec = self.loaded.spec
         target = s.memory_ratio * spec.kv_bytes(len(self.context), 2)
         per_token = spec.kv_bytes(1, 2) * (1 + 2 / spec.num_layers)
-        return max(MIN_ZOOM, int((target - self.spans.resident_bytes()) // per_token))
+
+        def left() -> int:
+            return int((target - self.spans.resident_bytes()) // per_token)
+
+        if left() < STARVED_ZOOM:
+            self.spans.place_sketch(self.spans.sketch_dims // 2)
+        return max(MIN_ZOOM, left())
 
     def max_band(self) -> int:
         """Books: the most zoomed tokens per KV head (half of the window after the sinks)."""
@@ -150,6 +162,7 @@ class SeKV(Method):
         out: dict[str, Any] = {
             "router": p.router.name,
             "budget": p.budget,
+            "sketch_dims": self.spans.routed_dims,
             "margin": p.margin,
             "summaries": p.use_summaries,
             "zoomed_tokens_max": t.zoomed_tokens_max,
