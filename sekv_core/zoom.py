@@ -49,6 +49,7 @@ class SpanMemory:
         self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
         self.n_sinks = int(positions.get("sinks", 0))
         self.pool_end: int | None = None  # bounded: the first local position (set per answer)
+        self.routed_dims: int | None = None  # sketch directions on the device (place_sketch)
         self.refresh()
         # per layer: (span, head) -> reconstructed (K, V) in fp16, least recently used first
         self.cache: list[OrderedDict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]] = [
@@ -79,7 +80,8 @@ class SpanMemory:
             self.fixed_k = rope.rotate(self.fixed_k.to(dtype), pos).to(self.fixed_v.dtype)
         self.sketch_mean = r["sketch_mean"]  # (L, H, D): see sekv_core.sketch
         self.sketch_dims = r["sketch_proj"].shape[-1]  # stored directions, strongest first
-        self.place_sketch(getattr(self, "routed_dims", None))
+        dims, self.routed_dims = self.routed_dims, None  # re-placed from the (grown) store
+        self.place_sketch(dims)
         self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
         self.lengths = (self.ends - self.starts).to(device)
         self.log_len = self.lengths.float().log()  # (N,)
@@ -104,6 +106,8 @@ class SpanMemory:
         """
         r, full = self.store.resident, self.sketch_dims
         dims = full if dims is None else max(2, min(full, dims - dims % 2))
+        if dims == self.routed_dims:  # already there (answers re-place it each time)
+            return
         packed = r["sketch"]
         cols = dims if packed.dtype == torch.int8 else dims // 2  # int8, or 4-bit pairs
         self.routed_dims = dims
