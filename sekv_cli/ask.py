@@ -13,6 +13,7 @@ from sekv_core.methods import METHODS, MethodSettings
 from .common import (
     JSON_OPTION,
     MODEL_OPTION,
+    ZOOM_BITS_OPTION,
     handle_errors,
     open_session,
     print_json,
@@ -44,13 +45,16 @@ def ask(
         False, "--summaries", help="Let non-zoomed spans join attention as summaries (sekv)."
     ),
     router: str = ROUTER_OPTION,
+    zoom_bits: int = ZOOM_BITS_OPTION,
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
     json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
     start = time.perf_counter()
-    settings = MethodSettings(budget=budget, use_summaries=summaries, router=router, warn=warn)
+    settings = MethodSettings(
+        budget=budget, use_summaries=summaries, router=router, zoom_bits=zoom_bits, warn=warn
+    )
     session, load_s = open_session(file, model, method, settings)
     result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)
     result.timings["load_s"] = round(load_s, 4)

@@ -30,6 +30,21 @@ MODEL_OPTION = typer.Option(
     None, "--model", "-m", help="Hugging Face id or local directory (default: embedded SmolLM2)."
 )
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON object on stdout.")
+
+
+def _zoom_bits(value: int) -> int:
+    if value not in (8, 16):
+        raise typer.BadParameter(f"{value} is not 8 or 16", param_hint="--zoom-bits")
+    return value
+
+
+ZOOM_BITS_OPTION = typer.Option(
+    8,
+    "--zoom-bits",
+    callback=_zoom_bits,
+    help="sekv: zoomed tokens wait between decoding steps as 8-bit rows with a scale each "
+    "(~1.9x the tokens per byte) or 16-bit (fp16).",
+)
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -178,8 +178,9 @@ def sekv_attention_forward(
     memory, policy = sekv_memory, sekv_policy
     zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
 
-    # (Hkv, P, D), owner (Hkv, P)
-    pool_k, pool_v, owner = memory.zoom_pool(layer, zoom, policy.use_summaries)
+    pool = memory.zoom_pool(layer, zoom, policy.use_summaries)
+    pool_k, pool_v = pool.kv(q.dtype)  # (Hkv, P, D), read back in the model dtype
+    owner = pool.owner  # (Hkv, P)
     neg_inf = torch.finfo(torch.float32).min
     pool_bias = torch.where(owner >= 0, 0.0, neg_inf)  # (Hkv, P): padding is absent
     fixed_k, fixed_v = memory.fixed_k[layer], memory.fixed_v[layer]  # (Hkv, F, D)

@@ -399,7 +399,8 @@ class StreamBuilder:
             **{name: torch.zeros(L, H, 0, dtype=_table_dtype(name)) for name in TABLES},
         )
         self.store.resident["sketch"] = self.store.resident["sketch"].to(dev)
-        self.memory = SpanMemory(self.store, self.rope, dev, self.dtype)
+        # 16-bit zoom: what a chunk attends to is part of the store (answers may hold 8 bits)
+        self.memory = SpanMemory(self.store, self.rope, dev, self.dtype, zoom_bits=16)
         self.memory.clear(capacity=self.budget * H)
         if self.sketch_basis is not None:
             self._place_sketch_basis()

@@ -27,11 +27,15 @@ from dataclasses import dataclass
 import torch
 
 from .basis import BASIS_DTYPE
+from .kvquant import dequantize_rows, quantize_rows, row_bytes
 from .rope import Rope, rotate_half
 from .sketch import sketch_logits
 from .store import SpanStore
 
-CACHE_DTYPE = BASIS_DTYPE  # reconstructions wait between steps in half precision
+CACHE_DTYPE = BASIS_DTYPE  # 16-bit zoom: reconstructions wait between steps in half precision
+# reconstructions wait between steps as int8 rows with one fp16 scale each (sekv_core.kvquant):
+# ~1.9x the zoomed tokens per byte of fp16 (measured on the default model: see docs/benchmarks.md)
+ZOOM_BITS = 8
 # above this many spans (books of ~60K tokens), routers only score the spans whose representative
 # tokens score among the best ``keep`` (or 4x the budget's worth of spans) per KV head
 PREFILTER_SPANS = 2048
@@ -42,22 +46,28 @@ class SpanMemory:
     """Device-side view of a span store for one model; shared by all questions."""
 
     def __init__(
-        self, store: SpanStore, rope: Rope, device: torch.device, dtype: torch.dtype
+        self,
+        store: SpanStore,
+        rope: Rope,
+        device: torch.device,
+        dtype: torch.dtype,
+        zoom_bits: int = ZOOM_BITS,
     ) -> None:
         self.store, self.rope, self.device, self.dtype = store, rope, device, dtype
+        self.zoom_bits = zoom_bits  # 8: int8 rows + fp16 scales; 16: fp16 (CACHE_DTYPE)
         positions = store.manifest.get("positions", {})
         self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
         self.n_sinks = int(positions.get("sinks", 0))
         self.pool_end: int | None = None  # bounded: the first local position (set per answer)
         self.routed_dims: int | None = None  # sketch directions on the device (place_sketch)
         self.refresh()
-        # per layer: (span, head) -> reconstructed (K, V) in fp16, least recently used first
-        self.cache: list[OrderedDict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]] = [
+        # per layer: (span, head) -> reconstructed K, V as Rows, least recently used first
+        self.cache: list[OrderedDict[tuple[int, int], tuple[Rows, Rows]]] = [
             OrderedDict() for _ in range(self.num_layers)
         ]
         self.cache_tokens = [0] * self.num_layers
         self.capacity = 0  # head-tokens kept per layer between steps (set per answer)
-        self.token_bytes = 2 * self.head_dim * CACHE_DTYPE.itemsize  # K + V of one head-token
+        self.token_bytes = 2 * row_bytes(self.head_dim, zoom_bits)  # K + V of one head-token
         self.peak_cached_bytes = 0
         self.reconstructions = 0
         # optional rank gate (trained): (kind, layer, head, coef (|S|, r)) -> rank to keep
@@ -65,7 +75,7 @@ class SpanMemory:
         self.rank_sum = {"k": 0, "v": 0}  # ranks used by factorised reconstructions
         self.rank_count = {"k": 0, "v": 0}
         # per layer: the last zoom picks and the pool built for them (reused while unchanged)
-        self._pools: dict[int, tuple[list[list[int]], int | None, tuple[torch.Tensor, ...]]] = {}
+        self._pools: dict[int, tuple[list[list[int]], int | None, ZoomPool]] = {}
 
     def refresh(self) -> None:
         """(Re)read the resident tier from the store (a streamed build appends spans to it)."""
@@ -86,6 +96,7 @@ class SpanMemory:
         self.lengths = (self.ends - self.starts).to(device)
         self.log_len = self.lengths.float().log()  # (N,)
         self.n_spans = int(self.starts.numel())
+        self.span_tokens = int((self.ends - self.starts).sum())  # context tokens in spans
         self.sketch_span = torch.repeat_interleave(
             torch.arange(self.n_spans), self.ends - self.starts
         ).to(device)  # (S,) span of each span token
@@ -149,7 +160,8 @@ class SpanMemory:
 
     def resident_bytes(self) -> int:
         """Bytes of the resident tier held on the device (routing structures included; span
-        summaries only once something has read them)."""
+        summaries only once something has read them). The offload tier's index (per-span
+        ranks and offsets, ``tables``) stays on the host beside it: the host gathers the factors."""
         tensors = [
             self.fixed_k,
             self.fixed_v,
@@ -160,7 +172,6 @@ class SpanMemory:
             self.sketch_scale,
             self.lengths,
             self.sketch_span,
-            *self.tables.values(),
             *([] if self.span_reps is None else [self.span_reps]),
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -179,13 +190,13 @@ class SpanMemory:
         self.rank_sum, self.rank_count = {"k": 0, "v": 0}, {"k": 0, "v": 0}
 
     def span_kv(self, layer: int, span: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token-level K, V (|S|, D) of one span for one KV head; reconstructed once (LRU)."""
-        return self.spans_kv(layer, [(span, head)])[0]
+        """Token-level K, V (|S|, D) of one span for one KV head in CACHE_DTYPE, as the zoom
+        holds them (8-bit zoom: read back from int8); reconstructed once (LRU)."""
+        k, v = self.spans_kv(layer, [(span, head)])[0]
+        return k.read(CACHE_DTYPE), v.read(CACHE_DTYPE)
 
-    def spans_kv(
-        self, layer: int, pairs: list[tuple[int, int]]
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Token-level K, V (|S|, D) of (span, head) ``pairs`` of one layer.
+    def spans_kv(self, layer: int, pairs: list[tuple[int, int]]) -> list[tuple[Rows, Rows]]:
+        """Token-level K, V (|S|, D) of (span, head) ``pairs`` of one layer, as held (Rows).
 
         The ones not in the layer's LRU cache are reconstructed together: one batched product
         per tensor kind (many small matmuls cost far more than one, on a busy CPU above all).
@@ -202,9 +213,9 @@ class SpanMemory:
                 cos, sin = (t.view(*pos.shape, -1) for t in self.rope.tables(pos.flatten(), keys))
                 keys = keys * cos + rotate_half(keys) * sin
             values, _ = self._reconstruct_many("v", layer, missing)
-            keys, values = keys.to(CACHE_DTYPE), values.to(CACHE_DTYPE)
+            keys, values = Rows.encode(keys, self.zoom_bits), Rows.encode(values, self.zoom_bits)
             for i, (pair, n) in enumerate(zip(missing, lengths, strict=True)):
-                layer_cache[pair] = (keys[i, :n], values[i, :n])
+                layer_cache[pair] = (keys.part(i, 0, n), values.part(i, 0, n))
                 self.cache_tokens[layer] += n
             self.reconstructions += len(missing)
         out = []
@@ -213,7 +224,7 @@ class SpanMemory:
             out.append(layer_cache[pair])
         while self.cache_tokens[layer] > self.capacity and len(layer_cache) > 1:
             _, (old, _) = layer_cache.popitem(last=False)
-            self.cache_tokens[layer] -= old.shape[0]
+            self.cache_tokens[layer] -= old.length
         return out
 
     def _reconstruct_many(
@@ -282,18 +293,17 @@ class SpanMemory:
         n = self.rank_count[kind]
         return round(self.rank_sum[kind] / n, 2) if n else None
 
-    def zoom_pool(
-        self, layer: int, zoom: torch.Tensor, summaries: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def zoom_pool(self, layer: int, zoom: torch.Tensor, summaries: bool = False) -> ZoomPool:
         """Reconstructed tokens of the spans each KV head zoomed, padded to a common length.
 
         zoom : (H, N) bool; ``summaries``: the caller's softmax also reads the span summaries
-        (counted in the live bytes). Returns K, V (H, P, D) in CACHE_DTYPE and owner (H, P): the
-        span of each pooled token, -1 on padding. A layer whose picks did not change since its
-        last call gets the same pool back (decoding rarely changes the zoom from one token to the
-        next). The pool is the layer's only copy of its reconstructions: afterwards the layer's
-        cache holds views into it, so a zoomed token costs its fp16 K/V once (plus, while one
-        layer's pool is rebuilt, that layer's old pool and new reconstructions).
+        (counted in the live bytes). Returns the pool: K, V (H, P, D) as Rows and owner (H, P),
+        the span of each pooled token, -1 on padding. A layer whose picks did not change since
+        its last call gets the same pool back (decoding rarely changes the zoom from one token
+        to the next). The pool is the layer's only copy of its reconstructions: afterwards the
+        layer's cache holds views into it, so a zoomed token costs its K/V once (``token_bytes``;
+        plus, while one layer's pool is rebuilt, that layer's old pool and new reconstructions,
+        and the memory entries attention reads in the model dtype: see :meth:`zoom_bytes`).
         Bounded memories place each head's pool in document order right before ``pool_end``.
         """
         H, D = self.num_kv_heads, self.head_dim
@@ -306,31 +316,27 @@ class SpanMemory:
         pairs = [(s, h) for h, spans in enumerate(picks) for s in spans]
         found = iter(self.spans_kv(layer, pairs)) if pairs else iter(())
         per_head = [[next(found) for _ in spans] for spans in picks]
-        sizes = [sum(k.shape[0] for k, _ in kv) for kv in per_head]
+        sizes = [sum(k.length for k, _ in kv) for kv in per_head]
         P = max(sizes, default=0)
-        keys = self.fixed_k.new_zeros(H, P, D, dtype=CACHE_DTYPE)
-        values = self.fixed_k.new_zeros(H, P, D, dtype=CACHE_DTYPE)
+        keys = Rows.empty(H, P, D, self.zoom_bits, self.device)
+        values = Rows.empty(H, P, D, self.zoom_bits, self.device)
         owner = torch.full((H, P), -1, dtype=torch.long)
         for h, (spans, kv) in enumerate(zip(picks, per_head, strict=True)):
             if kv:
-                keys[h, : sizes[h]] = torch.cat([k for k, _ in kv])
-                values[h, : sizes[h]] = torch.cat([v for _, v in kv])
+                keys.put(h, [k for k, _ in kv])
+                values.put(h, [v for _, v in kv])
                 owner[h, : sizes[h]] = torch.repeat_interleave(
-                    torch.tensor(spans), torch.tensor([k.shape[0] for k, _ in kv])
+                    torch.tensor(spans), torch.tensor([k.length for k, _ in kv])
                 )
         # live now: every layer's pool, this layer's old pool (until its views go), the new
-        # reconstructions, and this call's memory entries (fixed, summaries when read, pool) in
-        # the model dtype for the softmax
-        old_pool = last[2][0].shape[0] * last[2][0].shape[1] if last is not None else 0
-        pooled = H * P + sum(
-            k.shape[0] * k.shape[1] for i, (_, _, (k, _, _)) in self._pools.items() if i != layer
-        )
-        entries = self.fixed_k.shape[2] + (self.n_spans if summaries else 0) + P
+        # reconstructions, and this call's memory entries in the model dtype for the softmax
+        old_pool = last[2].tokens if last is not None else 0
+        pooled = H * P + sum(pool.tokens for i, (_, _, pool) in self._pools.items() if i != layer)
         raw_keys = H * P // 2 if self.bounded else 0  # bounded: the unrotated keys stay too
         live = (
             self.cached_bytes()
             + (pooled + old_pool + raw_keys) * self.token_bytes
-            + H * entries * 2 * D * self.dtype.itemsize
+            + self._entry_bytes(P, summaries)
         )
         self.peak_cached_bytes = max(self.peak_cached_bytes, live)
         # the layer's cache becomes views into the pool (the reconstructions' only copy)
@@ -339,18 +345,37 @@ class SpanMemory:
         for h, spans in enumerate(picks):
             start = 0
             for span, (k, _) in zip(spans, per_head[h], strict=True):
-                n = k.shape[0]
-                layer_cache[(span, h)] = (keys[h, start : start + n], values[h, start : start + n])
+                n = k.length
+                layer_cache[(span, h)] = (
+                    keys.part(h, start, start + n),
+                    values.part(h, start, start + n),
+                )
                 start += n
         self.cache_tokens[layer] = 0
         if self.bounded and P:  # right-aligned: head h's tokens at pool_end - size_h ...
             pos = torch.arange(P)[None] + (self.pool_end - torch.tensor(sizes))[:, None]  # (H, P)
             like = torch.zeros(1, device=self.device, dtype=self.dtype)
             cos, sin = (t.view(H, P, D) for t in self.rope.tables(pos.clamp(min=0).flatten(), like))
-            k = keys.to(self.dtype)
-            keys = (k * cos + rotate_half(k) * sin).to(CACHE_DTYPE)
-        self._pools[layer] = (picks, self.pool_end, (keys, values, owner.to(self.device)))
+            k = keys.read(self.dtype)
+            keys = Rows.encode(k * cos + rotate_half(k) * sin, self.zoom_bits)
+        self._pools[layer] = (picks, self.pool_end, ZoomPool(keys, values, owner.to(self.device)))
         return self._pools[layer][2]
+
+    def _entry_bytes(self, pooled: int, summaries: bool) -> int:
+        """The memory entries one attention call reads in the model dtype (fixed, summaries when
+        read, ``pooled`` zoomed tokens per KV head): K and V."""
+        entries = self.fixed_k.shape[2] + (self.n_spans if summaries else 0) + pooled
+        return self.num_kv_heads * entries * 2 * self.head_dim * self.dtype.itemsize
+
+    def zoom_bytes(self, tokens: int, summaries: bool = False) -> int:
+        """Peak bytes an answer's zoom takes when every layer's pool holds ``tokens`` per KV head
+        (what :meth:`zoom_pool` counts at its worst: all pools, one layer's old pool and new
+        reconstructions, bounded memories' unrotated keys, one call's entries in the model
+        dtype). Memory targets turn into zoom budgets with it."""
+        held = self.num_layers + 2 + (0.5 if self.bounded else 0.0)
+        return int(self.num_kv_heads * tokens * held * self.token_bytes) + self._entry_bytes(
+            tokens, summaries
+        )
 
     def all_span_keys(self, layer: int) -> torch.Tensor:
         """Every span token's key of one layer (H, S, D), for the oracle diagnostic only: kept
@@ -405,6 +430,69 @@ class SpanMemory:
 
     def subset(self, layer: int, index: torch.Tensor) -> SpanSubset:
         return SpanSubset(self, layer, index)
+
+
+class Rows:
+    """K or V rows as the zoom holds them: fp16 (16-bit zoom), or int8 codes with one fp16 scale
+    per row (8-bit zoom, :mod:`sekv_core.kvquant`). codes (..., n, D); scale (..., n) or None."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor | None) -> None:
+        self.codes, self.scale = codes, scale
+
+    @classmethod
+    def encode(cls, x: torch.Tensor, bits: int) -> Rows:
+        if bits == 16:
+            return cls(x.to(CACHE_DTYPE), None)
+        if bits == 8:
+            return cls(*quantize_rows(x))
+        raise ValueError(f"zoom bits must be 8 or 16, not {bits}")
+
+    @classmethod
+    def empty(cls, heads: int, n: int, dim: int, bits: int, device: torch.device) -> Rows:
+        """Zero rows (heads, n, dim) to :meth:`put` into."""
+        if bits == 16:
+            return cls(torch.zeros(heads, n, dim, dtype=CACHE_DTYPE, device=device), None)
+        codes = torch.zeros(heads, n, dim, dtype=torch.int8, device=device)
+        return cls(codes, torch.zeros(heads, n, dtype=torch.float16, device=device))
+
+    @property
+    def length(self) -> int:
+        return self.codes.shape[-2]
+
+    def part(self, i: int, start: int, stop: int) -> Rows:
+        """Rows ``start:stop`` of block ``i`` (views)."""
+        scale = None if self.scale is None else self.scale[i, start:stop]
+        return Rows(self.codes[i, start:stop], scale)
+
+    def put(self, i: int, parts: list[Rows]) -> None:
+        """Copy ``parts`` one after another into the first rows of block ``i``."""
+        n = sum(p.length for p in parts)
+        self.codes[i, :n] = torch.cat([p.codes for p in parts])
+        if self.scale is not None:
+            self.scale[i, :n] = torch.cat([p.scale for p in parts])
+
+    def read(self, dtype: torch.dtype) -> torch.Tensor:
+        """The rows in ``dtype`` (dequantized)."""
+        if self.scale is None:
+            return self.codes.to(dtype)
+        return dequantize_rows(self.codes, self.scale, dtype)
+
+
+@dataclass
+class ZoomPool:
+    """One layer's zoomed tokens: K, V (H, P, D) as Rows; owner (H, P), -1 on padding."""
+
+    keys: Rows
+    values: Rows
+    owner: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        """Head-tokens held (padding included)."""
+        return self.owner.numel()
+
+    def kv(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys.read(dtype), self.values.read(dtype)
 
 
 class _OneLayer:

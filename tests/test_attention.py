@@ -55,7 +55,7 @@ def sekv_logits(method, q_ids, policy):
 
 
 def test_every_span_zoomed_at_full_rank_equals_full_attention(tiny_loaded, tmp_path):
-    method, ctx = sekv_method(tiny_loaded, tmp_path)
+    method, ctx = sekv_method(tiny_loaded, tmp_path, zoom_bits=16)
     q_ids = encode_question(
         tiny_loaded.tokenizer, chat_template(tiny_loaded.tokenizer), "Which room keeps item 12?"
     )
@@ -99,7 +99,7 @@ def test_reconstruction_equals_basis_product(tiny_loaded, tmp_path):
     lossy = StoreSettings(
         key_energy=0.8, value_energy=0.8, segment=SegmentSettings(min_len=16, max_len=32)
     )
-    method, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy)
+    method, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, zoom_bits=16)
     spans, store = method.spans, method.store
     spans.clear(capacity=10**6)
     t = store.resident
@@ -180,22 +180,86 @@ def test_routing_with_the_sketchs_first_directions_is_a_smaller_sketch(tiny_load
 
 
 def test_a_starved_zoom_routes_with_half_the_sketch(tiny_loaded, tmp_path):
-    """Under a memory target that would leave the zoom fewer than STARVED_ZOOM tokens, the
-    answer places half the sketch and zooms more; a loose target keeps the whole sketch."""
-    from sekv_core.methods.sekv import STARVED_ZOOM
+    """Under a memory target that would leave the zoom less than STARVED_SHARE of the span
+    tokens, the answer places half the sketch and zooms more; a looser target keeps it whole."""
+    from sekv_core.methods.sekv import STARVED_SHARE
 
     segment = SegmentSettings(min_len=8, max_len=32)
     method, _ = sekv_method(tiny_loaded, tmp_path, StoreSettings(segment=segment))
     spans, full = method.spans, method.spans.sketch_dims
-    spec = tiny_loaded.spec
-    kv = spec.kv_bytes(len(method.context), 2)
-    per_token = spec.kv_bytes(1, 2) * (1 + 2 / spec.num_layers)
+    line = math.ceil(STARVED_SHARE * spans.span_tokens)
+    kv = tiny_loaded.spec.kv_bytes(len(method.context), 2)
+    fixed = spans.zoom_bytes(0)
+    per_token = spans.zoom_bytes(1) - fixed
     spans.place_sketch()
-    whole = spans.resident_bytes()
+    whole = spans.resident_bytes() + fixed
     # a target leaving the whole sketch exactly one token short of the starved line
-    method.settings.memory_ratio = (whole + (STARVED_ZOOM - 1) * per_token) / kv
+    method.settings.memory_ratio = (whole + (line - 1) * per_token) / kv
     budget = method.zoom_budget()
-    assert spans.routed_dims == full // 2 and budget > STARVED_ZOOM - 1
-    assert budget == int((method.settings.memory_ratio * kv - spans.resident_bytes()) // per_token)
-    method.settings.memory_ratio = (whole + (STARVED_ZOOM + 1) * per_token) / kv
-    assert method.zoom_budget() >= STARVED_ZOOM and spans.routed_dims == full
+    assert spans.routed_dims == full // 2 and budget > line - 1
+    left = method.settings.memory_ratio * kv - spans.resident_bytes() - fixed
+    assert budget == max(32, int(left // per_token))
+    method.settings.memory_ratio = (whole + (line + 1) * per_token) / kv
+    assert method.zoom_budget() >= line and spans.routed_dims == full
+
+
+def test_eight_bit_zoom_rounds_each_row_by_at_most_half_a_step(tiny_loaded, tmp_path):
+    """8-bit zoom: every reconstructed row reads back within half its scale of the 16-bit one,
+    and a zoomed head-token costs int8 K + V and two fp16 scales."""
+    lossy = StoreSettings(
+        key_energy=0.8, value_energy=0.8, segment=SegmentSettings(min_len=16, max_len=32)
+    )
+    exact, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, zoom_bits=16)
+    coarse, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy)
+    assert coarse.spans.zoom_bits == 8
+    assert coarse.spans.token_bytes == 2 * (coarse.spans.head_dim + 2)
+    assert exact.spans.token_bytes == 4 * exact.spans.head_dim
+    for spans in (exact.spans, coarse.spans):
+        spans.clear(capacity=10**6)
+    pairs = [(s, h) for s in range(coarse.spans.n_spans) for h in range(coarse.spans.num_kv_heads)]
+    worst = 0.0
+    for layer in range(coarse.spans.num_layers):
+        for (k16, v16), (k8, v8) in zip(
+            exact.spans.spans_kv(layer, pairs), coarse.spans.spans_kv(layer, pairs), strict=True
+        ):
+            for a, b in ((k16, k8), (v16, v8)):
+                want = a.read(torch.float32)
+                got = b.read(torch.float32)
+                step = b.scale.float()[:, None]
+                # half a step, plus the fp16 rounding of the 16-bit reference
+                err = (got - want).abs() - want.abs() * 2**-10
+                assert (err <= step / 2 + 1e-7).all()
+                assert b.codes.dtype == torch.int8 and b.codes.abs().max() <= 127
+                worst = max(worst, float((got - want).abs().max()))
+    assert worst > 0  # it really is rounded
+
+
+def test_eight_bit_zoom_doubles_the_tokens_a_memory_target_allows(tiny_loaded, tmp_path):
+    """Same target, same resident tier: the 8-bit zoom reconstructs ~2x the tokens, and the
+    answer's measured resident memory stays within the target."""
+    segment = SegmentSettings(min_len=8, max_len=32)
+    store = StoreSettings(segment=segment)
+    budgets, peaks = {}, {}
+    for bits in (16, 8):
+        method, ctx = sekv_method(
+            tiny_loaded,
+            tmp_path,
+            store,
+            memory_ratio=0.6,
+            zoom_bits=bits,
+            extra={"margin": math.inf},
+        )
+        tok = tiny_loaded.tokenizer
+        list(method.generate(encode_question(tok, chat_template(tok), "Where is item 4?"), 4))
+        budgets[bits] = method.policy.budget
+        kv = tiny_loaded.spec.kv_bytes(len(ctx), 2)
+        peaks[bits] = method.memory()["resident_bytes"] / kv
+        assert method.policy.trace.zoomed_tokens_max > 0
+    # per head-token and layer: K + V at 2 bytes a number vs 1 + a 2-byte scale per row; one
+    # layer's entries in the model dtype (fp32 here) cost the same either way: with 2 layers
+    # that copy weighs much more than with the default model's 30 (there: 1.84x)
+    L, D = tiny_loaded.spec.num_layers, tiny_loaded.spec.head_dim
+    copy = 2 * D * tiny_loaded.dtype.itemsize
+    ratio = (4 * D * (L + 2) + copy) / (2 * (D + 2) * (L + 2) + copy)
+    assert ratio > 1.3 and budgets[8] >= 0.97 * ratio * budgets[16], (budgets, ratio)
+    assert peaks[8] <= 0.6 and peaks[16] <= 0.6, peaks

@@ -24,6 +24,7 @@ from ..engine import Session
 from ..errors import SekvError
 from ..methods import METHODS, MethodSettings
 from ..models import LoadedModel
+from ..zoom import ZOOM_BITS
 from . import plots
 from .score import is_correct, score
 from .tasks import GENERATED, TASKS, Sample, make_sample, qa_samples
@@ -46,6 +47,7 @@ class SuiteConfig:
     recall: bool = False  # SeKV methods also run the oracle router: routing recall vs oracle
     qa_docs: list[Path] | None = None  # default: the sample documents
     trained_router: str = "auto"  # sekv-trained's router (auto: the one trained for the model)
+    zoom_bits: int = ZOOM_BITS  # how SeKV's zoomed tokens wait between steps (8 or 16)
 
     def check(self, window: int | None = None) -> None:
         """Raise SekvError naming the first setting a user must fix (lengths need ``window``)."""
@@ -157,7 +159,9 @@ class Suite:
         self, sample: Sample, document: Document, method: str, budget: float | None
     ) -> Iterator[dict[str, Any]]:
         """One session (prepared once) answering the sample's questions: one row each."""
-        settings = MethodSettings(memory_ratio=budget, measure_recall=self.config.recall)
+        settings = MethodSettings(
+            memory_ratio=budget, measure_recall=self.config.recall, zoom_bits=self.config.zoom_bits
+        )
         if method == "sekv-trained":
             settings = replace(settings, router=self.config.trained_router)
         session = Session(self.loaded, document, method, settings)

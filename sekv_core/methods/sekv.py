@@ -24,7 +24,7 @@ from .base import Method, Progress
 
 DEFAULT_BUDGET = 256
 MIN_ZOOM = 32
-STARVED_ZOOM = 2 * MIN_ZOOM  # under this many zoomed tokens, route with half the sketch
+STARVED_SHARE = 0.05  # a zoom under this share of the span tokens routes with half the sketch
 PREVIEW_CHARS = 80
 
 
@@ -47,8 +47,9 @@ class SeKV(Method):
             progress,
             warn=self.settings.warn,
         )
+        loaded = self.loaded
         self.spans = SpanMemory(
-            self.store, Rope(self.loaded.model), self.loaded.device, self.loaded.dtype
+            self.store, Rope(loaded.model), loaded.device, loaded.dtype, self.settings.zoom_bits
         )
 
     def new_policy(self) -> ZoomPolicy:
@@ -87,28 +88,31 @@ class SeKV(Method):
     def zoom_budget(self) -> int:
         """Tokens per (layer, KV head) to reconstruct: ``budget``, or what ``memory_ratio`` leaves.
 
-        Under a memory target, the resident tier is paid first; a zoomed token costs its fp16 K/V
-        once (the pool attention reads is its only copy) plus, while one layer's pool is rebuilt,
-        about two more layers' worth. When the whole sketch would leave the zoom fewer than
-        ``STARVED_ZOOM`` tokens, the answer routes with the sketch's strongest half and spends
-        the rest on zooming (measured under 10% targets: 0.788 -> 0.831 of full KV's answer
-        tokens; where the zoom is not starved the whole sketch is better: 0.914 vs 0.894 at 20%).
-        A target below the resident tier still zooms one span of ``MIN_ZOOM`` tokens (reported
+        Under a memory target, the resident tier is paid first; the zoom gets the rest, counted
+        as :meth:`SpanMemory.zoom_bytes` counts it (a zoomed token's K/V once in every layer's
+        pool, int8 + scale at 8 bits; while one layer's pool is rebuilt, that layer's old pool
+        and new reconstructions; one attention call's entries in the model dtype). When the
+        whole sketch would leave the zoom less than ``STARVED_SHARE`` of the span tokens, the
+        answer routes with the sketch's strongest half and spends the rest on zooming (a line of
+        64 tokens left 4K-token documents a 64-token zoom with all 32 dims under 10% targets;
+        with this one they zoom ~315 tokens routed by 16: see docs/benchmarks.md; at 20%, where
+        the zoom is not starved, the whole sketch is better: 0.914 vs 0.894). A
+        target below the resident tier still zooms one span of ``MIN_ZOOM`` tokens (reported
         as measured).
         """
-        s = self.settings
-        self.spans.place_sketch()
+        s, spans = self.settings, self.spans
+        spans.place_sketch()
         if s.memory_ratio is None:
             return s.budget or DEFAULT_BUDGET
-        spec = self.loaded.spec
-        target = s.memory_ratio * spec.kv_bytes(len(self.context), 2)
-        per_token = spec.kv_bytes(1, 2) * (1 + 2 / spec.num_layers)
+        target = s.memory_ratio * self.loaded.spec.kv_bytes(len(self.context), 2)
+        fixed = spans.zoom_bytes(0, s.use_summaries)
+        per_token = spans.zoom_bytes(1, s.use_summaries) - fixed
 
         def left() -> int:
-            return int((target - self.spans.resident_bytes()) // per_token)
+            return int((target - spans.resident_bytes() - fixed) // per_token)
 
-        if left() < STARVED_ZOOM:
-            self.spans.place_sketch(self.spans.sketch_dims // 2)
+        if left() < STARVED_SHARE * spans.span_tokens:
+            spans.place_sketch(spans.sketch_dims // 2)
         return max(MIN_ZOOM, left())
 
     def max_band(self) -> int:
