@@ -12,8 +12,8 @@ from sekv_core.methods import METHODS, MethodSettings
 
 from .common import (
     JSON_OPTION,
+    KV_BITS_OPTION,
     MODEL_OPTION,
-    ZOOM_BITS_OPTION,
     handle_errors,
     open_session,
     print_json,
@@ -45,7 +45,7 @@ def ask(
         False, "--summaries", help="Let non-zoomed spans join attention as summaries (sekv)."
     ),
     router: str = ROUTER_OPTION,
-    zoom_bits: int = ZOOM_BITS_OPTION,
+    kv_bits: int = KV_BITS_OPTION,
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
     json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
@@ -53,7 +53,7 @@ def ask(
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
     start = time.perf_counter()
     settings = MethodSettings(
-        budget=budget, use_summaries=summaries, router=router, zoom_bits=zoom_bits, warn=warn
+        budget=budget, use_summaries=summaries, router=router, kv_bits=kv_bits, warn=warn
     )
     session, load_s = open_session(file, model, method, settings)
     result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)

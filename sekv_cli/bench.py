@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .common import (
     JSON_OPTION,
+    KV_BITS_OPTION,
     MODEL_OPTION,
-    ZOOM_BITS_OPTION,
     err,
     handle_errors,
     load_model_quietly,
@@ -77,7 +77,7 @@ def suite(
         False, "--recall", help="SeKV methods also report routing recall vs the oracle router."
     ),
     router: str = TRAINED_ROUTER_OPTION,
-    zoom_bits: int = ZOOM_BITS_OPTION,
+    kv_bits: int = KV_BITS_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
     json_out: bool = JSON_OPTION,
@@ -96,7 +96,7 @@ def suite(
     config = suite_config(
         methods or ",".join(METHODS), tasks, lengths, depths, budgets, seeds,
         max_new_tokens=max_new_tokens, recall=recall, trained_router=router,
-        zoom_bits=zoom_bits,
+        kv_bits=kv_bits,
     )  # fmt: skip
     config.check()  # names and ranges before the model loads; lengths against its window after
     bench = Suite(load_model_quietly(model), config, out)
@@ -151,7 +151,7 @@ def fidelity(
     sketch_dim: int | None = typer.Option(
         None, min=1, help="Store: routing sketch dims per span token (default 32)."
     ),
-    zoom_bits: int = ZOOM_BITS_OPTION,
+    kv_bits: int = KV_BITS_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-fidelity"), help="Directory for the results."),
     json_out: bool = JSON_OPTION,
@@ -181,7 +181,7 @@ def fidelity(
         config,
         out,
         answer_tokens,
-        MethodSettings(zoom_bits=zoom_bits, extra={"store_settings": store}),
+        MethodSettings(kv_bits=kv_bits, extra={"store_settings": store}),
         every_span=every_span,
         on_row=lambda row: err.print(
             f"{row['sample']} {config_name(row)}: {row['agree']}/{row['tokens']} tokens agree, "

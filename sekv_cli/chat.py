@@ -11,8 +11,8 @@ from sekv_core.methods import METHODS, MethodSettings
 
 from .ask import ROUTER_OPTION
 from .common import (
+    KV_BITS_OPTION,
     MODEL_OPTION,
-    ZOOM_BITS_OPTION,
     err,
     handle_errors,
     open_session,
@@ -34,11 +34,11 @@ def chat(
     method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
     budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
     router: str = ROUTER_OPTION,
-    zoom_bits: int = ZOOM_BITS_OPTION,
+    kv_bits: int = KV_BITS_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
-    settings = MethodSettings(budget=budget, router=router, zoom_bits=zoom_bits, warn=warn)
+    settings = MethodSettings(budget=budget, router=router, kv_bits=kv_bits, warn=warn)
     session, _ = open_session(file, model, method, settings)
     document = session.document
     try:

@@ -32,16 +32,16 @@ MODEL_OPTION = typer.Option(
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
-def _zoom_bits(value: int) -> int:
+def _kv_bits(value: int) -> int:
     if value not in (8, 16):
-        raise typer.BadParameter(f"{value} is not 8 or 16", param_hint="--zoom-bits")
+        raise typer.BadParameter(f"{value} is not 8 or 16", param_hint="--kv-bits")
     return value
 
 
-ZOOM_BITS_OPTION = typer.Option(
+KV_BITS_OPTION = typer.Option(
     8,
-    "--zoom-bits",
-    callback=_zoom_bits,
+    "--kv-bits",
+    callback=_kv_bits,
     help="sekv: zoomed tokens wait between decoding steps as 8-bit rows with a scale each "
     "(~1.9x the tokens per byte) or 16-bit (fp16).",
 )

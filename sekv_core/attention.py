@@ -183,7 +183,7 @@ def sekv_attention_forward(
     owner = pool.owner  # (Hkv, P)
     neg_inf = torch.finfo(torch.float32).min
     pool_bias = torch.where(owner >= 0, 0.0, neg_inf)  # (Hkv, P): padding is absent
-    fixed_k, fixed_v = memory.fixed_k[layer], memory.fixed_v[layer]  # (Hkv, F, D)
+    fixed_k, fixed_v = memory.fixed_kv(layer, q.dtype)  # (Hkv, F, D)
     keys, vals = [fixed_k], [fixed_v]
     biases = [fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32)]
     if policy.use_summaries:  # one entry per non-zoomed span, weighing like |S| tokens

@@ -291,11 +291,11 @@ def load_store(
     device = loaded.device
     # the resident tier stays in half precision on the device (fp32 models compute on copies)
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else BASIS_DTYPE
-    for name in ("fixed_k", "fixed_v", "sketch_mean"):
-        resident[name] = resident[name].to(device=device, dtype=dtype)
-    # SpanMemory places these: the summaries when an answer reads them, the sketch's directions
-    # an answer routes with (all, or the strongest half under a tight memory target)
-    for name in ("summary_k", "summary_v", "sketch_proj", "sketch_scale"):
+    resident["sketch_mean"] = resident["sketch_mean"].to(device=device, dtype=dtype)
+    # SpanMemory places these: sinks' and anchors' K/V at the answer's precision, the summaries
+    # when an answer reads them, the sketch's directions an answer routes with (all, or the
+    # strongest half under a tight memory target)
+    for name in ("fixed_k", "fixed_v", "summary_k", "summary_v", "sketch_proj", "sketch_scale"):
         resident[name] = resident[name].to(dtype=dtype)
     if "span_reps" in resident:
         resident["span_reps"] = resident["span_reps"].to(device)

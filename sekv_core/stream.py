@@ -400,7 +400,7 @@ class StreamBuilder:
         )
         self.store.resident["sketch"] = self.store.resident["sketch"].to(dev)
         # 16-bit zoom: what a chunk attends to is part of the store (answers may hold 8 bits)
-        self.memory = SpanMemory(self.store, self.rope, dev, self.dtype, zoom_bits=16)
+        self.memory = SpanMemory(self.store, self.rope, dev, self.dtype, kv_bits=16)
         self.memory.clear(capacity=self.budget * H)
         if self.sketch_basis is not None:
             self._place_sketch_basis()

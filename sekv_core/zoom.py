@@ -35,7 +35,7 @@ from .store import SpanStore
 CACHE_DTYPE = BASIS_DTYPE  # 16-bit zoom: reconstructions wait between steps in half precision
 # reconstructions wait between steps as int8 rows with one fp16 scale each (sekv_core.kvquant):
 # ~1.9x the zoomed tokens per byte of fp16 (measured on the default model: see docs/benchmarks.md)
-ZOOM_BITS = 8
+KV_BITS = 8
 # above this many spans (books of ~60K tokens), routers only score the spans whose representative
 # tokens score among the best ``keep`` (or 4x the budget's worth of spans) per KV head
 PREFILTER_SPANS = 2048
@@ -51,10 +51,12 @@ class SpanMemory:
         rope: Rope,
         device: torch.device,
         dtype: torch.dtype,
-        zoom_bits: int = ZOOM_BITS,
+        kv_bits: int = KV_BITS,
     ) -> None:
         self.store, self.rope, self.device, self.dtype = store, rope, device, dtype
-        self.zoom_bits = zoom_bits  # 8: int8 rows + fp16 scales; 16: fp16 (CACHE_DTYPE)
+        # token-level K/V on the device (sinks, anchors, zoomed spans): 8: int8 rows + fp16
+        # scales; 16: fp16 (CACHE_DTYPE)
+        self.kv_bits = kv_bits
         positions = store.manifest.get("positions", {})
         self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
         self.n_sinks = int(positions.get("sinks", 0))
@@ -67,7 +69,7 @@ class SpanMemory:
         ]
         self.cache_tokens = [0] * self.num_layers
         self.capacity = 0  # head-tokens kept per layer between steps (set per answer)
-        self.token_bytes = 2 * row_bytes(self.head_dim, zoom_bits)  # K + V of one head-token
+        self.token_bytes = 2 * row_bytes(self.head_dim, kv_bits)  # K + V of one head-token
         self.peak_cached_bytes = 0
         self.reconstructions = 0
         # optional rank gate (trained): (kind, layer, head, coef (|S|, r)) -> rank to keep
@@ -80,14 +82,19 @@ class SpanMemory:
     def refresh(self) -> None:
         """(Re)read the resident tier from the store (a streamed build appends spans to it)."""
         r, rope, device, dtype = self.store.resident, self.rope, self.device, self.dtype
-        self.fixed_k, self.fixed_v = r["fixed_k"], r["fixed_v"]  # (L, H, F, D)
+        fixed_k = r["fixed_k"].to(device)  # (L, H, F, D); the store keeps fp16 on the host
         # span summaries (L, H, N, D) stay on the host until an answer reads them (see summary_k)
         self._summaries = {"k": r["summary_k"], "v": r["summary_v"]}
         self._device_summaries: dict[str, torch.Tensor] = {}
         if self.bounded:  # stored pre-RoPE: sinks at their positions, anchors/summaries at 0
             pos = r["fixed_pos"].to(device)
             pos = torch.where(pos < self.n_sinks, pos, torch.zeros_like(pos))
-            self.fixed_k = rope.rotate(self.fixed_k.to(dtype), pos).to(self.fixed_v.dtype)
+            fixed_k = rope.rotate(fixed_k.to(dtype), pos)
+        # sinks + anchors at the answer's precision, (L, H, F, D) rows
+        self.fixed = (
+            Rows.encode(fixed_k, self.kv_bits),
+            Rows.encode(r["fixed_v"].to(device), self.kv_bits),
+        )
         self.sketch_mean = r["sketch_mean"]  # (L, H, D): see sekv_core.sketch
         self.sketch_dims = r["sketch_proj"].shape[-1]  # stored directions, strongest first
         dims, self.routed_dims = self.routed_dims, None  # re-placed from the (grown) store
@@ -102,7 +109,7 @@ class SpanMemory:
         ).to(device)  # (S,) span of each span token
         # each span's highest-surprisal sketch rows, for the prefilter of long documents
         self.span_reps = r.get("span_reps")  # (N, 4)
-        self.num_layers, self.num_kv_heads, _, self.head_dim = self.fixed_k.shape
+        self.num_layers, self.num_kv_heads, self.fixed_tokens, self.head_dim = fixed_k.shape
         # reconstructed pre-RoPE keys are rotated to their positions at use (no resident tables)
         self.context_len = int(self.store.manifest["document"]["context_tokens"])
         self.tables = {k: v for k, v in r.items() if k.startswith(("k_", "v_"))}
@@ -158,13 +165,18 @@ class SpanMemory:
             self._device_summaries[kind] = t
         return self._device_summaries[kind]
 
+    def fixed_kv(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sinks' and anchors' K, V (H, F, D) of ``layer`` in ``dtype``."""
+        k, v = self.fixed
+        return k.layer(layer).read(dtype), v.layer(layer).read(dtype)
+
     def resident_bytes(self) -> int:
         """Bytes of the resident tier held on the device (routing structures included; span
         summaries only once something has read them). The offload tier's index (per-span
         ranks and offsets, ``tables``) stays on the host beside it: the host gathers the factors."""
         tensors = [
-            self.fixed_k,
-            self.fixed_v,
+            *self.fixed[0].tensors(),
+            *self.fixed[1].tensors(),
             *self._device_summaries.values(),
             self.sketch_proj,
             self.sketch_mean,
@@ -213,7 +225,7 @@ class SpanMemory:
                 cos, sin = (t.view(*pos.shape, -1) for t in self.rope.tables(pos.flatten(), keys))
                 keys = keys * cos + rotate_half(keys) * sin
             values, _ = self._reconstruct_many("v", layer, missing)
-            keys, values = Rows.encode(keys, self.zoom_bits), Rows.encode(values, self.zoom_bits)
+            keys, values = Rows.encode(keys, self.kv_bits), Rows.encode(values, self.kv_bits)
             for i, (pair, n) in enumerate(zip(missing, lengths, strict=True)):
                 layer_cache[pair] = (keys.part(i, 0, n), values.part(i, 0, n))
                 self.cache_tokens[layer] += n
@@ -318,8 +330,8 @@ class SpanMemory:
         per_head = [[next(found) for _ in spans] for spans in picks]
         sizes = [sum(k.length for k, _ in kv) for kv in per_head]
         P = max(sizes, default=0)
-        keys = Rows.empty(H, P, D, self.zoom_bits, self.device)
-        values = Rows.empty(H, P, D, self.zoom_bits, self.device)
+        keys = Rows.empty(H, P, D, self.kv_bits, self.device)
+        values = Rows.empty(H, P, D, self.kv_bits, self.device)
         owner = torch.full((H, P), -1, dtype=torch.long)
         for h, (spans, kv) in enumerate(zip(picks, per_head, strict=True)):
             if kv:
@@ -357,14 +369,14 @@ class SpanMemory:
             like = torch.zeros(1, device=self.device, dtype=self.dtype)
             cos, sin = (t.view(H, P, D) for t in self.rope.tables(pos.clamp(min=0).flatten(), like))
             k = keys.read(self.dtype)
-            keys = Rows.encode(k * cos + rotate_half(k) * sin, self.zoom_bits)
+            keys = Rows.encode(k * cos + rotate_half(k) * sin, self.kv_bits)
         self._pools[layer] = (picks, self.pool_end, ZoomPool(keys, values, owner.to(self.device)))
         return self._pools[layer][2]
 
     def _entry_bytes(self, pooled: int, summaries: bool) -> int:
         """The memory entries one attention call reads in the model dtype (fixed, summaries when
         read, ``pooled`` zoomed tokens per KV head): K and V."""
-        entries = self.fixed_k.shape[2] + (self.n_spans if summaries else 0) + pooled
+        entries = self.fixed_tokens + (self.n_spans if summaries else 0) + pooled
         return self.num_kv_heads * entries * 2 * self.head_dim * self.dtype.itemsize
 
     def zoom_bytes(self, tokens: int, summaries: bool = False) -> int:
@@ -391,7 +403,9 @@ class SpanMemory:
                 for s in range(self.n_spans)
             ]
             self._oracle_keys[layer] = (
-                torch.cat(keys, dim=1) if keys else self.fixed_k[layer][:, :0]
+                torch.cat(keys, dim=1)
+                if keys
+                else torch.zeros(self.num_kv_heads, 0, self.head_dim, device=self.device)
             )
         return self._oracle_keys[layer]
 
@@ -458,6 +472,14 @@ class Rows:
     @property
     def length(self) -> int:
         return self.codes.shape[-2]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors holding the rows (to count their bytes)."""
+        return [self.codes] if self.scale is None else [self.codes, self.scale]
+
+    def layer(self, i: int) -> Rows:
+        """Block ``i`` of rows (views)."""
+        return Rows(self.codes[i], None if self.scale is None else self.scale[i])
 
     def part(self, i: int, start: int, stop: int) -> Rows:
         """Rows ``start:stop`` of block ``i`` (views)."""

@@ -55,7 +55,7 @@ def sekv_logits(method, q_ids, policy):
 
 
 def test_every_span_zoomed_at_full_rank_equals_full_attention(tiny_loaded, tmp_path):
-    method, ctx = sekv_method(tiny_loaded, tmp_path, zoom_bits=16)
+    method, ctx = sekv_method(tiny_loaded, tmp_path, kv_bits=16)
     q_ids = encode_question(
         tiny_loaded.tokenizer, chat_template(tiny_loaded.tokenizer), "Which room keeps item 12?"
     )
@@ -99,7 +99,7 @@ def test_reconstruction_equals_basis_product(tiny_loaded, tmp_path):
     lossy = StoreSettings(
         key_energy=0.8, value_energy=0.8, segment=SegmentSettings(min_len=16, max_len=32)
     )
-    method, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, zoom_bits=16)
+    method, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, kv_bits=16)
     spans, store = method.spans, method.store
     spans.clear(capacity=10**6)
     t = store.resident
@@ -209,9 +209,9 @@ def test_eight_bit_zoom_rounds_each_row_by_at_most_half_a_step(tiny_loaded, tmp_
     lossy = StoreSettings(
         key_energy=0.8, value_energy=0.8, segment=SegmentSettings(min_len=16, max_len=32)
     )
-    exact, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, zoom_bits=16)
+    exact, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, kv_bits=16)
     coarse, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy)
-    assert coarse.spans.zoom_bits == 8
+    assert coarse.spans.kv_bits == 8
     assert coarse.spans.token_bytes == 2 * (coarse.spans.head_dim + 2)
     assert exact.spans.token_bytes == 4 * exact.spans.head_dim
     for spans in (exact.spans, coarse.spans):
@@ -246,7 +246,7 @@ def test_eight_bit_zoom_doubles_the_tokens_a_memory_target_allows(tiny_loaded, t
             tmp_path,
             store,
             memory_ratio=0.6,
-            zoom_bits=bits,
+            kv_bits=bits,
             extra={"margin": math.inf},
         )
         tok = tiny_loaded.tokenizer

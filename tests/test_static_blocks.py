@@ -91,7 +91,8 @@ def test_static_never_reconstructs_and_counts_what_it_reads(tiny_loaded, tmp_pat
     assert not method.policy.trace.zoomed.any()
     assert method.policy.use_summaries and method.zoom_trace() == []
     mem = method.memory()
-    read = nbytes(spans.fixed_k, spans.fixed_v, spans.summary_k, spans.summary_v)
+    fixed = [*spans.fixed[0].tensors(), *spans.fixed[1].tensors()]  # int8 rows + scales
+    read = nbytes(*fixed, spans.summary_k, spans.summary_v)
     assert mem["resident_bytes"] == read + nbytes(spans.lengths, spans.log_len)
     assert mem["resident_fp16_bytes"] == read + 8 * spans.n_spans + 2 * spans.n_spans
     assert mem["offloaded_bytes"] == 0
@@ -113,7 +114,7 @@ def test_static_attends_summaries_with_log_len(tiny_loaded, tmp_path, monkeypatc
     list(method.generate(question(tiny_loaded), 1))
     entries, bias = captured["first"]
     spans = method.spans
-    F, N = spans.fixed_k.shape[2], spans.n_spans
+    F, N = spans.fixed_tokens, spans.n_spans
     assert entries == F + N  # no reconstructed token ever joins
     assert torch.equal(bias[:, :F], torch.zeros_like(bias[:, :F]))
     assert torch.allclose(bias[:, F:], spans.log_len[None].expand(bias.shape[0], N))

@@ -111,7 +111,7 @@ def run_fidelity(
     summary = {
         "answer_tokens": answer_tokens,
         "every_span": every_span,
-        "zoom_bits": base.zoom_bits,
+        "kv_bits": base.kv_bits,
         "trained_router": config.trained_router if "sekv-trained" in config.methods else None,
         "configs": summarize(rows),
     }

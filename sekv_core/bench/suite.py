@@ -24,7 +24,7 @@ from ..engine import Session
 from ..errors import SekvError
 from ..methods import METHODS, MethodSettings
 from ..models import LoadedModel
-from ..zoom import ZOOM_BITS
+from ..zoom import KV_BITS
 from . import plots
 from .score import is_correct, score
 from .tasks import GENERATED, TASKS, Sample, make_sample, qa_samples
@@ -47,7 +47,7 @@ class SuiteConfig:
     recall: bool = False  # SeKV methods also run the oracle router: routing recall vs oracle
     qa_docs: list[Path] | None = None  # default: the sample documents
     trained_router: str = "auto"  # sekv-trained's router (auto: the one trained for the model)
-    zoom_bits: int = ZOOM_BITS  # how SeKV's zoomed tokens wait between steps (8 or 16)
+    kv_bits: int = KV_BITS  # how SeKV's zoomed tokens wait between steps (8 or 16)
 
     def check(self, window: int | None = None) -> None:
         """Raise SekvError naming the first setting a user must fix (lengths need ``window``)."""
@@ -160,7 +160,7 @@ class Suite:
     ) -> Iterator[dict[str, Any]]:
         """One session (prepared once) answering the sample's questions: one row each."""
         settings = MethodSettings(
-            memory_ratio=budget, measure_recall=self.config.recall, zoom_bits=self.config.zoom_bits
+            memory_ratio=budget, measure_recall=self.config.recall, kv_bits=self.config.kv_bits
         )
         if method == "sekv-trained":
             settings = replace(settings, router=self.config.trained_router)

@@ -49,7 +49,7 @@ class SeKV(Method):
         )
         loaded = self.loaded
         self.spans = SpanMemory(
-            self.store, Rope(loaded.model), loaded.device, loaded.dtype, self.settings.zoom_bits
+            self.store, Rope(loaded.model), loaded.device, loaded.dtype, self.settings.kv_bits
         )
 
     def new_policy(self) -> ZoomPolicy:

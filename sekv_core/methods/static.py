@@ -39,7 +39,8 @@ class StaticSemantic(SeKV):
     def read_tensors(self) -> list[torch.Tensor]:
         """What attention reads every step: sinks + anchors K/V, summaries, span lengths."""
         s = self.spans
-        return [s.fixed_k, s.fixed_v, s.summary_k, s.summary_v, s.lengths, s.log_len]
+        fixed = [*s.fixed[0].tensors(), *s.fixed[1].tensors()]
+        return [*fixed, s.summary_k, s.summary_v, s.lengths, s.log_len]
 
     def memory(self) -> dict[str, int]:
         resident = sum(t.numel() * t.element_size() for t in self.read_tensors())
@@ -65,6 +66,6 @@ class StaticSemantic(SeKV):
             "router": "none",
             "summaries": True,
             "spans": self.spans.n_spans,
-            "fixed_tokens": int(self.spans.fixed_k.shape[2]),
+            "fixed_tokens": self.spans.fixed_tokens,
             "reconstructions": self.spans.reconstructions,
         }

@@ -127,8 +127,7 @@ def student_attention(
     zoom = hard.to(soft.dtype) + soft - soft.detach()
     keep = zoom[:, ctx.steps.to(zoom.device)][:, None][..., ctx.span_id]  # (Hkv, 1, Tq, S)
 
-    fixed_k = memory.fixed_k[layer].to(q.dtype)
-    fixed_v = memory.fixed_v[layer].to(q.dtype)
+    fixed_k, fixed_v = memory.fixed_kv(layer, q.dtype)
     lf = torch.einsum("hgtd,hfd->hgtf", q, fixed_k).float() * scaling
     ls = torch.einsum("hgtd,hsd->hgts", q, ctx.span_k[layer]).float() * scaling
     ll = torch.einsum("hgtd,hld->hgtl", q, key[0]).float() * scaling
