@@ -79,7 +79,8 @@ def test_every_span_zoomed_follows_full_kv_as_closely_as_the_store_allows(
     tiny_model_dirs, tmp_path
 ):
     """--every-span: no memory target, every span zoomed; a lossless store (every singular value
-    kept) is full KV, a coarse one is not (the store options reach the method's store)."""
+    kept) held at 16 bits is full KV, a coarse one is not (the store options and --kv-bits reach
+    the method)."""
 
     def run(energy: str) -> dict:
         result = CliRunner().invoke(
@@ -87,13 +88,15 @@ def test_every_span_zoomed_follows_full_kv_as_closely_as_the_store_allows(
             [
                 "bench", "fidelity", "--methods", "sekv", "--tasks", "needle", "--lengths",
                 "300", "--depths", "0.5", "--answer-tokens", "4", "--every-span",
-                "--key-energy", energy, "--value-energy", energy,
+                "--key-energy", energy, "--value-energy", energy, "--kv-bits", "16",
                 "--model", str(tiny_model_dirs["llama"]), "--out", str(tmp_path / energy),
                 "--json",
             ],
         )  # fmt: skip
         assert result.exit_code == 0, result.output
-        (config,) = json.loads(result.stdout)["configs"]
+        summary = json.loads(result.stdout)
+        assert summary["kv_bits"] == 16
+        (config,) = summary["configs"]
         assert config["budget"] is None
         return config
 

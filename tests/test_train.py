@@ -209,6 +209,9 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     again = runner.invoke(app, [*args, "--steps", "3"])
     assert again.exit_code == 0, again.output
     assert "resuming" in again.output and load_router(out).manifest["step"] == 3
+    # the weights the first run kept stay a candidate: resuming never ends worse on held-out data
+    resumed = load_router(out).manifest
+    assert held_out_score(resumed["metrics"]) <= held_out_score(manifest["metrics"])
     done = runner.invoke(app, [*args, "--steps", "3"])
     assert done.exit_code == 0 and "nothing to do" in done.output
 

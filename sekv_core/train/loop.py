@@ -72,9 +72,12 @@ class TrainSettings:
     dim: int = 3
     doc_tokens: tuple[int, int] = (500, 1500)
     # zoom budgets drawn per step (share of span tokens); memory targets of 10-20% of full KV
-    # leave ~1-10% of the span tokens to zoom once the resident tier is paid
-    budget_shares: tuple[float, float] = (0.01, 0.15)
-    eval_shares: tuple[float, ...] = (0.02, 0.05, 0.1)
+    # leave ~4-18% of the span tokens to zoom once the resident tier is paid (8-bit zoom)
+    budget_shares: tuple[float, float] = (0.02, 0.2)
+    eval_shares: tuple[float, ...] = (0.05, 0.1, 0.15)
+    # below this share, answers route with the sketch's strongest half when the whole one would
+    # starve the zoom (methods.sekv.STARVED_SHARE): steps under it draw either, half the time
+    half_sketch_below: float = 0.12
     # answers to distil along: the teacher's own greedy answer up to this many tokens (what
     # `sekv bench fidelity` compares along), 0: the planted fact's answer string
     answer_tokens: int = 24
@@ -280,6 +283,8 @@ def losses(
     as a share of span tokens (default: drawn from ``s.budget_shares``)."""
     if share is None:
         share = float(torch.empty(()).uniform_(*s.budget_shares))
+    half = share < s.half_sketch_below and bool(torch.rand(()) < 0.5)
+    doc.memory.place_sketch(doc.memory.sketch_dims // 2 if half else None)
     logits, gates = student_forward(loaded, net, doc, ex, budget_tokens(doc, share))
     kl = kl_to_teacher(logits, ex)
     z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
@@ -371,6 +376,7 @@ def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: Tr
         for ex in held:
             doc = docs[ex.doc]
             budget = budget_tokens(doc, share)
+            doc.memory.place_sketch()  # held-out figures route with the whole sketch
             logits, gates = student_forward(loaded, net, doc, ex, budget)
             kl += float(kl_to_teacher(logits, ex))
             z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
@@ -418,7 +424,7 @@ def train(
     )
     net = ZoomNet(shape).to(loaded.device)
     opt = torch.optim.Adam(net.parameters(), lr=settings.lr)
-    start = _resume(out, net, opt, loaded, settings, log)
+    start, resumed = _resume(out, net, opt, loaded, settings, log)
     if start >= settings.steps:
         log(f"{out} already holds {start} steps (>= --steps {settings.steps}); nothing to do")
         manifest = load_router(out).manifest
@@ -434,8 +440,17 @@ def train(
     untrained = ZoomNet(shape).to(loaded.device)
     base = evaluate(loaded, untrained, docs, held, settings)
     log(f"training-free start (held out): {base}")
-    # model selection on the held-out documents: the training-free start is a candidate too
+    # model selection on the held-out documents: the training-free start is a candidate too,
+    # and so are the weights a finished run kept (they are what a resumed run starts from)
     best = (held_out_score(base), 0, untrained.state_dict(), base)
+    if resumed.get("metrics") and held_out_score(resumed["metrics"]) < best[0]:
+        kept = copy.deepcopy(net.state_dict())
+        best = (
+            held_out_score(resumed["metrics"]),
+            resumed["selected_step"],
+            kept,
+            resumed["metrics"],
+        )
     order = random.Random(settings.seed)
     schedule = [
         i
@@ -521,11 +536,16 @@ def _save(out, net, opt, loaded, settings, step, running, metrics, base, chosen=
     save_router(out, net, manifest, optim)
 
 
-def _resume(out: Path, net: ZoomNet, opt, loaded, settings: TrainSettings, log: Log) -> int:
-    """Continue from ``out`` when it holds a compatible run (weights + optimizer state)."""
+def _resume(
+    out: Path, net: ZoomNet, opt, loaded, settings: TrainSettings, log: Log
+) -> tuple[int, dict[str, Any]]:
+    """Continue from ``out`` when it holds a compatible run (weights + optimizer state).
+
+    Returns the step reached and the run's manifest ({} for a new run); a finished run's file
+    holds the weights it kept, with their held-out metrics."""
     state_file = out.with_name(out.name + ".state")
     if not out.exists():
-        return 0
+        return 0, {}
     router = load_router(out, loaded.fingerprint, loaded.model_id)
     if router.manifest["shape"]["dim"] != settings.dim:
         raise SekvError(
@@ -547,4 +567,4 @@ def _resume(out: Path, net: ZoomNet, opt, loaded, settings: TrainSettings, log: 
                 }
     step = int(router.manifest.get("step", 0))
     log(f"resuming from {out} at step {step}")
-    return step
+    return step, router.manifest
