@@ -42,8 +42,8 @@ KV_BITS_OPTION = typer.Option(
     8,
     "--kv-bits",
     callback=_kv_bits,
-    help="sekv: zoomed tokens wait between decoding steps as 8-bit rows with a scale each "
-    "(~1.9x the tokens per byte) or 16-bit (fp16).",
+    help="sekv: token-level K/V on the device (zoomed spans, sinks, anchors) as 8-bit rows "
+    "with a scale each (~1.9x the zoomed tokens per byte) or 16-bit (fp16).",
 )
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,15 +1,20 @@
-"""8-bit K/V rows: what a zoomed token costs while it waits between decoding steps.
+"""8-bit K/V rows: how an answer holds token-level K/V on the device (zoomed spans, sinks,
+anchors) between decoding steps.
 
 Each row (one token's key or value for one KV head) keeps int8 codes and one fp16 scale, its
 largest magnitude / 127: D + 2 bytes instead of 2·D in fp16. Attention reads the rows back in
 the model dtype, one layer at a time. The rounding error of a value is at most half a step,
-``scale / 2`` (measured on the default model, every span zoomed: see docs/benchmarks.md).
+``scale / 2``; measured on the default model with every span zoomed, answers follow full KV's as
+closely as with fp16 rows (docs/benchmarks.md, sixth pass). :class:`Rows` holds either form.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .basis import BASIS_DTYPE
+
+CACHE_DTYPE = BASIS_DTYPE  # 16-bit rows: half precision
 LEVELS = 127
 SCALE_DTYPE = torch.float16
 
@@ -34,4 +39,58 @@ def row_bytes(dim: int, bits: int) -> int:
         return dim + SCALE_DTYPE.itemsize
     if bits == 16:
         return 2 * dim
-    raise ValueError(f"zoom bits must be 8 or 16, not {bits}")
+    raise ValueError(f"K/V bits must be 8 or 16, not {bits}")
+
+
+class Rows:
+    """K or V rows as an answer holds them on the device: fp16 (16 bits), or int8 codes with one
+    fp16 scale per row (8 bits). codes (..., n, D); scale (..., n) or None."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor | None) -> None:
+        self.codes, self.scale = codes, scale
+
+    @classmethod
+    def encode(cls, x: torch.Tensor, bits: int) -> Rows:
+        if bits == 16:
+            return cls(x.to(CACHE_DTYPE), None)
+        if bits == 8:
+            return cls(*quantize_rows(x))
+        raise ValueError(f"K/V bits must be 8 or 16, not {bits}")
+
+    @classmethod
+    def empty(cls, heads: int, n: int, dim: int, bits: int, device: torch.device) -> Rows:
+        """Zero rows (heads, n, dim) to :meth:`put` into."""
+        if bits == 16:
+            return cls(torch.zeros(heads, n, dim, dtype=CACHE_DTYPE, device=device), None)
+        codes = torch.zeros(heads, n, dim, dtype=torch.int8, device=device)
+        return cls(codes, torch.zeros(heads, n, dtype=SCALE_DTYPE, device=device))
+
+    @property
+    def length(self) -> int:
+        return self.codes.shape[-2]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors holding the rows (to count their bytes)."""
+        return [self.codes] if self.scale is None else [self.codes, self.scale]
+
+    def layer(self, i: int) -> Rows:
+        """Block ``i`` of rows (views)."""
+        return Rows(self.codes[i], None if self.scale is None else self.scale[i])
+
+    def part(self, i: int, start: int, stop: int) -> Rows:
+        """Rows ``start:stop`` of block ``i`` (views)."""
+        scale = None if self.scale is None else self.scale[i, start:stop]
+        return Rows(self.codes[i, start:stop], scale)
+
+    def put(self, i: int, parts: list[Rows]) -> None:
+        """Copy ``parts`` one after another into the first rows of block ``i``."""
+        n = sum(p.length for p in parts)
+        self.codes[i, :n] = torch.cat([p.codes for p in parts])
+        if self.scale is not None:
+            self.scale[i, :n] = torch.cat([p.scale for p in parts])
+
+    def read(self, dtype: torch.dtype) -> torch.Tensor:
+        """The rows in ``dtype`` (dequantized)."""
+        if self.scale is None:
+            return self.codes.to(dtype)
+        return dequantize_rows(self.codes, self.scale, dtype)

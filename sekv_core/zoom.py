@@ -27,14 +27,14 @@ from dataclasses import dataclass
 import torch
 
 from .basis import BASIS_DTYPE
-from .kvquant import dequantize_rows, quantize_rows, row_bytes
+from .kvquant import CACHE_DTYPE, Rows, row_bytes
 from .rope import Rope, rotate_half
 from .sketch import sketch_logits
 from .store import SpanStore
 
-CACHE_DTYPE = BASIS_DTYPE  # 16-bit zoom: reconstructions wait between steps in half precision
-# reconstructions wait between steps as int8 rows with one fp16 scale each (sekv_core.kvquant):
-# ~1.9x the zoomed tokens per byte of fp16 (measured on the default model: see docs/benchmarks.md)
+# token-level K/V on the device (zoomed spans' reconstructions, sinks, anchors) as int8 rows with
+# one fp16 scale each (sekv_core.kvquant): ~1.9x the zoomed tokens per byte of fp16; measured on
+# the default model, answers follow full KV's as closely (see docs/benchmarks.md, sixth pass)
 KV_BITS = 8
 # above this many spans (books of ~60K tokens), routers only score the spans whose representative
 # tokens score among the best ``keep`` (or 4x the budget's worth of spans) per KV head
@@ -444,60 +444,6 @@ class SpanMemory:
 
     def subset(self, layer: int, index: torch.Tensor) -> SpanSubset:
         return SpanSubset(self, layer, index)
-
-
-class Rows:
-    """K or V rows as the zoom holds them: fp16 (16-bit zoom), or int8 codes with one fp16 scale
-    per row (8-bit zoom, :mod:`sekv_core.kvquant`). codes (..., n, D); scale (..., n) or None."""
-
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor | None) -> None:
-        self.codes, self.scale = codes, scale
-
-    @classmethod
-    def encode(cls, x: torch.Tensor, bits: int) -> Rows:
-        if bits == 16:
-            return cls(x.to(CACHE_DTYPE), None)
-        if bits == 8:
-            return cls(*quantize_rows(x))
-        raise ValueError(f"zoom bits must be 8 or 16, not {bits}")
-
-    @classmethod
-    def empty(cls, heads: int, n: int, dim: int, bits: int, device: torch.device) -> Rows:
-        """Zero rows (heads, n, dim) to :meth:`put` into."""
-        if bits == 16:
-            return cls(torch.zeros(heads, n, dim, dtype=CACHE_DTYPE, device=device), None)
-        codes = torch.zeros(heads, n, dim, dtype=torch.int8, device=device)
-        return cls(codes, torch.zeros(heads, n, dtype=torch.float16, device=device))
-
-    @property
-    def length(self) -> int:
-        return self.codes.shape[-2]
-
-    def tensors(self) -> list[torch.Tensor]:
-        """The tensors holding the rows (to count their bytes)."""
-        return [self.codes] if self.scale is None else [self.codes, self.scale]
-
-    def layer(self, i: int) -> Rows:
-        """Block ``i`` of rows (views)."""
-        return Rows(self.codes[i], None if self.scale is None else self.scale[i])
-
-    def part(self, i: int, start: int, stop: int) -> Rows:
-        """Rows ``start:stop`` of block ``i`` (views)."""
-        scale = None if self.scale is None else self.scale[i, start:stop]
-        return Rows(self.codes[i, start:stop], scale)
-
-    def put(self, i: int, parts: list[Rows]) -> None:
-        """Copy ``parts`` one after another into the first rows of block ``i``."""
-        n = sum(p.length for p in parts)
-        self.codes[i, :n] = torch.cat([p.codes for p in parts])
-        if self.scale is not None:
-            self.scale[i, :n] = torch.cat([p.scale for p in parts])
-
-    def read(self, dtype: torch.dtype) -> torch.Tensor:
-        """The rows in ``dtype`` (dequantized)."""
-        if self.scale is None:
-            return self.codes.to(dtype)
-        return dequantize_rows(self.codes, self.scale, dtype)
 
 
 @dataclass

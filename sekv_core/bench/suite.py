@@ -47,7 +47,7 @@ class SuiteConfig:
     recall: bool = False  # SeKV methods also run the oracle router: routing recall vs oracle
     qa_docs: list[Path] | None = None  # default: the sample documents
     trained_router: str = "auto"  # sekv-trained's router (auto: the one trained for the model)
-    kv_bits: int = KV_BITS  # how SeKV's zoomed tokens wait between steps (8 or 16)
+    kv_bits: int = KV_BITS  # SeKV's token-level K/V on the device: 8 or 16 bits
 
     def check(self, window: int | None = None) -> None:
         """Raise SekvError naming the first setting a user must fix (lengths need ``window``)."""

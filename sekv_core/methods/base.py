@@ -33,7 +33,8 @@ class MethodSettings:
     # haystacks (14/15 vs 9/15) but hurt real documents (sample QA 9/18 vs 12/18): off by default
     use_summaries: bool = False
     measure_recall: bool = False  # run the oracle router alongside and report routing recall
-    kv_bits: int = KV_BITS  # how zoomed tokens wait between steps: 8 (int8 + scale) or 16
+    # token-level K/V on the device (zoomed spans, sinks, anchors): 8 (int8 + scale) or 16
+    kv_bits: int = KV_BITS
     warn: Callable[[str], None] | None = None  # told about stale stores being rebuilt
     extra: dict[str, Any] = field(default_factory=dict)
 

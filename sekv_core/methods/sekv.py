@@ -93,12 +93,11 @@ class SeKV(Method):
         pool, int8 + scale at 8 bits; while one layer's pool is rebuilt, that layer's old pool
         and new reconstructions; one attention call's entries in the model dtype). When the
         whole sketch would leave the zoom less than ``STARVED_SHARE`` of the span tokens, the
-        answer routes with the sketch's strongest half and spends the rest on zooming (a line of
-        64 tokens left 4K-token documents a 64-token zoom with all 32 dims under 10% targets;
-        with this one they zoom ~315 tokens routed by 16: see docs/benchmarks.md; at 20%, where
-        the zoom is not starved, the whole sketch is better: 0.914 vs 0.894). A
-        target below the resident tier still zooms one span of ``MIN_ZOOM`` tokens (reported
-        as measured).
+        answer routes with the sketch's strongest half and spends the rest on zooming (measured:
+        half the sketch wins where the zoom starves, loses where it does not; 4K-token documents
+        under a 10% target zoom ~315 tokens routed by 16 dims instead of 64 routed by 32:
+        docs/benchmarks.md, fifth and sixth passes). A target below the resident tier still
+        zooms one span of ``MIN_ZOOM`` tokens (reported as measured).
         """
         s, spans = self.settings, self.spans
         spans.place_sketch()
