@@ -30,16 +30,19 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Rows in ``dtype`` from :func:`quantize_rows`' codes and scales."""
-    return (codes.to(dtype) * scale.to(dtype)[..., None]).to(dtype)
+    return codes.to(dtype) * scale.to(dtype)[..., None]
+
+
+def quantized(bits: int) -> bool:
+    """Whether rows at ``bits`` are int8 codes + scales (8) rather than fp16 (16)."""
+    if bits not in (8, 16):
+        raise ValueError(f"K/V bits must be 8 or 16, not {bits}")
+    return bits == 8
 
 
 def row_bytes(dim: int, bits: int) -> int:
     """Bytes one row of ``dim`` numbers costs at ``bits`` (8: codes + scale; 16: fp16)."""
-    if bits == 8:
-        return dim + SCALE_DTYPE.itemsize
-    if bits == 16:
-        return 2 * dim
-    raise ValueError(f"K/V bits must be 8 or 16, not {bits}")
+    return dim + SCALE_DTYPE.itemsize if quantized(bits) else 2 * dim
 
 
 class Rows:
@@ -51,16 +54,12 @@ class Rows:
 
     @classmethod
     def encode(cls, x: torch.Tensor, bits: int) -> Rows:
-        if bits == 16:
-            return cls(x.to(CACHE_DTYPE), None)
-        if bits == 8:
-            return cls(*quantize_rows(x))
-        raise ValueError(f"K/V bits must be 8 or 16, not {bits}")
+        return cls(*quantize_rows(x)) if quantized(bits) else cls(x.to(CACHE_DTYPE), None)
 
     @classmethod
     def empty(cls, heads: int, n: int, dim: int, bits: int, device: torch.device) -> Rows:
         """Zero rows (heads, n, dim) to :meth:`put` into."""
-        if bits == 16:
+        if not quantized(bits):
             return cls(torch.zeros(heads, n, dim, dtype=CACHE_DTYPE, device=device), None)
         codes = torch.zeros(heads, n, dim, dtype=torch.int8, device=device)
         return cls(codes, torch.zeros(heads, n, dtype=SCALE_DTYPE, device=device))
