@@ -64,10 +64,6 @@ class Rows:
         codes = torch.zeros(heads, n, dim, dtype=torch.int8, device=device)
         return cls(codes, torch.zeros(heads, n, dtype=SCALE_DTYPE, device=device))
 
-    @property
-    def length(self) -> int:
-        return self.codes.shape[-2]
-
     def tensors(self) -> list[torch.Tensor]:
         """The tensors holding the rows (to count their bytes)."""
         return [self.codes] if self.scale is None else [self.codes, self.scale]
@@ -76,17 +72,20 @@ class Rows:
         """Block ``i`` of rows (views)."""
         return Rows(self.codes[i], None if self.scale is None else self.scale[i])
 
-    def part(self, i: int, start: int, stop: int) -> Rows:
-        """Rows ``start:stop`` of block ``i`` (views)."""
-        scale = None if self.scale is None else self.scale[i, start:stop]
-        return Rows(self.codes[i, start:stop], scale)
+    def gather(self, index: torch.Tensor) -> Rows:
+        """Rows ``index`` (H, P) of each block of (H, n, D) rows: (H, P, D)."""
+        codes = self.codes.gather(1, index[..., None].expand(-1, -1, self.codes.shape[-1]))
+        return Rows(codes, None if self.scale is None else self.scale.gather(1, index))
 
-    def put(self, i: int, parts: list[Rows]) -> None:
-        """Copy ``parts`` one after another into the first rows of block ``i``."""
-        n = sum(p.length for p in parts)
-        self.codes[i, :n] = torch.cat([p.codes for p in parts])
+    def select(self, mask: torch.Tensor) -> Rows:
+        """The rows where ``mask`` (the rows' leading shape) is set, flat (n, D) in order."""
+        return Rows(self.codes[mask], None if self.scale is None else self.scale[mask])
+
+    def fill(self, mask: torch.Tensor, rows: Rows) -> None:
+        """Write flat ``rows`` (n, D) into the rows where ``mask`` is set, in order."""
+        self.codes[mask] = rows.codes
         if self.scale is not None:
-            self.scale[i, :n] = torch.cat([p.scale for p in parts])
+            self.scale[mask] = rows.scale
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
         """The rows in ``dtype`` (dequantized)."""

@@ -50,6 +50,7 @@ from .sketch import quantize_sketch, sketch_basis
 
 FORMAT = "sekv-span-store"
 FORMAT_VERSION = 3  # 2: positions (original | bounded), streamed books; 3: query-weighted sketch
+SLICED_RANGES = 32  # offload reads of up to this many ranges slice them one by one
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 ANSWER_RESERVE = 32  # tokens kept free for the question and the start of an answer
 
@@ -121,6 +122,16 @@ class SpanStore:
         """Elements [start, stop) of a flat offload buffer (reads only those pages)."""
         return self.offload[name][start:stop]
 
+    def offload_ranges(self, name: str, starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
+        """Elements [starts[i], stops[i]) of a flat offload buffer for every i, one after
+        another (reads only those pages): a few ranges are sliced, many gathered by one index
+        (measured: slicing ~10 long spans' rows costs a third of building their index)."""
+        buf = self.offload[name]
+        if starts.numel() > SLICED_RANGES:
+            return buf[ranges_index(starts, stops)]
+        pairs = zip(starts.tolist(), stops.tolist(), strict=True)
+        return torch.cat([buf[a:b] for a, b in pairs]) if starts.numel() else buf[:0]
+
     @property
     def n_spans(self) -> int:
         return int(self.resident["span_starts"].numel())
@@ -128,6 +139,14 @@ class SpanStore:
     @property
     def bytes(self) -> dict[str, int]:
         return self.manifest["bytes"]
+
+
+def ranges_index(starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
+    """The indices of ranges [starts[i], stops[i]) one after another (int64)."""
+    sizes = stops - starts
+    first = torch.cumsum(sizes, 0) - sizes
+    which = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
+    return starts[which] + torch.arange(int(sizes.sum())) - first[which]
 
 
 @contextmanager

@@ -174,6 +174,12 @@ class PartialStore:
         )
         return torch.frombuffer(bytearray(raw), dtype=BASIS_DTYPE)
 
+    def offload_ranges(self, name: str, starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
+        """Elements [starts[i], stops[i]) for every i, one after another (a read per range)."""
+        pairs = zip(starts.tolist(), stops.tolist(), strict=True)
+        parts = [self.offload_slice(name, a, b) for a, b in pairs]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=BASIS_DTYPE)
+
     def _file(self, part: int) -> tuple[int, dict[str, int]]:
         """An open descriptor of a part and the byte offset of each offload buffer in it."""
         if part in self._open:
@@ -401,7 +407,6 @@ class StreamBuilder:
         self.store.resident["sketch"] = self.store.resident["sketch"].to(dev)
         # 16-bit zoom: what a chunk attends to is part of the store (answers may hold 8 bits)
         self.memory = SpanMemory(self.store, self.rope, dev, self.dtype, kv_bits=16)
-        self.memory.clear(capacity=self.budget * H)
         if self.sketch_basis is not None:
             self._place_sketch_basis()
 

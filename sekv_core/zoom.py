@@ -20,14 +20,12 @@ Routers score bounded memories in the same frame: pre-RoPE sketch, summaries at 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .basis import BASIS_DTYPE
-from .kvquant import CACHE_DTYPE, Rows, row_bytes
+from .kvquant import Rows, row_bytes
 from .rope import Rope, rotate_half
 from .sketch import sketch_logits
 from .store import SpanStore
@@ -40,6 +38,7 @@ KV_BITS = 8
 # tokens score among the best ``keep`` (or 4x the budget's worth of spans) per KV head
 PREFILTER_SPANS = 2048
 PREFILTER_KEEP = 256
+ABSENT = torch.iinfo(torch.int64).max  # a pool slot's token id on padding
 
 
 class SpanMemory:
@@ -63,21 +62,15 @@ class SpanMemory:
         self.pool_end: int | None = None  # bounded: the first local position (set per answer)
         self.routed_dims: int | None = None  # sketch directions on the device (place_sketch)
         self.refresh()
-        # per layer: (span, head) -> reconstructed K, V as Rows, least recently used first
-        self.cache: list[OrderedDict[tuple[int, int], tuple[Rows, Rows]]] = [
-            OrderedDict() for _ in range(self.num_layers)
-        ]
-        self.cache_tokens = [0] * self.num_layers
-        self.capacity = 0  # head-tokens kept per layer between steps (set per answer)
         self.token_bytes = 2 * row_bytes(self.head_dim, kv_bits)  # K + V of one head-token
         self.peak_cached_bytes = 0
         self.reconstructions = 0
-        # optional rank gate (trained): (kind, layer, head, coef (|S|, r)) -> rank to keep
-        self.rank_gate: Callable[[str, int, int, torch.Tensor], int] | None = None
+        # optional rank gate (trained): (kind, layer, heads (n,), spectra (n, r)) -> ranks (n,)
+        self.rank_gate: Callable[[str, int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self.rank_sum = {"k": 0, "v": 0}  # ranks used by factorised reconstructions
         self.rank_count = {"k": 0, "v": 0}
-        # per layer: the last zoom picks and the pool built for them (reused while unchanged)
-        self._pools: dict[int, tuple[list[list[int]], int | None, ZoomPool]] = {}
+        # per layer: the last pool built, with the picks it was built for
+        self._pools: dict[int, ZoomPool] = {}
 
     def refresh(self) -> None:
         """(Re)read the resident tier from the store (a streamed build appends spans to it)."""
@@ -188,117 +181,81 @@ class SpanMemory:
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def cached_bytes(self) -> int:
-        return sum(self.cache_tokens) * self.token_bytes
-
-    def clear(self, capacity: int) -> None:
-        """Drop reconstructions (between questions); keep ``capacity`` head-tokens per layer."""
-        for layer_cache in self.cache:
-            layer_cache.clear()
+    def clear(self) -> None:
+        """Drop the zoom pools and the answer's counters (between questions)."""
         self._pools.clear()
-        self.cache_tokens = [0] * self.num_layers
-        self.capacity = capacity
         self.peak_cached_bytes = 0
+        self.reconstructions = 0
         self.rank_sum, self.rank_count = {"k": 0, "v": 0}, {"k": 0, "v": 0}
 
-    def span_kv(self, layer: int, span: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token-level K, V (|S|, D) of one span for one KV head in CACHE_DTYPE, as the zoom
-        holds them (8-bit zoom: read back from int8); reconstructed once (LRU)."""
-        k, v = self.spans_kv(layer, [(span, head)])[0]
-        return k.read(CACHE_DTYPE), v.read(CACHE_DTYPE)
+    def reconstruct(
+        self, layer: int, spans: torch.Tensor, heads: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token-level K, V of (span, head) pairs (``spans``, ``heads``: (n,) host tensors) of
+        one layer, flat in pair order: (T, D) each in the model dtype, T the pairs' total length.
 
-    def spans_kv(self, layer: int, pairs: list[tuple[int, int]]) -> list[tuple[Rows, Rows]]:
-        """Token-level K, V (|S|, D) of (span, head) ``pairs`` of one layer, as held (Rows).
-
-        The ones not in the layer's LRU cache are reconstructed together: one batched product
-        per tensor kind (many small matmuls cost far more than one, on a busy CPU above all).
+        Keys are rotated to their positions (bounded memories: kept pre-RoPE, rotated where the
+        pool places them). All pairs' factors are read from the offload tier at once per
+        tensor kind (raw spans: their rows as stored; factorised ones: one batched product).
         """
-        layer_cache = self.cache[layer]
-        missing = [p for p in dict.fromkeys(pairs) if p not in layer_cache]
-        if missing:
-            spans = torch.tensor([s for s, _ in missing])
-            keys, lengths = self._reconstruct_many("k", layer, missing)  # (n, M, D) pre-RoPE
-            if not self.bounded:  # bounded: kept pre-RoPE, rotated where the pool places it
-                pos = (self.starts[spans][:, None] + torch.arange(keys.shape[1])[None]).clamp(
-                    max=self.context_len - 1
-                )  # (n, M)
-                cos, sin = (t.view(*pos.shape, -1) for t in self.rope.tables(pos.flatten(), keys))
-                keys = keys * cos + rotate_half(keys) * sin
-            values, _ = self._reconstruct_many("v", layer, missing)
-            keys, values = Rows.encode(keys, self.kv_bits), Rows.encode(values, self.kv_bits)
-            for i, (pair, n) in enumerate(zip(missing, lengths, strict=True)):
-                layer_cache[pair] = (keys.part(i, 0, n), values.part(i, 0, n))
-                self.cache_tokens[layer] += n
-            self.reconstructions += len(missing)
-        out = []
-        for pair in pairs:
-            layer_cache.move_to_end(pair)
-            out.append(layer_cache[pair])
-        while self.cache_tokens[layer] > self.capacity and len(layer_cache) > 1:
-            _, (old, _) = layer_cache.popitem(last=False)
-            self.cache_tokens[layer] -= old.length
-        return out
+        lengths = self.ends[spans] - self.starts[spans]  # (n,)
+        pair = torch.repeat_interleave(torch.arange(spans.numel()), lengths)  # (T,) host
+        keys = self._rows("k", layer, spans, heads, lengths, pair)  # pre-RoPE
+        if not self.bounded:
+            within = torch.arange(pair.numel()) - (torch.cumsum(lengths, 0) - lengths)[pair]
+            pos = (self.starts[spans][pair] + within).clamp(max=self.context_len - 1)
+            cos, sin = self.rope.tables(pos, keys)
+            keys = keys * cos + rotate_half(keys) * sin
+        values = self._rows("v", layer, spans, heads, lengths, pair)
+        self.reconstructions += int(spans.numel())
+        return keys, values
 
-    def _reconstruct_many(
-        self, kind: str, layer: int, pairs: list[tuple[int, int]]
-    ) -> tuple[torch.Tensor, list[int]]:
-        """Padded (n, M, D) reconstructions of (span, head) ``pairs`` and their lengths.
+    def _rows(
+        self,
+        kind: str,
+        layer: int,
+        spans: torch.Tensor,
+        heads: torch.Tensor,
+        lengths: torch.Tensor,
+        pair: torch.Tensor,
+    ) -> torch.Tensor:
+        """(T, D) rows of one kind for (span, head) pairs of ``lengths`` (``pair``: each row's
+        pair), in the model dtype on the device.
 
-        Factors are gathered from the offload tier into zero-padded (n, M, r) and (n, r, D)
-        blocks (raw spans: an identity basis) and multiplied in one batched product. With a rank
-        gate, each pair goes through :meth:`_reconstruct` (the gate decides per factor).
+        The pairs' coefficient rows are read from the offload tier in one call: a raw span's are
+        its rows. Factorised spans' coefficients and bases are scattered into zero-padded
+        (m, M, R) and (m, R, D) blocks and multiplied in one batched product; a rank gate
+        (trained) decides per pair how many of the stored ranks to use.
         """
         t, D = self.tables, self.head_dim
-        spans = torch.tensor([s for s, _ in pairs])
-        heads = torch.tensor([h for _, h in pairs])
-        lengths = (self.ends[spans] - self.starts[spans]).tolist()
-        M = max(lengths)
-        if self.rank_gate is not None:
-            out = torch.zeros(len(pairs), M, D, device=self.device, dtype=self.dtype)
-            for i, (span, head) in enumerate(pairs):
-                out[i, : lengths[i]] = self._reconstruct(kind, layer, span, head)
-            return out, lengths
-        rank = t[f"{kind}_rank"][layer, heads, spans].tolist()
-        raw = t[f"{kind}_raw"][layer, heads, spans].bool().tolist()
-        c0 = t[f"{kind}_coef_off"][layer, heads, spans].tolist()
-        b0 = t[f"{kind}_basis_off"][layer, heads, spans].tolist()
-        R = max(rank)
-        coef = torch.zeros(len(pairs), M, R, dtype=BASIS_DTYPE)  # gathered on the host
-        basis = torch.zeros(len(pairs), R, D, dtype=BASIS_DTYPE)
-        for i, (n, r) in enumerate(zip(lengths, rank, strict=True)):
-            coef[i, :n, :r] = self.store.offload_slice(f"{kind}_coef", c0[i], c0[i] + n * r).view(
-                n, r
-            )
-            if raw[i]:
-                basis[i, :D] = torch.eye(D, dtype=BASIS_DTYPE)
-            else:
-                basis[i, :r] = self.store.offload_slice(f"{kind}_basis", b0[i], b0[i] + r * D).view(
-                    r, D
-                )
-                self.rank_sum[kind] += r
-                self.rank_count[kind] += 1
+        rank = t[f"{kind}_rank"][layer, heads, spans].long()
+        raw = t[f"{kind}_raw"][layer, heads, spans].bool()
+        start = t[f"{kind}_coef_off"][layer, heads, spans].long()
+        flat = self.store.offload_ranges(f"{kind}_coef", start, start + lengths * rank)
+        if bool(raw.all()):  # the common case: stored rows, nothing to multiply
+            return flat.view(-1, D).to(device=self.device, dtype=self.dtype, non_blocking=True)
+        out = torch.empty(pair.numel(), D, device=self.device, dtype=self.dtype)
+        element = torch.repeat_interleave(raw, lengths * rank)  # (elements,) of a raw pair
+        raw_rows = raw[pair].to(self.device)
+        out[raw_rows] = flat[element].view(-1, D).to(device=self.device, dtype=self.dtype)
+        low = ~raw
+        m, r, n = int(low.sum()), rank[low], lengths[low]
+        M, R = int(n.max()), int(r.max())
+        coef = _scatter_blocks(flat[~element], n, r, (m, M, R))
+        b0 = t[f"{kind}_basis_off"][layer, heads[low], spans[low]].long()
+        flat = self.store.offload_ranges(f"{kind}_basis", b0, b0 + r * D)
+        basis = _scatter_blocks(flat, r, torch.full_like(r, D), (m, R, D))
+        if self.rank_gate is not None:  # coef = U diag(s): column norms are the spectrum
+            sigma = coef.float().norm(dim=1)  # (m, R), 0-padded
+            r = torch.minimum(self.rank_gate(kind, layer, heads[low], sigma), r)
+            basis[torch.arange(R)[None, :] >= r[:, None]] = 0
         coef = coef.to(device=self.device, dtype=self.dtype, non_blocking=True)
         basis = basis.to(device=self.device, dtype=self.dtype, non_blocking=True)
-        return coef @ basis, lengths
-
-    def _reconstruct(self, kind: str, layer: int, span: int, head: int) -> torch.Tensor:
-        """Read one (layer, span, head) factor pair from the offload tier; multiply on device."""
-        t, D = self.tables, self.head_dim
-        length = int(self.ends[span] - self.starts[span])
-        r = int(t[f"{kind}_rank"][layer, head, span])
-        c0 = int(t[f"{kind}_coef_off"][layer, head, span])
-        coef = self.store.offload_slice(f"{kind}_coef", c0, c0 + length * r).view(length, r)
-        coef = coef.to(device=self.device, dtype=self.dtype, non_blocking=True)
-        if t[f"{kind}_raw"][layer, head, span]:
-            return coef
-        b0 = int(t[f"{kind}_basis_off"][layer, head, span])
-        basis = self.store.offload_slice(f"{kind}_basis", b0, b0 + r * D).view(r, D)
-        if self.rank_gate is not None:  # coef = U diag(s): columns in descending s
-            keep = max(1, min(r, self.rank_gate(kind, layer, head, coef)))
-            coef, basis = coef[:, :keep], basis[:keep]
-        self.rank_sum[kind] += coef.shape[1]
-        self.rank_count[kind] += 1
-        return coef @ basis.to(device=self.device, dtype=self.dtype, non_blocking=True)
+        real = (torch.arange(M)[None, :] < n[:, None]).to(self.device)  # (m, M)
+        out[~raw_rows] = (coef @ basis)[real]
+        self.rank_sum[kind] += int(r.sum())
+        self.rank_count[kind] += m
+        return out
 
     def mean_rank(self, kind: str) -> float | None:
         """Mean rank of the factorised (non-raw) reconstructions so far."""
@@ -309,69 +266,65 @@ class SpanMemory:
         """Reconstructed tokens of the spans each KV head zoomed, padded to a common length.
 
         zoom : (H, N) bool; ``summaries``: the caller's softmax also reads the span summaries
-        (counted in the live bytes). Returns the pool: K, V (H, P, D) as Rows and owner (H, P),
-        the span of each pooled token, -1 on padding. A layer whose picks did not change since
-        its last call gets the same pool back (decoding rarely changes the zoom from one token
-        to the next). The pool is the layer's only copy of its reconstructions: afterwards the
-        layer's cache holds views into it, so a zoomed token costs its K/V once (``token_bytes``;
-        plus, while one layer's pool is rebuilt, that layer's old pool and new reconstructions,
-        and the memory entries attention reads in the model dtype: see :meth:`zoom_bytes`).
-        Bounded memories place each head's pool in document order right before ``pool_end``.
+        (counted in the live bytes). Returns the pool: K, V (H, P, D) as Rows, each head's
+        tokens in document order, and owner (H, P), the span of each pooled token, -1 on
+        padding. A layer whose picks did not change since its last call gets the same pool
+        back (decoding rarely changes the zoom from one token to the next); otherwise the
+        tokens of spans the layer's last pool already held are copied from it (on the device)
+        and only the newly zoomed (span, head) pairs are reconstructed, all in one batch. The
+        pool is the layer's only copy of its reconstructions: a zoomed token costs its K/V once
+        (``token_bytes``; plus, while one layer's pool is rebuilt, that layer's old pool and
+        new reconstructions, and the memory entries attention reads in the model dtype: see
+        :meth:`zoom_bytes`). Bounded memories place each head's pool in document order right
+        before ``pool_end``.
         """
         H, D = self.num_kv_heads, self.head_dim
-        picks = [torch.nonzero(row)[:, 0].tolist() for row in zoom.cpu()]  # host: which reads
         last = self._pools.get(layer)
-        if last is not None and last[0] == picks and last[1] == self.pool_end:  # reuse
-            return last[2]
+        if last is not None and last.pool_end == self.pool_end and torch.equal(last.zoom, zoom):
+            return last
         if self.bounded and self.pool_end is None:
             raise RuntimeError("a bounded span memory needs pool_end (the first local position)")
-        pairs = [(s, h) for h, spans in enumerate(picks) for s in spans]
-        found = iter(self.spans_kv(layer, pairs)) if pairs else iter(())
-        per_head = [[next(found) for _ in spans] for spans in picks]
-        sizes = [sum(k.length for k, _ in kv) for kv in per_head]
-        P = max(sizes, default=0)
+        # each head's zoomed span tokens (rows of the sketch order), ascending; padding: ABSENT
+        chosen = zoom[:, self.sketch_span]  # (H, S)
+        sizes = chosen.sum(dim=1)  # (H,)
+        P = int(sizes.max()) if sizes.numel() else 0
+        rows = torch.arange(chosen.shape[1], device=zoom.device).expand(H, -1)
+        ids = rows.where(chosen, ABSENT).sort(dim=1).values[:, :P].contiguous()  # (H, P)
+        present = ids != ABSENT
         keys = Rows.empty(H, P, D, self.kv_bits, self.device)
         values = Rows.empty(H, P, D, self.kv_bits, self.device)
-        owner = torch.full((H, P), -1, dtype=torch.long)
-        for h, (spans, kv) in enumerate(zip(picks, per_head, strict=True)):
-            if kv:
-                keys.put(h, [k for k, _ in kv])
-                values.put(h, [v for _, v in kv])
-                owner[h, : sizes[h]] = torch.repeat_interleave(
-                    torch.tensor(spans), torch.tensor([k.length for k, _ in kv])
-                )
-        # live now: every layer's pool, this layer's old pool (until its views go), the new
+        reused = torch.zeros_like(present)
+        if last is not None and last.ids.shape[1] and P:  # copy what the last pool holds
+            at = torch.searchsorted(last.ids, ids).clamp(max=last.ids.shape[1] - 1)
+            reused = present & (last.ids.gather(1, at) == ids)
+            keys.fill(reused, last.stored_keys.gather(at).select(reused))
+            values.fill(reused, last.values.gather(at).select(reused))
+        new = present & ~reused  # whole spans: a pool holds every token of its spans
+        span_of = self.sketch_span[ids.clamp(max=self.sketch_span.numel() - 1)]  # (H, P)
+        pair = (torch.arange(H, device=zoom.device)[:, None] * self.n_spans + span_of)[new]
+        pairs = torch.unique_consecutive(pair).cpu()  # (head, span) in pool order
+        if pairs.numel():
+            k, v = self.reconstruct(layer, pairs % self.n_spans, pairs // self.n_spans)
+            keys.fill(new, Rows.encode(k, self.kv_bits))
+            values.fill(new, Rows.encode(v, self.kv_bits))
+        owner = span_of.where(present, -1)
+        # live now: every layer's pool, this layer's old pool (until it goes), the new
         # reconstructions, and this call's memory entries in the model dtype for the softmax
-        old_pool = last[2].tokens if last is not None else 0
-        pooled = H * P + sum(pool.tokens for i, (_, _, pool) in self._pools.items() if i != layer)
+        old_pool = last.tokens if last is not None else 0
+        pooled = H * P + sum(pool.tokens for i, pool in self._pools.items() if i != layer)
         raw_keys = H * P // 2 if self.bounded else 0  # bounded: the unrotated keys stay too
-        live = (
-            self.cached_bytes()
-            + (pooled + old_pool + raw_keys) * self.token_bytes
-            + self._entry_bytes(P, summaries)
-        )
-        self.peak_cached_bytes = max(self.peak_cached_bytes, live)
-        # the layer's cache becomes views into the pool (the reconstructions' only copy)
-        layer_cache = self.cache[layer]
-        layer_cache.clear()
-        for h, spans in enumerate(picks):
-            start = 0
-            for span, (k, _) in zip(spans, per_head[h], strict=True):
-                n = k.length
-                layer_cache[(span, h)] = (
-                    keys.part(h, start, start + n),
-                    values.part(h, start, start + n),
-                )
-                start += n
-        self.cache_tokens[layer] = 0
+        live = (pooled + old_pool + int(new.sum()) + raw_keys) * self.token_bytes
+        self.peak_cached_bytes = max(self.peak_cached_bytes, live + self._entry_bytes(P, summaries))
+        stored_keys = keys
         if self.bounded and P:  # right-aligned: head h's tokens at pool_end - size_h ...
-            pos = torch.arange(P)[None] + (self.pool_end - torch.tensor(sizes))[:, None]  # (H, P)
+            pos = torch.arange(P)[None] + (self.pool_end - sizes.cpu())[:, None]  # (H, P)
             like = torch.zeros(1, device=self.device, dtype=self.dtype)
             cos, sin = (t.view(H, P, D) for t in self.rope.tables(pos.clamp(min=0).flatten(), like))
             k = keys.read(self.dtype)
             keys = Rows.encode(k * cos + rotate_half(k) * sin, self.kv_bits)
-        self._pools[layer] = (picks, self.pool_end, ZoomPool(keys, values, owner.to(self.device)))
-        return self._pools[layer][2]
+        pool = ZoomPool(keys, values, owner, ids, zoom.clone(), self.pool_end, stored_keys)
+        self._pools[layer] = pool
+        return pool
 
     def _entry_bytes(self, pooled: int, summaries: bool) -> int:
         """The memory entries one attention call reads in the model dtype (fixed, summaries when
@@ -391,22 +344,18 @@ class SpanMemory:
 
     def all_span_keys(self, layer: int) -> torch.Tensor:
         """Every span token's key of one layer (H, S, D), for the oracle diagnostic only: kept
-        apart from the zoom cache and not counted as answer memory."""
+        apart from the zoom pools and not counted as answer memory (bounded memories: pre-RoPE,
+        the routers' frame)."""
         if layer not in self._oracle_keys:
-            heads = range(self.num_kv_heads)
-            keys = [
-                self.rope.rotate(
-                    torch.stack([self._reconstruct("k", layer, s, h) for h in heads]),
-                    torch.arange(int(self.starts[s]), int(self.ends[s]))
-                    * (not self.bounded),  # bounded: the routers' frame, position 0
-                )
-                for s in range(self.n_spans)
-            ]
-            self._oracle_keys[layer] = (
-                torch.cat(keys, dim=1)
-                if keys
-                else torch.zeros(self.num_kv_heads, 0, self.head_dim, device=self.device)
-            )
+            H, N = self.num_kv_heads, self.n_spans
+            if N:
+                heads = torch.arange(H).repeat_interleave(N)
+                keys, _ = self.reconstruct(layer, torch.arange(N).repeat(H), heads)
+                self.reconstructions -= H * N  # a diagnostic, not the answer's zoom
+                keys = keys.view(H, -1, self.head_dim)
+            else:
+                keys = torch.zeros(H, 0, self.head_dim, device=self.device)
+            self._oracle_keys[layer] = keys
         return self._oracle_keys[layer]
 
     def representative_scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
@@ -446,13 +395,35 @@ class SpanMemory:
         return SpanSubset(self, layer, index)
 
 
+def _scatter_blocks(
+    flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int, int]
+) -> torch.Tensor:
+    """Zero-padded blocks ``shape`` (n, A, B) from ``flat``: block i's rows[i] x cols[i]
+    row-major elements, one block after another."""
+    sizes = rows * cols
+    block = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (total,)
+    within = torch.arange(flat.numel()) - (torch.cumsum(sizes, 0) - sizes)[block]
+    out = flat.new_zeros(shape)
+    out[block, within // cols[block], within % cols[block]] = flat
+    return out
+
+
 @dataclass
 class ZoomPool:
-    """One layer's zoomed tokens: K, V (H, P, D) as Rows; owner (H, P), -1 on padding."""
+    """One layer's zoomed tokens: K, V (H, P, D) as Rows; owner (H, P), -1 on padding.
+
+    ids (H, P): each slot's span token (row of the sketch order), ascending, ``ABSENT`` on
+    padding; zoom (H, N), pool_end: the picks it was built for; stored_keys: the keys as
+    reconstructed (bounded memories: pre-RoPE, ``keys`` are rotated to the pool's positions).
+    """
 
     keys: Rows
     values: Rows
     owner: torch.Tensor
+    ids: torch.Tensor
+    zoom: torch.Tensor
+    pool_end: int | None
+    stored_keys: Rows
 
     @property
     def tokens(self) -> int:

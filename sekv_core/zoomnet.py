@@ -164,12 +164,13 @@ class RankGate(nn.Module):
         )
 
     @torch.no_grad()
-    def keep(self, kind: str, layer: int, head: int, coef: torch.Tensor) -> int:
-        """Rank to reconstruct a span at, from its stored ``coef`` (|S|, r) (answer time)."""
-        sigma = coef.float().norm(dim=0)[None]  # (1, r): column norms of U diag(sigma)
-        idx = torch.tensor([layer]), torch.tensor([head])
-        g = self.gates(self.KINDS.index(kind), *idx, sigma)[0]
-        return max(1, int((g > 0.5).sum()))
+    def keep(self, kind: str, layer: int, heads: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Ranks (B,) to reconstruct spans at (answer time), from their stored spectra sigma
+        (B, r), descending and 0-padded (the column norms of the stored U diag(sigma)), of KV
+        heads ``heads`` (B,); at least 1 each."""
+        layers = torch.full_like(heads, layer)
+        g = self.gates(self.KINDS.index(kind), layers, heads, sigma)  # (B, r)
+        return ((g > 0.5) & (sigma > 0)).sum(dim=1).clamp(min=1)
 
 
 class ZoomNet(nn.Module):

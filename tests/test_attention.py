@@ -42,7 +42,7 @@ def sekv_method(loaded, tmp_path, store_settings=LOSSLESS, **settings):
 def sekv_logits(method, q_ids, policy):
     """Logits of every question position through the sekv attention."""
     model = method.loaded.model
-    method.spans.clear(capacity=policy.budget * method.spans.num_kv_heads)
+    method.spans.clear()
     pos = torch.arange(len(q_ids))[None] + len(method.context)
     with torch.inference_mode(), sekv_attention(model):
         out = model(
@@ -96,34 +96,71 @@ def test_no_zoom_equals_hand_computed_coarse_attention():
 
 
 def test_reconstruction_equals_basis_product(tiny_loaded, tmp_path):
+    """One batched reconstruction of every (span, head) pair of a layer gives each span's
+    stored factors' product (raw spans: their rows), pairs in the order asked."""
     lossy = StoreSettings(
         key_energy=0.8, value_energy=0.8, segment=SegmentSettings(min_len=16, max_len=32)
     )
     method, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, kv_bits=16)
     spans, store = method.spans, method.store
-    spans.clear(capacity=10**6)
     t = store.resident
     from safetensors.torch import load_file
 
     flat = load_file(store.path / "offload.safetensors")
-    D = spans.head_dim
+    D, N, H = spans.head_dim, spans.n_spans, spans.num_kv_heads
+    pairs = [(span, head) for span in reversed(range(N)) for head in range(H)]  # any order
     checked = 0
     for layer in range(spans.num_layers):
-        for span in range(spans.n_spans):
-            for head in range(spans.num_kv_heads):
-                s, e = int(t["span_starts"][span]), int(t["span_ends"][span])
-                r = int(t["v_rank"][layer, head, span])
-                c0 = int(t["v_coef_off"][layer, head, span])
-                coef = flat["v_coef"][c0 : c0 + (e - s) * r].view(e - s, r).float()
-                if t["v_raw"][layer, head, span]:
-                    expect = coef
-                else:
-                    b0 = int(t["v_basis_off"][layer, head, span])
-                    expect = coef @ flat["v_basis"][b0 : b0 + r * D].view(r, D).float()
-                    checked += 1
-                _, v = spans.span_kv(layer, span, head)
-                assert torch.allclose(v.float(), expect, atol=2e-3)
+        _, values = spans.reconstruct(
+            layer, torch.tensor([s for s, _ in pairs]), torch.tensor([h for _, h in pairs])
+        )
+        at = 0
+        for span, head in pairs:
+            s, e = int(t["span_starts"][span]), int(t["span_ends"][span])
+            r = int(t["v_rank"][layer, head, span])
+            c0 = int(t["v_coef_off"][layer, head, span])
+            coef = flat["v_coef"][c0 : c0 + (e - s) * r].view(e - s, r).float()
+            if t["v_raw"][layer, head, span]:
+                expect = coef
+            else:
+                b0 = int(t["v_basis_off"][layer, head, span])
+                expect = coef @ flat["v_basis"][b0 : b0 + r * D].view(r, D).float()
+                checked += 1
+            assert torch.allclose(values[at : at + e - s].float(), expect, atol=2e-3)
+            at += e - s
+        assert at == values.shape[0]
     assert checked > 0  # some spans really are low-rank
+
+
+def test_pool_rebuild_reuses_held_spans(tiny_loaded, tmp_path):
+    """A layer whose picks change keeps the tokens of spans it held (copied, not
+    reconstructed again) and reconstructs only the new (span, head) pairs; the pool equals
+    one built from scratch for the same picks."""
+    method, _ = sekv_method(tiny_loaded, tmp_path)
+    spans = method.spans
+    H, N = spans.num_kv_heads, spans.n_spans
+    assert N >= 4
+    first = torch.zeros(H, N, dtype=torch.bool)
+    first[:, :2] = True
+    second = first.clone()
+    second[0, 3] = True  # one new pair
+    second[-1, 0] = False  # one dropped
+    spans.clear()
+    spans.zoom_pool(0, first)
+    before = spans.reconstructions
+    assert before == 2 * H
+    assert spans.zoom_pool(0, first) is spans.zoom_pool(0, first)  # unchanged picks: reused
+    grown = spans.zoom_pool(0, second)
+    assert spans.reconstructions - before == 1
+    spans.clear()
+    fresh = spans.zoom_pool(0, second)
+    assert torch.equal(grown.owner, fresh.owner)
+    for a, b in zip(grown.kv(torch.float32), fresh.kv(torch.float32), strict=True):
+        assert torch.equal(a, b)
+    for h in range(H):  # each head: its spans' tokens in document order, then padding
+        want = torch.nonzero(second[h])[:, 0].repeat_interleave(spans.lengths[second[h]])
+        got = fresh.owner[h]
+        assert torch.equal(got[: want.numel()], want) and (got[want.numel() :] == -1).all()
 
 
 @pytest.mark.parametrize("budget", [24, 60])
@@ -134,8 +171,8 @@ def test_budget_never_exceeded(tiny_loaded, tmp_path, budget):
     list(method.generate(q, 6))
     policy = method.policy
     assert 0 < policy.trace.zoomed_tokens_max <= budget
-    per_layer = method.spans.capacity
-    assert all(tokens <= per_layer for tokens in method.spans.cache_tokens)
+    pools = method.spans._pools.values()
+    assert pools and all(pool.owner.shape[1] <= budget for pool in pools)
     assert method.memory()["zoom_peak_bytes"] > 0
 
 
@@ -214,23 +251,22 @@ def test_eight_bit_zoom_rounds_each_row_by_at_most_half_a_step(tiny_loaded, tmp_
     assert coarse.spans.kv_bits == 8
     assert coarse.spans.token_bytes == 2 * (coarse.spans.head_dim + 2)
     assert exact.spans.token_bytes == 4 * exact.spans.head_dim
-    for spans in (exact.spans, coarse.spans):
-        spans.clear(capacity=10**6)
-    pairs = [(s, h) for s in range(coarse.spans.n_spans) for h in range(coarse.spans.num_kv_heads)]
+    every = torch.ones(coarse.spans.num_kv_heads, coarse.spans.n_spans, dtype=torch.bool)
     worst = 0.0
     for layer in range(coarse.spans.num_layers):
-        for (k16, v16), (k8, v8) in zip(
-            exact.spans.spans_kv(layer, pairs), coarse.spans.spans_kv(layer, pairs), strict=True
-        ):
-            for a, b in ((k16, k8), (v16, v8)):
-                want = a.read(torch.float32)
-                got = b.read(torch.float32)
-                step = b.scale.float()[:, None]
-                # half a step, plus the fp16 rounding of the 16-bit reference
-                err = (got - want).abs() - want.abs() * 2**-10
-                assert (err <= step / 2 + 1e-7).all()
-                assert b.codes.dtype == torch.int8 and b.codes.abs().max() <= 127
-                worst = max(worst, float((got - want).abs().max()))
+        for spans in (exact.spans, coarse.spans):
+            spans.clear()
+        fine, rounded = exact.spans.zoom_pool(layer, every), coarse.spans.zoom_pool(layer, every)
+        assert torch.equal(fine.owner, rounded.owner)
+        for a, b in ((fine.keys, rounded.keys), (fine.values, rounded.values)):
+            want = a.read(torch.float32)
+            got = b.read(torch.float32)
+            step = b.scale.float()[..., None]
+            # half a step, plus the fp16 rounding of the 16-bit reference
+            err = (got - want).abs() - want.abs() * 2**-10
+            assert (err <= step / 2 + 1e-7).all()
+            assert b.codes.dtype == torch.int8 and b.codes.abs().max() <= 127
+            worst = max(worst, float((got - want).abs().max()))
     assert worst > 0  # it really is rounded
 
 

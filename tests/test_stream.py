@@ -187,7 +187,7 @@ def test_everything_zoomed_answers_as_full_attention_within_the_window(small, tm
         method = SeKV(small, doc, ctx, MethodSettings(extra={"store_settings": settings}))
         method.prepare()
         policy = ZoomPolicy(router=ROUTERS["sketch"](), budget=10**6, margin=math.inf)
-        method.spans.clear(capacity=10**6)
+        method.spans.clear()
         with torch.inference_mode(), sekv_attention(small.model):
             got = small.model(
                 input_ids=torch.tensor([q_ids]),

@@ -132,8 +132,7 @@ class SeKV(Method):
             start = spans.pool_end = spans.n_sinks + policy.budget
         else:
             start = len(self.context)  # local tokens continue after the document's positions
-        # reconstructions one layer may hold while its pool is rebuilt (its zoom budget)
-        spans.clear(capacity=policy.budget * spans.num_kv_heads)
+        spans.clear()  # a new answer: no pools, fresh counters
         local = DynamicCache(config=model.config)
         self.step = step = PositionedStep(
             model, local, start, device, sekv_memory=spans, sekv_policy=policy
