@@ -39,6 +39,15 @@ TRAINED_ROUTER_OPTION = typer.Option(
 )
 
 
+SPAN_TOKENS_OPTION = typer.Option(
+    None,
+    "--span-tokens",
+    metavar="MIN,MAX",
+    help="SeKV stores: span length bounds in tokens (default 24,64; the span is what a zoom "
+    "reconstructs).",
+)
+
+
 def suite_config(methods, tasks, lengths, depths, budgets, seeds, **extra):
     """A SuiteConfig from the comma-separated options (names and ranges checked later)."""
     from sekv_core.bench.suite import SuiteConfig
@@ -77,6 +86,7 @@ def suite(
         False, "--recall", help="SeKV methods also report routing recall vs the oracle router."
     ),
     router: str = TRAINED_ROUTER_OPTION,
+    span_tokens: str | None = SPAN_TOKENS_OPTION,
     kv_bits: int = KV_BITS_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
@@ -96,7 +106,7 @@ def suite(
     config = suite_config(
         methods or ",".join(METHODS), tasks, lengths, depths, budgets, seeds,
         max_new_tokens=max_new_tokens, recall=recall, trained_router=router,
-        kv_bits=kv_bits,
+        kv_bits=kv_bits, span_tokens=span_bounds(span_tokens) if span_tokens else None,
     )  # fmt: skip
     config.check()  # names and ranges before the model loads; lengths against its window after
     bench = Suite(load_model_quietly(model), config, out)
@@ -151,6 +161,7 @@ def fidelity(
     sketch_dim: int | None = typer.Option(
         None, min=1, help="Store: routing sketch dims per span token (default 32)."
     ),
+    span_tokens: str | None = SPAN_TOKENS_OPTION,
     kv_bits: int = KV_BITS_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-fidelity"), help="Directory for the results."),
@@ -170,6 +181,9 @@ def fidelity(
         )
     chosen = {"key_energy": key_energy, "value_energy": value_energy, "sketch_dim": sketch_dim}
     store = replace(StoreSettings(), **{k: v for k, v in chosen.items() if v is not None})
+    if span_tokens is not None:
+        low, high = span_bounds(span_tokens)
+        store = replace(store, segment=replace(store.segment, min_len=low, max_len=high))
 
     config = suite_config(
         methods, tasks, lengths, depths, budgets, seeds,
@@ -193,6 +207,19 @@ def fidelity(
         print_json(summary)
         return
     typer.echo((out / "fidelity.md").read_text(), nl=False)
+
+
+def span_bounds(text: str) -> tuple[int, int]:
+    """``MIN,MAX`` span lengths in tokens (usage error if invalid)."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise typer.BadParameter(f"{text!r} is not MIN,MAX (e.g. 4,8)", param_hint="--span-tokens")
+    low, high = (int(p) for p in parts)
+    if not 1 <= low <= high:
+        raise typer.BadParameter(
+            f"{text!r}: need 1 <= MIN <= MAX (e.g. 4,8)", param_hint="--span-tokens"
+        )
+    return low, high
 
 
 def config_name(row: dict) -> str:

@@ -38,7 +38,7 @@ KV_BITS = 8
 # tokens score among the best ``keep`` (or 4x the budget's worth of spans) per KV head
 PREFILTER_SPANS = 2048
 PREFILTER_KEEP = 256
-ABSENT = torch.iinfo(torch.int64).max  # a pool slot's token id on padding
+ABSENT = torch.iinfo(torch.int32).max  # a pool slot's token id on padding (ids are int32)
 
 
 class SpanMemory:
@@ -288,7 +288,7 @@ class SpanMemory:
         chosen = zoom[:, self.sketch_span]  # (H, S)
         sizes = chosen.sum(dim=1)  # (H,)
         P = int(sizes.max()) if sizes.numel() else 0
-        rows = torch.arange(chosen.shape[1], device=zoom.device).expand(H, -1)
+        rows = torch.arange(chosen.shape[1], device=zoom.device, dtype=torch.int32).expand(H, -1)
         ids = rows.where(chosen, ABSENT).sort(dim=1).values[:, :P].contiguous()  # (H, P)
         present = ids != ABSENT
         keys = Rows.empty(H, P, D, self.kv_bits, self.device)
@@ -300,14 +300,14 @@ class SpanMemory:
             keys.fill(reused, last.stored_keys.gather(at).select(reused))
             values.fill(reused, last.values.gather(at).select(reused))
         new = present & ~reused  # whole spans: a pool holds every token of its spans
-        span_of = self.sketch_span[ids.clamp(max=self.sketch_span.numel() - 1)]  # (H, P)
+        span_of = self.sketch_span[ids.clamp(max=self.sketch_span.numel() - 1).long()]  # (H, P)
         pair = (torch.arange(H, device=zoom.device)[:, None] * self.n_spans + span_of)[new]
         pairs = torch.unique_consecutive(pair).cpu()  # (head, span) in pool order
         if pairs.numel():
             k, v = self.reconstruct(layer, pairs % self.n_spans, pairs // self.n_spans)
             keys.fill(new, Rows.encode(k, self.kv_bits))
             values.fill(new, Rows.encode(v, self.kv_bits))
-        owner = span_of.where(present, -1)
+        owner = span_of.where(present, -1).to(torch.int32)  # with ids: 8 bytes per slot
         # live now: every layer's pool, this layer's old pool (until it goes), the new
         # reconstructions, and this call's memory entries in the model dtype for the softmax
         old_pool = last.tokens if last is not None else 0

@@ -142,15 +142,19 @@ def run(*args):
     return CliRunner().invoke(app, ["bench", *map(str, args)])
 
 
-def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path):
+def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path, sekv_home):
     out = tmp_path / "bench"
     result = run(
         "--methods", "full,sekv", "--tasks", "needle", "--lengths", "300", "--depths", "0.5",
         "--budgets", "0.2,0.5", "--max-new-tokens", "3", "--model", tiny_model_dirs["llama"],
-        "--out", out, "--json",
+        "--span-tokens", "4,8", "--out", out, "--json",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
+    assert summary["config"]["span_tokens"] == [4, 8]
+    (manifest,) = (sekv_home / "stores").glob("*/manifest.json")  # SeKV's store, built once
+    segment = json.loads(manifest.read_text())["settings"]["segment"]
+    assert (segment["min_len"], segment["max_len"]) == (4, 8)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == summary["rows"] == 3  # full once + sekv at two budgets
     assert {(r["method"], r["budget"]) for r in rows} == {

@@ -82,26 +82,34 @@ def test_every_span_zoomed_follows_full_kv_as_closely_as_the_store_allows(
     kept) held at 16 bits is full KV, a coarse one is not (the store options and --kv-bits reach
     the method)."""
 
-    def run(energy: str) -> dict:
+    def run(energy: str, spans: str = "8,32") -> dict:
         result = CliRunner().invoke(
             app,
             [
                 "bench", "fidelity", "--methods", "sekv", "--tasks", "needle", "--lengths",
                 "300", "--depths", "0.5", "--answer-tokens", "4", "--every-span",
                 "--key-energy", energy, "--value-energy", energy, "--kv-bits", "16",
-                "--model", str(tiny_model_dirs["llama"]), "--out", str(tmp_path / energy),
-                "--json",
+                "--span-tokens", spans, "--model", str(tiny_model_dirs["llama"]),
+                "--out", str(tmp_path / f"{energy}-{spans}"), "--json",
             ],
         )  # fmt: skip
         assert result.exit_code == 0, result.output
         summary = json.loads(result.stdout)
         assert summary["kv_bits"] == 16
+        low, high = (int(x) for x in spans.split(","))
+        segment = summary["store"]["segment"]
+        assert (segment["min_len"], segment["max_len"]) == (low, high)
+        assert summary["store"]["key_energy"] == float(energy)
         (config,) = summary["configs"]
         assert config["budget"] is None
         return config
 
     odd = CliRunner().invoke(app, ["bench", "fidelity", "--sketch-dim", "15"])
     assert odd.exit_code != 0 and "even" in odd.output
+    for bad in ("8,4", "0,4", "4"):
+        usage = CliRunner().invoke(app, ["bench", "fidelity", "--span-tokens", bad])
+        assert usage.exit_code != 0 and "MIN" in usage.output
     lossless, coarse = run("1.0"), run("0.3")
+    assert run("1.0", "2,4")["top1_agreement"] == 1.0  # short spans: still lossless
     assert lossless["top1_agreement"] == 1.0 and lossless["kl_per_token"] < 1e-3
     assert coarse["kl_per_token"] > 10 * max(lossless["kl_per_token"], 1e-5)

@@ -30,6 +30,7 @@ from ..engine import Session
 from ..errors import SekvError
 from ..methods import MethodSettings
 from ..models import LoadedModel
+from ..store import StoreSettings
 from .suite import SuiteConfig, budgeted, build_samples, config_label, group
 
 DEFAULT_ANSWER_TOKENS = 24
@@ -112,6 +113,7 @@ def run_fidelity(
         "answer_tokens": answer_tokens,
         "every_span": every_span,
         "kv_bits": base.kv_bits,
+        "store": (base.extra.get("store_settings") or StoreSettings()).to_dict(),
         "trained_router": config.trained_router if "sekv-trained" in config.methods else None,
         "configs": summarize(rows),
     }

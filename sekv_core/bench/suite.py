@@ -24,6 +24,8 @@ from ..engine import Session
 from ..errors import SekvError
 from ..methods import METHODS, MethodSettings
 from ..models import LoadedModel
+from ..segment import SegmentSettings
+from ..store import StoreSettings
 from ..zoom import KV_BITS
 from . import plots
 from .score import is_correct, score
@@ -48,6 +50,7 @@ class SuiteConfig:
     qa_docs: list[Path] | None = None  # default: the sample documents
     trained_router: str = "auto"  # sekv-trained's router (auto: the one trained for the model)
     kv_bits: int = KV_BITS  # SeKV's token-level K/V on the device: 8 or 16 bits
+    span_tokens: tuple[int, int] | None = None  # SeKV stores' span lengths (min, max)
 
     def check(self, window: int | None = None) -> None:
         """Raise SekvError naming the first setting a user must fix (lengths need ``window``)."""
@@ -159,8 +162,16 @@ class Suite:
         self, sample: Sample, document: Document, method: str, budget: float | None
     ) -> Iterator[dict[str, Any]]:
         """One session (prepared once) answering the sample's questions: one row each."""
+        extra: dict[str, Any] = {}
+        if self.config.span_tokens is not None:
+            low, high = self.config.span_tokens
+            segment = SegmentSettings(min_len=low, max_len=high)
+            extra["store_settings"] = StoreSettings(segment=segment)
         settings = MethodSettings(
-            memory_ratio=budget, measure_recall=self.config.recall, kv_bits=self.config.kv_bits
+            memory_ratio=budget,
+            measure_recall=self.config.recall,
+            kv_bits=self.config.kv_bits,
+            extra=extra,
         )
         if method == "sekv-trained":
             settings = replace(settings, router=self.config.trained_router)
