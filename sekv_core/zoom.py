@@ -1,8 +1,9 @@
 """Span memory at answer time: the resident tier on the model device, zoom-in reconstructions.
 
 :class:`SpanMemory` holds what attention reads every step (sinks + anchors K/V, span summaries,
-routing sketch) and reconstructs token-level K/V of a span from the offloaded bases on demand,
-keeping reconstructions in a small per-(layer, span) cache so decoding does not rebuild them.
+routing sketch) and reconstructs token-level K/V of spans from the offloaded bases on demand,
+batched over heads and spans, into one pool per layer that later steps reuse (a changed pick
+rebuilds only the new spans: decoding does not reconstruct what the layer already holds).
 :class:`ZoomTrace` records which spans were zoomed, where, and why (score vs threshold).
 
 Positions (RoPE). A store whose context fits the model window keeps every token at its original
