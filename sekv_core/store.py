@@ -149,6 +149,19 @@ def ranges_index(starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
     return starts[which] + torch.arange(int(sizes.sum())) - first[which]
 
 
+def padded_blocks(
+    flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int, int]
+) -> torch.Tensor:
+    """Zero-padded blocks ``shape`` (n, A, B) from ``flat``: block i's rows[i] x cols[i]
+    row-major elements, one block after another."""
+    sizes = rows * cols
+    block = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (total,)
+    within = torch.arange(flat.numel()) - (torch.cumsum(sizes, 0) - sizes)[block]
+    out = flat.new_zeros(shape)
+    out[block, within // cols[block], within % cols[block]] = flat
+    return out
+
+
 @contextmanager
 def one_thread() -> Iterator[None]:
     """Run a block on one intra-op thread: batches of small eigendecompositions are up to 100x

@@ -29,7 +29,7 @@ import torch
 from .kvquant import Rows, row_bytes
 from .rope import Rope, rotate_half
 from .sketch import sketch_logits
-from .store import SpanStore
+from .store import SpanStore, padded_blocks
 
 # token-level K/V on the device (zoomed spans' reconstructions, sinks, anchors) as int8 rows with
 # one fp16 scale each (sekv_core.kvquant): ~1.9x the zoomed tokens per byte of fp16; measured on
@@ -242,10 +242,10 @@ class SpanMemory:
         low = ~raw
         m, r, n = int(low.sum()), rank[low], lengths[low]
         M, R = int(n.max()), int(r.max())
-        coef = _scatter_blocks(flat[~element], n, r, (m, M, R))
+        coef = padded_blocks(flat[~element], n, r, (m, M, R))
         b0 = t[f"{kind}_basis_off"][layer, heads[low], spans[low]].long()
         flat = self.store.offload_ranges(f"{kind}_basis", b0, b0 + r * D)
-        basis = _scatter_blocks(flat, r, torch.full_like(r, D), (m, R, D))
+        basis = padded_blocks(flat, r, torch.full_like(r, D), (m, R, D))
         if self.rank_gate is not None:  # coef = U diag(s): column norms are the spectrum
             sigma = coef.float().norm(dim=1)  # (m, R), 0-padded
             r = torch.minimum(self.rank_gate(kind, layer, heads[low], sigma), r)
@@ -394,19 +394,6 @@ class SpanMemory:
 
     def subset(self, layer: int, index: torch.Tensor) -> SpanSubset:
         return SpanSubset(self, layer, index)
-
-
-def _scatter_blocks(
-    flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int, int]
-) -> torch.Tensor:
-    """Zero-padded blocks ``shape`` (n, A, B) from ``flat``: block i's rows[i] x cols[i]
-    row-major elements, one block after another."""
-    sizes = rows * cols
-    block = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (total,)
-    within = torch.arange(flat.numel()) - (torch.cumsum(sizes, 0) - sizes)[block]
-    out = flat.new_zeros(shape)
-    out[block, within // cols[block], within % cols[block]] = flat
-    return out
 
 
 @dataclass

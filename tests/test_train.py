@@ -324,3 +324,32 @@ def test_training_distils_along_the_full_kv_models_own_answer(prepared, tmp_path
     got = teacher_answer(loaded, cache, len(context), q, 8)
     assert loaded.tokenizer.decode(got, skip_special_tokens=True) == want.answer
     assert cache.get_seq_length() == len(context)
+
+
+def test_spectra_are_the_stored_factors_column_norms(prepared):
+    """The rank gate's inputs, read in one batch per kind: every factorised (kind, layer, head,
+    span) in that order, sigma = the column norms of its stored coefficients, 0-padded."""
+    from sekv_core.train.loop import spectra
+
+    _, docs, _, _ = prepared
+    memory = docs[0].memory
+    t, D = memory.tables, memory.head_dim
+    want = []
+    for ki, kind in enumerate(("k", "v")):
+        for layer in range(memory.num_layers):
+            for head in range(memory.num_kv_heads):
+                for span in range(memory.n_spans):
+                    if t[f"{kind}_raw"][layer, head, span]:
+                        continue
+                    n = int(memory.ends[span] - memory.starts[span])
+                    r = int(t[f"{kind}_rank"][layer, head, span])
+                    c0 = int(t[f"{kind}_coef_off"][layer, head, span])
+                    coef = memory.store.offload_slice(f"{kind}_coef", c0, c0 + n * r)
+                    sigma = torch.zeros(D)
+                    sigma[:r] = coef.view(n, r).float().norm(dim=0)
+                    want.append((ki, layer, head, sigma))
+    kinds, layers, heads, sigmas = spectra(memory)
+    assert len(want) == len(kinds) > 0
+    got = zip(kinds.tolist(), layers.tolist(), heads.tolist(), strict=True)
+    assert [w[:3] for w in want] == list(got)
+    assert torch.allclose(sigmas, torch.stack([w[3] for w in want]))

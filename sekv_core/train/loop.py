@@ -40,7 +40,7 @@ from ..methods.sekv import MIN_ZOOM
 from ..models import LoadedModel
 from ..prompt import chat_template, encode_context, encode_question
 from ..rope import Rope
-from ..store import StoreSettings, open_or_build
+from ..store import StoreSettings, open_or_build, padded_blocks
 from ..zoom import SpanMemory
 from ..zoomnet import NetShape, ZoomNet, load_router, save_router, step_best
 from .data import make_corpus
@@ -162,32 +162,31 @@ def _prepared(memory: SpanMemory, cache: DynamicCache, context_len: int) -> Prep
     tokens = torch.cat([torch.arange(int(s), int(e)) for s, e in zip(starts, ends, strict=True)])
     span_k = [layer.keys[0][:, tokens].detach().clone() for layer in cache.layers]
     span_v = [layer.values[0][:, tokens].detach().clone() for layer in cache.layers]
-    kinds, layers, heads, sigmas = [], [], [], []
-    t, D = memory.tables, memory.head_dim
-    for ki, kind in enumerate(("k", "v")):
-        raw = t[f"{kind}_raw"]
-        for layer in range(memory.num_layers):
-            for head in range(memory.num_kv_heads):
-                for span in range(memory.n_spans):
-                    if raw[layer, head, span]:
-                        continue
-                    length = int(ends[span] - starts[span])
-                    r = int(t[f"{kind}_rank"][layer, head, span])
-                    c0 = int(t[f"{kind}_coef_off"][layer, head, span])
-                    coef = memory.store.offload_slice(f"{kind}_coef", c0, c0 + length * r)
-                    sigma = torch.zeros(D)
-                    sigma[:r] = coef.view(length, r).float().norm(dim=0)
-                    kinds.append(ki)
-                    layers.append(layer)
-                    heads.append(head)
-                    sigmas.append(sigma)
-    spectra = (
-        torch.tensor(kinds),
-        torch.tensor(layers),
-        torch.tensor(heads),
-        torch.stack(sigmas) if sigmas else torch.zeros(0, D),
+    return PreparedDoc(
+        memory, context_len, span_k, span_v, memory.sketch_span.cpu(), spectra(memory)
     )
-    return PreparedDoc(memory, context_len, span_k, span_v, memory.sketch_span.cpu(), spectra)
+
+
+def spectra(memory: SpanMemory) -> tuple[torch.Tensor, ...]:
+    """Kind (0: keys, 1: values), layer, head (B,) and stored spectrum sigma (B, D), 0-padded, of
+    every factorised (layer, head, span) of a store, in that order: the rank gate's inputs.
+    Read in one batch per kind (the column norms of the stored U diag(sigma))."""
+    t, D = memory.tables, memory.head_dim
+    lengths = memory.ends - memory.starts
+    parts = []
+    for ki, kind in enumerate(("k", "v")):
+        layer, head, span = torch.nonzero(~t[f"{kind}_raw"].bool(), as_tuple=True)
+        if not span.numel():
+            continue
+        n, r = lengths[span], t[f"{kind}_rank"][layer, head, span].long()
+        c0 = t[f"{kind}_coef_off"][layer, head, span].long()
+        flat = memory.store.offload_ranges(f"{kind}_coef", c0, c0 + n * r)
+        coef = padded_blocks(flat, n, r, (span.numel(), int(n.max()), D))
+        parts.append((torch.full_like(span, ki), layer, head, coef.float().norm(dim=1)))
+    if not parts:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, empty, torch.zeros(0, D)
+    return tuple(torch.cat(column) for column in zip(*parts, strict=True))
 
 
 @torch.inference_mode()
