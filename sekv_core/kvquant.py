@@ -58,7 +58,7 @@ class Rows:
 
     @classmethod
     def empty(cls, heads: int, n: int, dim: int, bits: int, device: torch.device) -> Rows:
-        """Zero rows (heads, n, dim) to :meth:`put` into."""
+        """Zero rows (heads, n, dim) to :meth:`fill`."""
         if not quantized(bits):
             return cls(torch.zeros(heads, n, dim, dtype=CACHE_DTYPE, device=device), None)
         codes = torch.zeros(heads, n, dim, dtype=torch.int8, device=device)

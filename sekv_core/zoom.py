@@ -208,7 +208,6 @@ class SpanMemory:
             cos, sin = self.rope.tables(pos, keys)
             keys = keys * cos + rotate_half(keys) * sin
         values = self._rows("v", layer, spans, heads, lengths, pair)
-        self.reconstructions += int(spans.numel())
         return keys, values
 
     def _rows(
@@ -270,7 +269,7 @@ class SpanMemory:
         (counted in the live bytes). Returns the pool: K, V (H, P, D) as Rows, each head's
         tokens in document order, and owner (H, P), the span of each pooled token, -1 on
         padding. A layer whose picks did not change since its last call gets the same pool
-        back (decoding rarely changes the zoom from one token to the next); otherwise the
+        back; otherwise (measured: most decoding steps change some of a layer's picks) the
         tokens of spans the layer's last pool already held are copied from it (on the device)
         and only the newly zoomed (span, head) pairs are reconstructed, all in one batch. The
         pool is the layer's only copy of its reconstructions: a zoomed token costs its K/V once
@@ -306,6 +305,7 @@ class SpanMemory:
         pairs = torch.unique_consecutive(pair).cpu()  # (head, span) in pool order
         if pairs.numel():
             k, v = self.reconstruct(layer, pairs % self.n_spans, pairs // self.n_spans)
+            self.reconstructions += int(pairs.numel())
             keys.fill(new, Rows.encode(k, self.kv_bits))
             values.fill(new, Rows.encode(v, self.kv_bits))
         owner = span_of.where(present, -1).to(torch.int32)  # with ids: 8 bytes per slot
@@ -352,7 +352,6 @@ class SpanMemory:
             if N:
                 heads = torch.arange(H).repeat_interleave(N)
                 keys, _ = self.reconstruct(layer, torch.arange(N).repeat(H), heads)
-                self.reconstructions -= H * N  # a diagnostic, not the answer's zoom
                 keys = keys.view(H, -1, self.head_dim)
             else:
                 keys = torch.zeros(H, 0, self.head_dim, device=self.device)
