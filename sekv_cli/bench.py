@@ -48,6 +48,16 @@ SPAN_TOKENS_OPTION = typer.Option(
 )
 
 
+NEIGHBOURS_OPTION = typer.Option(
+    None,
+    "--neighbours",
+    min=0,
+    metavar="N",
+    help="SeKV: a span scores the best of itself and N spans on each side, so a zoom brings "
+    "its neighbours (default 0).",
+)
+
+
 def suite_config(methods, tasks, lengths, depths, budgets, seeds, **extra):
     """A SuiteConfig from the comma-separated options (names and ranges checked later)."""
     from sekv_core.bench.suite import SuiteConfig
@@ -87,6 +97,7 @@ def suite(
     ),
     router: str = TRAINED_ROUTER_OPTION,
     span_tokens: str | None = SPAN_TOKENS_OPTION,
+    neighbours: int | None = NEIGHBOURS_OPTION,
     kv_bits: int = KV_BITS_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
@@ -107,6 +118,7 @@ def suite(
         methods or ",".join(METHODS), tasks, lengths, depths, budgets, seeds,
         max_new_tokens=max_new_tokens, recall=recall, trained_router=router,
         kv_bits=kv_bits, span_tokens=span_bounds(span_tokens) if span_tokens else None,
+        neighbours=neighbours,
     )  # fmt: skip
     config.check()  # names and ranges before the model loads; lengths against its window after
     bench = Suite(load_model_quietly(model), config, out)
@@ -162,6 +174,7 @@ def fidelity(
         None, min=1, help="Store: routing sketch dims per span token (default 32)."
     ),
     span_tokens: str | None = SPAN_TOKENS_OPTION,
+    neighbours: int | None = NEIGHBOURS_OPTION,
     kv_bits: int = KV_BITS_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-fidelity"), help="Directory for the results."),
@@ -190,12 +203,15 @@ def fidelity(
         max_new_tokens=answer_tokens, trained_router=router,
     )  # fmt: skip
     config.check()
+    extra = {"store_settings": store}
+    if neighbours is not None:
+        extra["neighbours"] = neighbours
     summary = run_fidelity(
         load_model_quietly(model),
         config,
         out,
         answer_tokens,
-        MethodSettings(kv_bits=kv_bits, extra={"store_settings": store}),
+        MethodSettings(kv_bits=kv_bits, extra=extra),
         every_span=every_span,
         on_row=lambda row: err.print(
             f"{row['sample']} {config_name(row)}: {row['agree']}/{row['tokens']} tokens agree, "

@@ -44,9 +44,12 @@ def print_zoom(result: Answer) -> None:
             )
     if result.routing:
         r = result.routing
+        rule = "gate > 0" if r["margin"] is None else f"margin {r['margin']:g}"
+        if r.get("neighbours"):
+            rule += f", {r['neighbours']} neighbour(s) on each side"
         out.print(
             f"routing: {r['router']} router, budget {r['budget']} tokens per layer and head, "
-            f"margin {r['margin']:g}; at most {r['zoomed_tokens_max']} tokens zoomed"
+            f"{rule}; at most {r['zoomed_tokens_max']} tokens zoomed"
         )
     out.print(
         f"memory: resident {human_bytes(mem['resident_bytes'])} (incl. zoom peak), offloaded "

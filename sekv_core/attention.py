@@ -34,6 +34,7 @@ from .sketch import QueryMoments
 from .zoom import PREFILTER_KEEP, PREFILTER_SPANS, SpanMemory, ZoomTrace
 
 NAME = "sekv"
+NEIGHBOURS = 0  # see ZoomPolicy.neighbours and :func:`widen`
 
 
 @dataclass
@@ -51,6 +52,7 @@ class ZoomPolicy:
     prefilter_spans: int = PREFILTER_SPANS  # above this many spans, the router scores ...
     prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
     # their representative tokens): see SpanMemory.candidates
+    neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
 
 
 @dataclass
@@ -220,14 +222,28 @@ def route(
     index = memory.candidates(
         layer, q, policy.budget, policy.prefilter_keep, policy.prefilter_spans
     )
-    scores = _scores(policy.router, memory, index, layer, q, scaling)
+    scores = widen(_scores(policy.router, memory, index, layer, q, scaling), policy.neighbours)
     zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)
     policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
     if policy.oracle is not None:  # the diagnostic scores every span (no prefilter)
-        best = policy.oracle.scores(memory, layer, q, scaling)
+        best = widen(policy.oracle.scores(memory, layer, q, scaling), policy.neighbours)
         want, _ = select(best, memory.lengths, policy.budget, policy.margin)
         policy.trace.add_recall(zoom, want)
     return zoom
+
+
+def widen(scores: torch.Tensor, neighbours: int) -> torch.Tensor:
+    """Each span's score becomes the best of itself and ``neighbours`` spans on each side.
+
+    scores : (H, N), spans in document order. A span that wins brings its neighbours with it:
+    short spans then zoom a phrase with its surrounding sentence instead of isolated words that
+    match the question's (docs/benchmarks.md, seventh and eighth passes).
+    """
+    if neighbours <= 0 or scores.shape[1] < 2:
+        return scores
+    width = 2 * neighbours + 1
+    pooled = torch.nn.functional.max_pool1d(scores[:, None].float(), width, 1, neighbours)
+    return pooled[:, 0].to(scores.dtype)
 
 
 def _scores(

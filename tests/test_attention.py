@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sekv_core.attention import ZoomPolicy, mixed_attention, sekv_attention
+from sekv_core.attention import ZoomPolicy, mixed_attention, sekv_attention, widen
 from sekv_core.documents import load_document
 from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.prompt import chat_template, encode_context, encode_question
@@ -161,6 +161,39 @@ def test_pool_rebuild_reuses_held_spans(tiny_loaded, tmp_path):
         want = torch.nonzero(second[h])[:, 0].repeat_interleave(spans.lengths[second[h]])
         got = fresh.owner[h]
         assert torch.equal(got[: want.numel()], want) and (got[want.numel() :] == -1).all()
+
+
+def test_widen_gives_each_span_the_best_score_of_its_neighbours():
+    inf = math.inf
+    scores = torch.tensor([[0.0, 1.0, 5.0, 2.0, -inf, -inf, 3.0], [4.0, -inf, -inf, -inf, 0, 0, 1]])
+    assert torch.equal(widen(scores, 0), scores)
+    assert widen(scores, 1).tolist() == [
+        [1.0, 5.0, 5.0, 5.0, 2.0, 3.0, 3.0],
+        [4.0, 4.0, -inf, 0.0, 0.0, 1.0, 1.0],
+    ]
+    assert widen(scores, 2)[0].tolist() == [5.0, 5.0, 5.0, 5.0, 5.0, 3.0, 3.0]
+    assert widen(scores[:, :1], 3).tolist() == [[0.0], [4.0]]
+
+
+@pytest.mark.parametrize("neighbours", [0, 1])
+def test_a_winning_span_brings_its_neighbours(tiny_loaded, tmp_path, neighbours):
+    """Margin 0: each (layer, head) zooms only its best span, with ``neighbours`` on each side."""
+    extra = {"margin": 0.0, "neighbours": neighbours}
+    method, _ = sekv_method(tiny_loaded, tmp_path, budget=400, router="oracle", extra=extra)
+    tok = tiny_loaded.tokenizer
+    policy = method.new_policy()
+    assert policy.neighbours == neighbours
+    sekv_logits(method, encode_question(tok, chat_template(tok), "Where is item 4?"), policy)
+    zoomed = policy.trace.zoomed  # (L, H, N): one routing per layer
+    N = zoomed.shape[2]
+    for row in zoomed.flatten(0, 1):
+        picked = torch.nonzero(row)[:, 0]
+        first, last = int(picked[0]), int(picked[-1])
+        assert picked.tolist() == list(range(first, last + 1))  # one run of spans
+        if neighbours == 0:
+            assert len(picked) == 1
+        else:  # the best span and one on each side, cut at the document's ends
+            assert len(picked) == 3 or (len(picked) == 2 and (first == 0 or last == N - 1))
 
 
 @pytest.mark.parametrize("budget", [24, 60])

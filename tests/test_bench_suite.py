@@ -147,11 +147,11 @@ def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path, sekv_home):
     result = run(
         "--methods", "full,sekv", "--tasks", "needle", "--lengths", "300", "--depths", "0.5",
         "--budgets", "0.2,0.5", "--max-new-tokens", "3", "--model", tiny_model_dirs["llama"],
-        "--span-tokens", "4,8", "--out", out, "--json",
+        "--span-tokens", "4,8", "--neighbours", "2", "--out", out, "--json",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["config"]["span_tokens"] == [4, 8]
+    assert summary["config"]["span_tokens"] == [4, 8] and summary["config"]["neighbours"] == 2
     (manifest,) = (sekv_home / "stores").glob("*/manifest.json")  # SeKV's store, built once
     segment = json.loads(manifest.read_text())["settings"]["segment"]
     assert (segment["min_len"], segment["max_len"]) == (4, 8)
@@ -166,6 +166,7 @@ def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path, sekv_home):
         assert ROW_KEYS <= set(r) and r["task"] == "needle" and r["depth"] == 0.5
         assert 0 < r["length"] <= 300 and r["resident_ratio"] > 0
     assert next(r for r in rows if r["method"] == "full")["resident_ratio"] == 1.0
+    assert {r["routing"]["neighbours"] for r in rows if r["method"] == "sekv"} == {2}
     assert [(c["method"], c["budget"]) for c in summary["by_budget"]] == [
         ("full", None), ("sekv", 0.2), ("sekv", 0.5),
     ]  # fmt: skip

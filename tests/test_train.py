@@ -234,6 +234,13 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     )
     assert asked.exit_code == 0, asked.output
     assert '"router": "trained"' in asked.output
+    shown = runner.invoke(
+        app,
+        ["ask", str(doc), "Who is the keeper?", "--model", model, "--router", str(out)]
+        + ["--show-zoom", "--max-new-tokens", "2"],
+    )  # a learned gate has no margin: the explanation names its rule
+    assert shown.exit_code == 0, shown.output
+    assert "routing: trained router" in shown.output and "gate > 0" in shown.output
 
     # a router trained for another model is refused
     router = load_router(out)

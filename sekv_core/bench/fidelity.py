@@ -30,6 +30,7 @@ from ..engine import Session
 from ..errors import SekvError
 from ..methods import MethodSettings
 from ..models import LoadedModel
+from ..attention import ZoomPolicy
 from ..store import StoreSettings
 from .suite import SuiteConfig, budgeted, build_samples, config_label, group
 
@@ -114,6 +115,7 @@ def run_fidelity(
         "every_span": every_span,
         "kv_bits": base.kv_bits,
         "store": (base.extra.get("store_settings") or StoreSettings()).to_dict(),
+        "neighbours": base.extra.get("neighbours", ZoomPolicy.neighbours),
         "trained_router": config.trained_router if "sekv-trained" in config.methods else None,
         "configs": summarize(rows),
     }

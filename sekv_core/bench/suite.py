@@ -51,6 +51,7 @@ class SuiteConfig:
     trained_router: str = "auto"  # sekv-trained's router (auto: the one trained for the model)
     kv_bits: int = KV_BITS  # SeKV's token-level K/V on the device: 8 or 16 bits
     span_tokens: tuple[int, int] | None = None  # SeKV stores' span lengths (min, max)
+    neighbours: int | None = None  # SeKV: spans zoomed with each winner on each side
 
     def check(self, window: int | None = None) -> None:
         """Raise SekvError naming the first setting a user must fix (lengths need ``window``)."""
@@ -167,6 +168,8 @@ class Suite:
             low, high = self.config.span_tokens
             segment = SegmentSettings(min_len=low, max_len=high)
             extra["store_settings"] = StoreSettings(segment=segment)
+        if self.config.neighbours is not None:
+            extra["neighbours"] = self.config.neighbours
         settings = MethodSettings(
             memory_ratio=budget,
             measure_recall=self.config.recall,

@@ -74,6 +74,7 @@ class SeKV(Method):
             margin=margin,
             use_summaries=s.use_summaries,
             oracle=oracle,
+            neighbours=s.extra.get("neighbours", ZoomPolicy.neighbours),
         )
 
     def trained_router(self) -> RouterFile | None:
@@ -166,6 +167,7 @@ class SeKV(Method):
             "budget": p.budget,
             "sketch_dims": self.spans.routed_dims,
             "margin": p.margin,
+            "neighbours": p.neighbours,
             "summaries": p.use_summaries,
             "zoomed_tokens_max": t.zoomed_tokens_max,
             "reconstructions": self.spans.reconstructions,
