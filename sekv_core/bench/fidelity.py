@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
+from ..attention import ZoomPolicy
 from ..decode import forced
 from ..documents import load_document
 from ..engine import Session
 from ..errors import SekvError
 from ..methods import MethodSettings
 from ..models import LoadedModel
-from ..attention import ZoomPolicy
 from ..store import StoreSettings
 from .suite import SuiteConfig, budgeted, build_samples, config_label, group
 
