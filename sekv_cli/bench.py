@@ -43,7 +43,7 @@ SPAN_TOKENS_OPTION = typer.Option(
     None,
     "--span-tokens",
     metavar="MIN,MAX",
-    help="SeKV stores: span length bounds in tokens (default 24,64; the span is what a zoom "
+    help="SeKV stores: span length bounds in tokens (default 4,8; the span is what a zoom "
     "reconstructs).",
 )
 
@@ -54,7 +54,7 @@ NEIGHBOURS_OPTION = typer.Option(
     min=0,
     metavar="N",
     help="SeKV: a span scores the best of itself and N spans on each side, so a zoom brings "
-    "its neighbours (default 0).",
+    "its neighbours (default 1).",
 )
 
 

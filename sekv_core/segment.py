@@ -29,10 +29,10 @@ class SegmentSettings:
     """Segmentation knobs (defaults chosen by measurement on the sample documents)."""
 
     alpha: float = 1.0  # boundary threshold: mu + alpha * sigma of document surprisal
-    min_len: int = 24  # a peak opens a new span only after this many span tokens
-    max_len: int = 64  # spans are cut at this length at the latest
-    # (measured, shorter spans follow full KV more closely under memory targets but lose a
-    # needle the 24-64 spans find: docs/benchmarks.md, seventh pass)
+    min_len: int = 4  # a peak opens a new span only after this many span tokens
+    max_len: int = 8  # spans are cut at this length at the latest
+    # (measured: 4-8-token spans, each zoomed with its neighbours, follow full KV more closely
+    # under memory targets than 24-64-token spans: docs/benchmarks.md, seventh and eighth passes)
     sinks: int = 4  # document tokens kept as attention sinks after the prompt head
     anchor_cap: float = 0.01  # at most this share of document tokens become anchors (measured:
     # under a 15% memory target, 5% anchors: agreement 0.823 with full KV; 1%: 0.835; 0%: 0.842)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 
+from ..attention import NEIGHBOUR_DISCOUNT, NEIGHBOURS, widen
 from ..router import select
 from ..zoom import SpanMemory
 from ..zoomnet import ZoomNet, sketch_spans, step_best
@@ -85,17 +86,23 @@ class StudentContext:
 
 
 def step_decisions(
-    z: torch.Tensor, steps: torch.Tensor, lengths: torch.Tensor, budget: int
+    z: torch.Tensor,
+    steps: torch.Tensor,
+    lengths: torch.Tensor,
+    budget: int,
+    widening: tuple[int, float] = (NEIGHBOURS, NEIGHBOUR_DISCOUNT),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Answer-time zoom decisions from gate logits z (Hkv, G, Tq, N).
 
     Per step (``steps`` (Tq,) numbers each position's step, 0 = the question's prefill) and KV
     head: the best gate logit over the group's heads and the step's queries -> (Hkv, P, N), and
-    the hard decision (gate > 0, best first under ``budget``) -> (Hkv, P, N) bool.
+    the hard decision (gate > 0, best first under ``budget``; spans widened to their neighbours
+    as answering widens them, :func:`~sekv_core.attention.widen`) -> (Hkv, P, N) bool. The
+    straight-through gradient reaches each span's own gate.
     """
     best = step_best(z, steps)
     Hkv, P, N = best.shape
-    hard, _ = select(best.detach().reshape(Hkv * P, N), lengths, budget, None)
+    hard, _ = select(widen(best.detach().reshape(Hkv * P, N), *widening), lengths, budget, None)
     return best, hard.view(Hkv, P, N)
 
 
