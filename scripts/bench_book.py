@@ -1,6 +1,7 @@
 """Book benchmark with the default model: streamed ingest and needles at length.
 
     python scripts/bench_book.py ingest --tokens 150000          # peak RSS, tokens/s 10/50/100%
+    python scripts/bench_book.py ingest --tokens 33000 --span-tokens 24,64   # other span lengths
     python scripts/bench_book.py needles --lengths 16000,32000,64000,128000
     python scripts/bench_book.py needles --lengths 6000 --depths 0.1,0.5,0.9   # full KV fits
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,6 +31,7 @@ from sekv_core.bench.book import (  # noqa: E402
     write_book,
 )
 from sekv_core.models import load_model  # noqa: E402
+from sekv_core.store import StoreSettings  # noqa: E402
 
 
 def numbers(text: str, kind=int) -> tuple:
@@ -41,6 +44,7 @@ def main() -> None:
     ingest = sub.add_parser("ingest")
     ingest.add_argument("--tokens", type=int, default=150_000)
     ingest.add_argument("--book", type=Path, help="an existing book instead of a generated one")
+    ingest.add_argument("--span-tokens", help="MIN,MAX span lengths (default: the store's)")
     needles = sub.add_parser("needles")
     needles.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     needles.add_argument("--depths", default=",".join(map(str, DEPTHS)))
@@ -52,7 +56,12 @@ def main() -> None:
             path = args.book or write_book(
                 loaded.tokenizer, Path(tmp) / "book.md", args.tokens, planted_facts(12)
             )
-            print(json.dumps(bench_book_ingest(loaded, path), indent=1), flush=True)
+            settings = StoreSettings()
+            if args.span_tokens:
+                low, high = numbers(args.span_tokens)
+                segment = replace(settings.segment, min_len=low, max_len=high)
+                settings = replace(settings, segment=segment)
+            print(json.dumps(bench_book_ingest(loaded, path, settings), indent=1), flush=True)
     else:
         rows = bench_book_needles(
             loaded,

@@ -35,7 +35,6 @@ from .zoom import PREFILTER_KEEP, PREFILTER_SPANS, SpanMemory, ZoomTrace
 
 NAME = "sekv"
 NEIGHBOURS = 1  # see ZoomPolicy.neighbours and :func:`widen`
-NEIGHBOUR_DISCOUNT = 0.0
 
 
 @dataclass
@@ -54,11 +53,6 @@ class ZoomPolicy:
     prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
     # their representative tokens): see SpanMemory.candidates
     neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
-    neighbour_discount: float = NEIGHBOUR_DISCOUNT  # ... less this per span of distance
-
-    @property
-    def widening(self) -> tuple[int, float]:
-        return self.neighbours, self.neighbour_discount
 
 
 @dataclass
@@ -228,31 +222,29 @@ def route(
     index = memory.candidates(
         layer, q, policy.budget, policy.prefilter_keep, policy.prefilter_spans
     )
-    scores = widen(_scores(policy.router, memory, index, layer, q, scaling), *policy.widening)
+    scores = widen(_scores(policy.router, memory, index, layer, q, scaling), policy.neighbours)
     zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)
     policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
     if policy.oracle is not None:  # the diagnostic scores every span (no prefilter)
-        best = widen(policy.oracle.scores(memory, layer, q, scaling), *policy.widening)
+        best = widen(policy.oracle.scores(memory, layer, q, scaling), policy.neighbours)
         want, _ = select(best, memory.lengths, policy.budget, policy.margin)
         policy.trace.add_recall(zoom, want)
     return zoom
 
 
-def widen(scores: torch.Tensor, neighbours: int, discount: float = 0.0) -> torch.Tensor:
-    """Each span's score becomes the best of itself and ``neighbours`` spans on each side, a
-    neighbour d spans away counting its score less ``discount * d``.
+def widen(scores: torch.Tensor, neighbours: int) -> torch.Tensor:
+    """Each span's score becomes the best of itself and ``neighbours`` spans on each side.
 
     scores : (H, N), spans in document order. A span that wins brings its neighbours with it:
-    short spans then zoom a phrase with its surrounding sentence instead of isolated words that
-    match the question's (docs/benchmarks.md, seventh and eighth passes).
+    short spans then zoom a phrase with its surrounding words instead of isolated words that
+    match the question's (docs/benchmarks.md, seventh and eighth passes; neighbours discounted
+    by distance lost the needle they find).
     """
     if neighbours <= 0 or scores.shape[1] < 2:
         return scores
-    out = scores.clone()
-    for d in range(1, min(neighbours, scores.shape[1] - 1) + 1):
-        out[:, d:] = torch.maximum(out[:, d:], scores[:, :-d] - discount * d)  # from the left
-        out[:, :-d] = torch.maximum(out[:, :-d], scores[:, d:] - discount * d)  # from the right
-    return out
+    width = 2 * neighbours + 1
+    pooled = torch.nn.functional.max_pool1d(scores[:, None].float(), width, 1, neighbours)
+    return pooled[:, 0].to(scores.dtype)
 
 
 def _scores(

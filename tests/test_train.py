@@ -103,14 +103,14 @@ def test_step_decisions_use_only_each_steps_queries():
     z[0, 0, 1, 0] = 2.0  # a question query wants span 0
     steps = answer_steps(5, answer_len=2)
     assert steps.tolist() == [0, 0, 0, 1, 2]
-    _, hard = step_decisions(z, steps, torch.tensor([4, 4, 4]), budget=100, widening=(0, 0.0))
+    _, hard = step_decisions(z, steps, torch.tensor([4, 4, 4]), budget=100, neighbours=0)
     assert hard[0].tolist() == [
         [True, False, False],  # question prefill: span 0 only
         [False, False, False],  # first answer token: nothing above 0
         [False, False, True],  # second answer token: span 2
     ]
     # spans widened to their neighbours as answering widens them; gradients stay each span's
-    best, wide = step_decisions(z, steps, torch.tensor([4, 4, 4]), budget=100, widening=(1, 0.0))
+    best, wide = step_decisions(z, steps, torch.tensor([4, 4, 4]), budget=100, neighbours=1)
     assert wide[0].tolist() == [[True, True, False], [False, False, False], [False, True, True]]
     assert torch.equal(best, step_best(z, steps))
 

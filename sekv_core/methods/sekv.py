@@ -75,7 +75,6 @@ class SeKV(Method):
             use_summaries=s.use_summaries,
             oracle=oracle,
             neighbours=s.extra.get("neighbours", ZoomPolicy.neighbours),
-            neighbour_discount=s.extra.get("neighbour_discount", ZoomPolicy.neighbour_discount),
         )
 
     def trained_router(self) -> RouterFile | None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 
-from ..attention import NEIGHBOUR_DISCOUNT, NEIGHBOURS, widen
+from ..attention import NEIGHBOURS, widen
 from ..router import select
 from ..zoom import SpanMemory
 from ..zoomnet import ZoomNet, sketch_spans, step_best
@@ -90,7 +90,7 @@ def step_decisions(
     steps: torch.Tensor,
     lengths: torch.Tensor,
     budget: int,
-    widening: tuple[int, float] = (NEIGHBOURS, NEIGHBOUR_DISCOUNT),
+    neighbours: int = NEIGHBOURS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Answer-time zoom decisions from gate logits z (Hkv, G, Tq, N).
 
@@ -102,7 +102,7 @@ def step_decisions(
     """
     best = step_best(z, steps)
     Hkv, P, N = best.shape
-    hard, _ = select(widen(best.detach().reshape(Hkv * P, N), *widening), lengths, budget, None)
+    hard, _ = select(widen(best.detach().reshape(Hkv * P, N), neighbours), lengths, budget, None)
     return best, hard.view(Hkv, P, N)
 
 
