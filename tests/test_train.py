@@ -246,6 +246,20 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     assert shown.exit_code == 0, shown.output
     assert "routing: trained router" in shown.output and "gate > 0" in shown.output
 
+    # the router records what it routed over; a store of other span lengths gets a warning
+    router = load_router(out)
+    assert router.manifest["routing"] == {"span_tokens": [4, 8], "neighbours": 1}
+    router.manifest["routing"]["span_tokens"] = [24, 64]
+    longer = tmp_path / "longer.safetensors"
+    save_router(longer, router.net, router.manifest, None)
+    warned = runner.invoke(
+        app, ["ask", str(doc), "Who?", "--model", model, "--router", str(longer)]
+        + ["--max-new-tokens", "2"],
+    )  # fmt: skip
+    assert warned.exit_code == 0, warned.output
+    assert "learned on 24-64-token spans" in warned.output and "4-8 tokens" in warned.output
+    assert "learned on" not in shown.output  # the router's own spans: no warning
+
     # a router trained for another model is refused
     router = load_router(out)
     router.manifest["model"]["fingerprint"] = "0" * 32

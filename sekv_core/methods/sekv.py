@@ -51,6 +51,21 @@ class SeKV(Method):
         self.spans = SpanMemory(
             self.store, Rope(loaded.model), loaded.device, loaded.dtype, self.settings.kv_bits
         )
+        self.check_router_spans()
+
+    def check_router_spans(self) -> None:
+        """Warn when the trained router in use learned on other span lengths than the store's
+        (it still routes, less well: span length changes what a span's scores mean)."""
+        trained = self.trained_router()
+        learned = trained.manifest.get("routing", {}).get("span_tokens") if trained else None
+        segment = self.store.manifest["settings"]["segment"]
+        here = [segment["min_len"], segment["max_len"]]
+        if learned and learned != here and self.settings.warn:
+            self.settings.warn(
+                f"the trained router learned on {learned[0]}-{learned[1]}-token spans; this "
+                f"store's spans are {here[0]}-{here[1]} tokens: routing may be worse (train a "
+                "router on these spans with `sekv train`, or use --router none)"
+            )
 
     def new_policy(self) -> ZoomPolicy:
         s = self.settings

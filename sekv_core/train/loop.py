@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..attention import attention_switch
+from ..attention import NEIGHBOURS, attention_switch
 from ..documents import load_document
 from ..errors import SekvError
 from ..methods.full import answer_over, prefill_cache, truncate
@@ -516,8 +516,15 @@ def _manifest(loaded, settings, step, running, metrics, base, net, chosen) -> di
         "losses": {k: round(v, 5) for k, v in running.items()},
         "metrics": metrics,
         "training_free_metrics": base,
+        "routing": trained_routing(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def trained_routing() -> dict[str, Any]:
+    """What training routed over (answering's defaults): span lengths and neighbours."""
+    segment = StoreSettings().segment
+    return {"span_tokens": [segment.min_len, segment.max_len], "neighbours": NEIGHBOURS}
 
 
 def _save(out, net, opt, loaded, settings, step, running, metrics, base, chosen=None) -> None:
