@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -58,9 +57,7 @@ def main() -> None:
             )
             settings = StoreSettings()
             if args.span_tokens:
-                low, high = numbers(args.span_tokens)
-                segment = replace(settings.segment, min_len=low, max_len=high)
-                settings = replace(settings, segment=segment)
+                settings = settings.with_span_tokens(*numbers(args.span_tokens))
             print(json.dumps(bench_book_ingest(loaded, path, settings), indent=1), flush=True)
     else:
         rows = bench_book_needles(

@@ -21,7 +21,6 @@ from sekv_core.documents import load_document  # noqa: E402
 from sekv_core.engine import Session  # noqa: E402
 from sekv_core.methods import MethodSettings  # noqa: E402
 from sekv_core.models import load_model  # noqa: E402
-from sekv_core.segment import SegmentSettings  # noqa: E402
 from sekv_core.store import StoreSettings  # noqa: E402
 
 
@@ -42,7 +41,7 @@ def main() -> None:
         document = load_document(path)
         for spans in args.spans.split(","):
             low, high = (int(x) for x in spans.split("-"))
-            store = StoreSettings(segment=SegmentSettings(min_len=low, max_len=high))
+            store = StoreSettings().with_span_tokens(low, high)
             for n in (int(x) for x in args.neighbours.split(",")):
                 for budget in (int(x) for x in args.budgets.split(",")):
                     extra = {"store_settings": store, "neighbours": n}

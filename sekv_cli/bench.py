@@ -195,8 +195,7 @@ def fidelity(
     chosen = {"key_energy": key_energy, "value_energy": value_energy, "sketch_dim": sketch_dim}
     store = replace(StoreSettings(), **{k: v for k, v in chosen.items() if v is not None})
     if span_tokens is not None:
-        low, high = span_bounds(span_tokens)
-        store = replace(store, segment=replace(store.segment, min_len=low, max_len=high))
+        store = store.with_span_tokens(*span_bounds(span_tokens))
 
     config = suite_config(
         methods, tasks, lengths, depths, budgets, seeds,

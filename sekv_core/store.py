@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,10 @@ class StoreSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def with_span_tokens(self, low: int, high: int) -> StoreSettings:
+        """These settings with spans of ``low``..``high`` tokens."""
+        return replace(self, segment=replace(self.segment, min_len=low, max_len=high))
 
 
 class StoreInvalid(Exception):

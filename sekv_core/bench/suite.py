@@ -24,7 +24,6 @@ from ..engine import Session
 from ..errors import SekvError
 from ..methods import METHODS, MethodSettings
 from ..models import LoadedModel
-from ..segment import SegmentSettings
 from ..store import StoreSettings
 from ..zoom import KV_BITS
 from . import plots
@@ -165,9 +164,7 @@ class Suite:
         """One session (prepared once) answering the sample's questions: one row each."""
         extra: dict[str, Any] = {}
         if self.config.span_tokens is not None:
-            low, high = self.config.span_tokens
-            segment = SegmentSettings(min_len=low, max_len=high)
-            extra["store_settings"] = StoreSettings(segment=segment)
+            extra["store_settings"] = StoreSettings().with_span_tokens(*self.config.span_tokens)
         if self.config.neighbours is not None:
             extra["neighbours"] = self.config.neighbours
         settings = MethodSettings(
