@@ -163,17 +163,28 @@ def sketch_logits(
     return torch.einsum("hgtr,hsr->hgts", qs, sketch.to(q.dtype)) + offset[..., None]
 
 
-def sketch_mean_keys(memory, layer: int, values: torch.Tensor | None = None) -> torch.Tensor:
-    """Each span's mean key (H, N, D) as the sketch reconstructs it: mu + mean((k - mu) B) A^T
-    over the span's sketch rows (a query's logit with it is the mean of the span's estimated
-    logits). ``memory`` as for :func:`sketch_logits`, plus ``sketch_span`` (S,), ``lengths``
-    (N,) and ``n_spans``; ``values``: the rows from :func:`sketch_rows`, if at hand."""
-    proj = memory.sketch_proj[layer].float()  # (H, D, R): A
+def span_mean_keys(
+    memory, layer: int, through: torch.Tensor | None = None, values: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Each span's mean key as the sketch reconstructs it, mu + A mean((k - mu) B), (H, N, D); a
+    query's logit with it is the mean of the span's estimated logits. With ``through``
+    (H, G, D, K): those keys mapped by it, (H, G, N, K), differentiable in it, without forming
+    the keys (the map is folded into A and applied to every sketch row first, so the per-span
+    means run over K numbers per row, not D). ``memory`` as for :func:`sketch_logits`, plus
+    ``lengths`` (N,); ``values``: the rows from :func:`sketch_rows`, if at hand."""
+    proj = memory.sketch_proj[layer].float() * memory.sketch_scale[layer].float()[:, None]
+    H, D, R = proj.shape
     rows = sketch_rows(memory, layer, torch.float32) if values is None else values.float()
-    # spans hold consecutive rows: per-span sums from one running sum (exact: small integers)
-    running = torch.nn.functional.pad(rows.cumsum(dim=1), (0, 0, 1, 0))  # (H, S + 1, R)
-    ends = memory.lengths.cumsum(0)
-    sums = running[:, ends] - running[:, ends - memory.lengths]  # (H, N, R), scaled below
-    scale = memory.sketch_scale[layer].float()[:, None]  # (H, 1, R)
-    mean_rows = sums * scale / memory.lengths.float().clamp(min=1)[None, :, None]
-    return memory.sketch_mean[layer].float()[:, None] + mean_rows @ proj.transpose(1, 2)
+    squeeze = through is None
+    through = torch.eye(D, device=proj.device).expand(H, 1, D, D) if squeeze else through.float()
+    G, K = through.shape[1], through.shape[3]
+    folded = torch.einsum("hdr,hgdk->hgkr", proj, through).reshape(H, G * K, R)
+    per_row = folded @ rows.transpose(1, 2)  # (H, G*K, S): wide last, where matmul is quick
+    # spans hold consecutive rows: per-span sums from one running sum along the rows
+    running = torch.nn.functional.pad(per_row.cumsum(dim=-1), (1, 0))
+    lengths = memory.lengths
+    ends = lengths.cumsum(0)
+    means = (running[..., ends] - running[..., ends - lengths]) / lengths.clamp(min=1)
+    base = torch.einsum("hd,hgdk->hgk", memory.sketch_mean[layer].float(), through)
+    out = means.view(H, G, K, -1).transpose(2, 3) + base[:, :, None]  # (H, G, N, K)
+    return out[:, 0] if squeeze else out

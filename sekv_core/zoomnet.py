@@ -40,7 +40,7 @@ from torch import nn
 
 from .errors import SekvError
 from .router import segment_max
-from .sketch import sketch_logits, sketch_mean_keys, sketch_rows
+from .sketch import sketch_logits, sketch_rows, span_mean_keys
 
 FORMAT = "sekv-zoom-router"
 FORMAT_VERSION = 3  # 3: sketch-only features (span mass estimate, sketch mean key; no summaries)
@@ -98,7 +98,7 @@ class ZoomGate(nn.Module):
         view = (Hkv, G, 1, 1)
         w = self.w_route[layer].view(Hkv, G, *self.w_route.shape[2:]).to(q.dtype)
         qr = torch.einsum("hgtd,hgdr->hgtr", q, w)
-        sr = torch.einsum("hnd,hgdr->hgnr", spans.mean_key.to(q.dtype), w)
+        sr = spans.mean_keys(w).to(q.dtype)  # (Hkv, G, N, R): each span's W k
         bilinear = torch.einsum("hgtr,hgnr->hgtn", qr, sr).float() * scaling
         bilinear = self.route_weight[layer].view(view) * bilinear
         peak, mass = spans.max_logit.float(), spans.log_mass.float()
@@ -192,7 +192,16 @@ class SketchSpans:
 
     max_logit: torch.Tensor  # (Hkv, G, Tq, N) estimated max logit (scaled)
     log_mass: torch.Tensor  # (Hkv, G, Tq, N) log-sum-exp of the span's estimated logits
-    mean_key: torch.Tensor  # (Hkv, N, D) the span's mean key, reconstructed from its sketch rows
+    # where they were read (a span memory or subset, its layer) and the layer's sketch rows
+    # (Hkv, S, R) dequantised: what the spans' mean keys are made from, on demand
+    memory: Any
+    layer: int
+    rows: torch.Tensor
+
+    def mean_keys(self, through: torch.Tensor | None = None) -> torch.Tensor:
+        """The spans' mean keys (Hkv, N, D) as the sketch reconstructs them; with ``through``
+        (Hkv, G, D, K) those keys mapped by it (Hkv, G, N, K), differentiable in it."""
+        return span_mean_keys(self.memory, self.layer, through, self.rows)
 
 
 def sketch_spans(memory, layer: int, q: torch.Tensor, scaling: float) -> SketchSpans:
@@ -206,8 +215,7 @@ def sketch_spans(memory, layer: int, q: torch.Tensor, scaling: float) -> SketchS
     shifted = (flat - peak.gather(1, memory.sketch_span[None].expand_as(flat))).exp()
     total = flat.new_zeros(flat.shape[0], n).index_add_(1, memory.sketch_span, shifted)
     log_mass = peak + total.clamp(min=1e-30).log()
-    mean_key = sketch_mean_keys(memory, layer, values)  # recomputed: a cache would be resident
-    return SketchSpans(peak.view(*shape, n), log_mass.view(*shape, n), mean_key)
+    return SketchSpans(peak.view(*shape, n), log_mass.view(*shape, n), memory, layer, values)
 
 
 @dataclass

@@ -288,12 +288,15 @@ def test_sketch_spans_match_the_sketch_token_by_token(prepared):
     for layer in range(memory.num_layers):
         spans = sketch_spans(memory, layer, q, scaling)
         logits = sketch_logits(memory, layer, q).float() * scaling  # (H, G, Tq, S)
-        mean_logit = torch.einsum("hgtd,hnd->hgtn", q, spans.mean_key) * scaling
+        mean_logit = torch.einsum("hgtd,hnd->hgtn", q, spans.mean_keys()) * scaling
         for n in range(memory.n_spans):
             rows = logits[..., memory.sketch_span == n]
             assert torch.allclose(spans.max_logit[..., n], rows.amax(-1), atol=1e-5)
             assert torch.allclose(spans.log_mass[..., n], rows.logsumexp(-1), atol=1e-4)
             assert torch.allclose(mean_logit[..., n], rows.mean(-1), atol=1e-3)
+        through = torch.randn(H, G, D, 3)  # the gate maps mean keys without forming them
+        mapped = torch.einsum("hnd,hgdr->hgnr", spans.mean_keys(), through)
+        assert torch.allclose(spans.mean_keys(through), mapped, atol=1e-4)
 
 
 def test_untrained_gate_is_the_training_free_rule_and_reads_no_summaries(prepared):
