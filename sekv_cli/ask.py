@@ -22,10 +22,11 @@ from .common import (
 )
 
 ROUTER_OPTION = typer.Option(
-    "none",
+    "auto",
     "--router",
-    help="sekv routing: none (training-free, the default), auto (the router trained for the "
-    "model, when there is one), or a router file from `sekv train`.",
+    help="sekv routing: auto (the default: the router trained for the model — yours from "
+    "`sekv train`, else the one shipped — or training-free routing when there is none), none "
+    "(training-free), or a router file from `sekv train`.",
 )
 
 

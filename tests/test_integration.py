@@ -35,18 +35,19 @@ def test_full_kv_answers_sample_questions(default_model, doc):
 
 
 def test_cli_ask_on_sample_doc(default_model, shared_home):
+    """`sekv ask` with no options answers, routing with the router shipped for the model."""
     item = qa("lighthouse.md")[0]
     env = dict(os.environ, SEKV_HOME=str(shared_home))  # reuses the converted default model
-    proc = subprocess.run(
-        [sys.executable, "-m", "sekv_cli", "ask", str(SAMPLES / "lighthouse.md"), item["question"]],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    doc = str(SAMPLES / "lighthouse.md")
+    ask = [sys.executable, "-m", "sekv_cli", "ask", doc, item["question"]]
+    proc = subprocess.run(ask, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert item["answer"].lower() in proc.stdout.lower()
     assert "Error" not in proc.stderr
+    proc = subprocess.run([*ask, "--json"], capture_output=True, text=True, env=env, timeout=600)
+    result = json.loads(proc.stdout)
+    assert result["routing"]["router"] == "trained", result["routing"]
+    assert item["answer"].lower() in result["answer"].lower()
 
 
 def test_sekv_finds_a_planted_needle(default_model, tmp_path):

@@ -26,8 +26,8 @@ class MethodSettings:
     prefill_chunk: int = 512
     # "none" (= "sketch"), "summary", "oracle": training-free; "auto": the trained router for
     # the model (the user's, else the shipped one) if any; else a router file from `sekv train`.
-    # Training-free by default: measured, the shipped router beats it under 15 / 20% memory
-    # targets and loses under 10% (docs/benchmarks.md, sixth pass).
+    # Training-free here, so that the benchmarks' "sekv" is the training-free peer of
+    # "sekv-trained"; `sekv ask` and `sekv chat` pass "auto" (docs/benchmarks.md, ninth pass).
     router: str = "none"
     # non-zoomed spans' summaries in the softmax: measured, they help on generated needle
     # haystacks (14/15 vs 9/15) but hurt real documents (sample QA 9/18 vs 12/18): off by default

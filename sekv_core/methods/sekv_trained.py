@@ -1,9 +1,9 @@
 """SeKV with the trained zoom-in router (``sekv train``): the peer that shows what training adds.
 
-``sekv`` routes training-free by default (measured: the shipped router lowers the teacher KL on
-held-out generated documents but only ties with the training-free router on the benchmark's
-needles and sample documents — see docs/benchmarks.md); this method always uses the router
-trained for the model.
+In the library ``sekv`` routes training-free unless its settings name a router (the benchmarks'
+``sekv`` is the training-free peer; ``sekv ask`` and ``sekv chat`` ask for ``auto``, the router
+trained for the model when there is one); this method always uses a trained router and refuses
+to run without one.
 """
 
 from __future__ import annotations
