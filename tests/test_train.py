@@ -246,6 +246,30 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     assert shown.exit_code == 0, shown.output
     assert "routing: trained router" in shown.output and "gate > 0" in shown.output
 
+    # `auto`, the default of `sekv ask`, finds a router the user trained for the model; a book
+    # (a streamed, bounded memory) routes training-free, unless sekv-trained is asked for
+    import shutil
+
+    from sekv_core.documents import load_document
+    from sekv_core.engine import Session
+    from sekv_core.methods import MethodSettings
+    from sekv_core.models import load_model
+
+    (sekv_home / "routers").mkdir(parents=True, exist_ok=True)
+    shutil.copy(out, sekv_home / "routers" / out.name)
+    by_default = runner.invoke(
+        app, ["ask", str(doc), "Who is the keeper?", "--model", model, "--json"]
+        + ["--max-new-tokens", "2"],
+    )  # fmt: skip
+    assert by_default.exit_code == 0 and '"router": "trained"' in by_default.output
+    loaded = load_model(model)
+    book = tmp_path / "book.txt"  # beyond the tiny model's 2048-token window
+    book.write_text("The keeper is named Orla. The lamp is lit at dusk. " * 220)
+    for method, routed in (("sekv", "sketch"), ("sekv-trained", "trained")):
+        session = Session(loaded, load_document(book), method, MethodSettings(router="auto"))
+        assert session.method.spans.bounded
+        assert session.ask("Who is the keeper?", 2).routing["router"] == routed, method
+
     # the router records what it routed over; a store of other span lengths gets a warning
     router = load_router(out)
     assert router.manifest["routing"] == {"span_tokens": [4, 8], "neighbours": 1}

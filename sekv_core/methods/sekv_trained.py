@@ -22,6 +22,9 @@ class SeKVTrained(SeKV):
         router = settings.router if settings.router not in ("none", "sketch") else "auto"
         super().__init__(loaded, document, context, replace(settings, router=router))
 
+    def router_choice(self) -> str:
+        return self.settings.router  # a trained router, books included (the method's point)
+
     def trained_router(self) -> RouterFile | None:
         router = super().trained_router()
         if router is None:
