@@ -101,7 +101,8 @@ class SeKV(Method):
         return "none" if choice == "auto" and self.spans.bounded else choice
 
     def trained_router(self) -> RouterFile | None:
-        """The trained router the settings ask for (``auto``: the shipped one, if it fits)."""
+        """The trained router in effect (:meth:`router_choice`; ``auto``: the user's or the
+        shipped one for this model, if any), or None for training-free routing."""
         if not hasattr(self, "_trained"):
             loaded = self.loaded
             self._trained = resolve_router(
