@@ -29,7 +29,7 @@ import torch
 from transformers import AttentionInterface
 
 from .rope import rotate_half
-from .router import Router, select
+from .router import Router, exact_span_share, select
 from .sketch import QueryMoments
 from .zoom import PREFILTER_KEEP, PREFILTER_SPANS, SpanMemory, ZoomTrace
 
@@ -229,6 +229,8 @@ def route(
         best = widen(policy.oracle.scores(memory, layer, q, scaling), policy.neighbours)
         want, _ = select(best, memory.lengths, policy.budget, policy.margin)
         policy.trace.add_recall(zoom, want)
+        share = exact_span_share(memory, layer, q, scaling)
+        policy.trace.add_captured(zoom, want, share)
     return zoom
 
 

@@ -80,6 +80,18 @@ class OracleRouter:
         return segment_max(best, memory.sketch_span, memory.n_spans)
 
 
+def exact_span_share(memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float):
+    """(H, N) each span's share of the attention that queries ``q`` (H, G, Tq, D) give the span
+    tokens, with their exact keys (a softmax over span tokens only), averaged over the group's
+    heads and the queries: what a zoom decision should hold. A diagnostic (every key is
+    reconstructed, as for :class:`OracleRouter`)."""
+    keys = memory.all_span_keys(layer)  # (H, S, D)
+    probs = (torch.einsum("hgtd,hsd->hgts", q, keys.to(q.dtype)).float() * scaling).softmax(-1)
+    per_row = probs.mean(dim=(1, 2))  # (H, S)
+    share = per_row.new_zeros(per_row.shape[0], memory.n_spans)
+    return share.index_add_(1, memory.sketch_span, per_row)
+
+
 class TrainedRouter:
     """The learned relevance gate (:mod:`sekv_core.zoomnet`): a span is zoomed for a KV head
     when any query head of its group, at any current query, gives it a gate logit > 0."""

@@ -487,6 +487,9 @@ class ZoomTrace:
     mass: torch.Tensor | None = None  # (N + 1,) attention share of zoomed tokens (+ padding)
     calls: int = 0  # attention calls that contributed to ``mass`` (layers x steps)
     recall: torch.Tensor | None = None  # (2,) oracle-picked spans also picked, oracle-picked
+    # (3,) summed over decisions: share of the exact span attention held by the zoomed spans,
+    # by the oracle's picks, and the number of decisions (see :meth:`add_captured`)
+    captured: torch.Tensor | None = None
 
     def record(
         self,
@@ -517,6 +520,14 @@ class ZoomTrace:
 
     def add_recall(self, zoom: torch.Tensor, oracle_zoom: torch.Tensor) -> None:
         self.recall += torch.stack([(zoom & oracle_zoom).sum(), oracle_zoom.sum()])
+
+    def add_captured(self, zoom: torch.Tensor, oracle_zoom: torch.Tensor, share: torch.Tensor):
+        """One decision's zoom and the oracle's (H, N) against ``share`` (H, N): each span's
+        share of the attention the span tokens get with their exact keys (each head's row sums
+        to 1). Accumulates the mean over KV heads of the share each selection holds."""
+        held = torch.stack([(zoom * share).sum(), (oracle_zoom * share).sum()]) / zoom.shape[0]
+        step = torch.cat([held.float(), held.new_ones(1).float()])
+        self.captured = step if self.captured is None else self.captured + step
 
     def add_mass(self, owner: torch.Tensor, pool_mass: torch.Tensor, n_spans: int) -> None:
         """Accumulate the attention share of zoomed tokens per span (stays on the device)."""
@@ -566,6 +577,15 @@ class ZoomTrace:
     def zoom_rate(self) -> float:
         """Share of (layer, KV head, span) triples zoomed at least once during the answer."""
         return float(self.zoomed.float().mean()) if self.zoomed is not None else 0.0
+
+    @property
+    def mass_captured(self) -> tuple[float, float] | None:
+        """Mean share of the exact span attention held by the zoomed spans and by the oracle's
+        picks over the answer's decisions (None when not measured)."""
+        if self.captured is None:
+            return None
+        zoomed, oracle, n = self.captured.tolist()
+        return zoomed / n, oracle / n
 
     @property
     def recall_vs_oracle(self) -> float | None:

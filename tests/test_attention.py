@@ -219,6 +219,31 @@ def test_oracle_recall_is_measured(tiny_loaded, tmp_path):
     oracle, _ = sekv_method(tiny_loaded, tmp_path, budget=40, measure_recall=True, router="oracle")
     list(oracle.generate(encode_question(tok, chat_template(tok), "Where is item 4?"), 3))
     assert oracle.routing()["recall_vs_oracle"] == 1.0
+    # the exact span attention the picks held: a share, the oracle's picks beside it; with every
+    # span zoomed, all of it
+    held = routing["mass_captured"], routing["oracle_mass_captured"]
+    assert all(0.0 < x <= 1.0 + 1e-5 for x in held), held
+    everything, _ = sekv_method(tiny_loaded, tmp_path, budget=10**6, measure_recall=True)
+    list(everything.generate(encode_question(tok, chat_template(tok), "Where is item 4?"), 3))
+    assert everything.routing()["mass_captured"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_exact_span_share_is_the_softmax_over_span_tokens_summed_per_span(tiny_loaded, tmp_path):
+    from sekv_core.router import exact_span_share
+
+    method, _ = sekv_method(tiny_loaded, tmp_path)
+    memory = method.spans
+    H, D = memory.num_kv_heads, memory.head_dim
+    torch.manual_seed(0)
+    q = torch.randn(H, 2, 3, D)
+    share = exact_span_share(memory, 1, q, D**-0.5)
+    keys = memory.all_span_keys(1)
+    for h in range(H):
+        probs = (q[h] @ keys[h].T * D**-0.5).softmax(-1).mean(dim=(0, 1))  # (S,)
+        for n in (0, memory.n_spans // 2, memory.n_spans - 1):
+            expected = probs[memory.sketch_span == n].sum()
+            assert share[h, n] == pytest.approx(float(expected), abs=1e-5)
+    assert torch.allclose(share.sum(1), torch.ones(H), atol=1e-5)
 
 
 def test_routing_with_the_sketchs_first_directions_is_a_smaller_sketch(tiny_loaded, tmp_path):

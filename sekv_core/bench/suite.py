@@ -319,6 +319,10 @@ def figures(rows: list[dict]) -> dict[str, Any]:
         "zoom_rate": mean(r.get("routing", {}).get("zoom_rate") for r in rows),
         "mean_rank_k": mean((r.get("routing", {}).get("mean_rank") or {}).get("k") for r in rows),
         "recall_vs_oracle": mean(r.get("routing", {}).get("recall_vs_oracle") for r in rows),
+        "mass_captured": mean(r.get("routing", {}).get("mass_captured") for r in rows),
+        "oracle_mass_captured": mean(
+            r.get("routing", {}).get("oracle_mass_captured") for r in rows
+        ),
     }
 
 
@@ -402,6 +406,13 @@ def _num(x: float | None, digits: int = 2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def _held(x: dict[str, Any]) -> str:
+    """The exact span attention the picks held, with the oracle's in brackets."""
+    if x.get("mass_captured") is None:
+        return "–"
+    return f"{_num(x['mass_captured'])} ({_num(x['oracle_mass_captured'])})"
+
+
 def _table(header: list[str], lines: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
@@ -434,12 +445,13 @@ def markdown(summary: dict[str, Any]) -> str:
         "## Per method and budget (all tasks)",
         _table(
             ["method", "budget", "n", "accuracy", "exact", "resident", "store"]
-            + ["zoom rate", "key rank", "recall vs oracle"],
+            + ["zoom rate", "key rank", "recall vs oracle", "mass held (oracle's)"],
             [
                 [x["method"], _num(x["budget"]), str(x["n"]), _num(x["accuracy"])]
                 + [_num(x["exact"]), _pct(x["resident_ratio"]), _pct(x["store_ratio"])]
                 + [_pct(x["zoom_rate"]), _num(x["mean_rank_k"], 1)]
                 + [_num(x["recall_vs_oracle"])]
+                + [_held(x)]
                 for x in summary["by_budget"]
             ],
         ),

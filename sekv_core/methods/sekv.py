@@ -201,6 +201,10 @@ class SeKV(Method):
         }
         if p.oracle is not None:
             out["recall_vs_oracle"] = round(t.recall_vs_oracle, 4)
+            if t.mass_captured is not None:  # the exact span attention the picks held
+                zoomed, oracle = t.mass_captured
+                out["mass_captured"] = round(zoomed, 4)
+                out["oracle_mass_captured"] = round(oracle, 4)
         return out
 
     def zoom_trace(self) -> list[dict[str, Any]]:
