@@ -68,6 +68,7 @@ def bench_needle(
                             sekv.memory["resident_bytes"] / sekv.memory["full_kv_bytes"], 4
                         ),
                         "recall_vs_oracle": sekv.routing.get("recall_vs_oracle"),
+                        "mass_captured": sekv.routing.get("mass_captured"),
                         "ttft_full_s": full.timings["first_token_s"],
                         "ttft_sekv_s": round(sekv_ttft, 4),
                         "ttft_ratio": round(sekv_ttft / full.timings["first_token_s"], 4),
@@ -92,6 +93,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "sekv_accuracy": mean("sekv_ok"),
         "resident_ratio_mean": mean("resident_ratio"),
         "recall_vs_oracle_mean": mean("recall_vs_oracle"),
+        "mass_captured_mean": mean("mass_captured"),
         "ttft_ratio_mean": mean("ttft_ratio"),
         "decode_speed_ratio_at_longest": round(
             sum(r["decode_tps_sekv"] for r in at_longest)
