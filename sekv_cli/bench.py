@@ -58,6 +58,17 @@ NEIGHBOURS_OPTION = typer.Option(
 )
 
 
+NEAR_OPTION = typer.Option(
+    None,
+    "--near",
+    min=0.0,
+    metavar="SHARE",
+    help="SeKV: the best-scoring spans the zoom leaves out, this share of the zoom budget's "
+    "tokens, join the softmax as one entry at span resolution (default: 3 with the "
+    "training-free router, 0 with a trained one; 0: none).",
+)
+
+
 def suite_config(methods, tasks, lengths, depths, budgets, seeds, **extra):
     """A SuiteConfig from the comma-separated options (names and ranges checked later)."""
     from sekv_core.bench.suite import SuiteConfig
@@ -98,6 +109,7 @@ def suite(
     router: str = TRAINED_ROUTER_OPTION,
     span_tokens: str | None = SPAN_TOKENS_OPTION,
     neighbours: int | None = NEIGHBOURS_OPTION,
+    near: float | None = NEAR_OPTION,
     kv_bits: int = KV_BITS_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
@@ -118,7 +130,7 @@ def suite(
         methods or ",".join(METHODS), tasks, lengths, depths, budgets, seeds,
         max_new_tokens=max_new_tokens, recall=recall, trained_router=router,
         kv_bits=kv_bits, span_tokens=span_bounds(span_tokens) if span_tokens else None,
-        neighbours=neighbours,
+        neighbours=neighbours, near=near,
     )  # fmt: skip
     config.check()  # names and ranges before the model loads; lengths against its window after
     bench = Suite(load_model_quietly(model), config, out)
@@ -175,6 +187,7 @@ def fidelity(
     ),
     span_tokens: str | None = SPAN_TOKENS_OPTION,
     neighbours: int | None = NEIGHBOURS_OPTION,
+    near: float | None = NEAR_OPTION,
     kv_bits: int = KV_BITS_OPTION,
     model: str | None = MODEL_OPTION,
     out: Path = typer.Option(Path("sekv-fidelity"), help="Directory for the results."),
@@ -205,6 +218,8 @@ def fidelity(
     extra = {"store_settings": store}
     if neighbours is not None:
         extra["neighbours"] = neighbours
+    if near is not None:
+        extra["near"] = near
     summary = run_fidelity(
         load_model_quietly(model),
         config,

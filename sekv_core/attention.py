@@ -3,6 +3,7 @@
 For the question tokens and every generated token, each layer attends in ONE softmax over:
 
     [ sinks + anchors | summaries of non-zoomed spans (+ log|S|) | zoomed spans' tokens | local ]
+    (+ one entry for the near spans: the best-scoring spans left unzoomed, :mod:`sekv_core.near`)
 
 where *local* is the question + generated tokens (full resolution, in an ordinary cache). A span
 that is zoomed for a KV head contributes its reconstructed tokens to that head and its summary
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 
+from .near import near_count, near_entry, near_spans
 from .rope import rotate_half
 from .router import Router, exact_span_share, select
 from .sketch import QueryMoments
@@ -53,6 +55,8 @@ class ZoomPolicy:
     prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
     # their representative tokens): see SpanMemory.candidates
     neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
+    near: float = 0.0  # near spans hold this share of the budget's tokens (0: none; ignored
+    # with use_summaries, which gives every unzoomed span an entry): see sekv_core.near
 
 
 @dataclass
@@ -91,11 +95,14 @@ def mixed_attention(
     bias_mem: torch.Tensor,
     scaling: float,
     with_mass: bool = True,
+    near: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One softmax over memory entries and the causal local window.
 
     q : (Hkv, G, Tq, D); k_local, v_local : (Hkv, Tl, D), the last Tq of which are the queries';
-    k_mem, v_mem : (Hkv, M, D); bias_mem : (Hkv, M) additive logit bias (-inf = absent).
+    k_mem, v_mem : (Hkv, M, D); bias_mem : (Hkv, M) additive logit bias (-inf = absent);
+    near : one more entry per query head and query, its scaled logit (Hkv, G, Tq) and value
+    (Hkv, G, Tq, D) (:func:`sekv_core.near.near_entry`; only with ``with_mass``).
     Returns the output (Hkv, G, Tq, D) and the attention mass of each memory entry summed over
     the group's heads and the queries (Hkv, M) — or None without ``with_mass``: then the fused
     ``scaled_dot_product_attention`` runs (a streamed chunk: many queries, long window).
@@ -134,11 +141,14 @@ def mixed_attention(
         <= torch.arange(Tl - Tq, Tl, device=q.device)[:, None]
     )  # (Tq, Tl)
     logits_loc = logits_loc.masked_fill(~visible, float("-inf"))
-    probs = torch.cat([logits_mem, logits_loc], dim=-1).softmax(dim=-1).to(q.dtype)
+    parts = [logits_mem, logits_loc] + ([near[0][..., None].float()] if near else [])
+    probs = torch.cat(parts, dim=-1).softmax(dim=-1).to(q.dtype)
     M = k_mem.shape[1]
     out = torch.einsum("hgtm,hmd->hgtd", probs[..., :M], v_mem) + torch.einsum(
-        "hgtl,hld->hgtd", probs[..., M:], v_local
+        "hgtl,hld->hgtd", probs[..., M : M + Tl], v_local
     )
+    if near is not None:
+        out = out + probs[..., M + Tl :] * near[1]
     return out, probs[..., :M].float().sum(dim=(1, 2))
 
 
@@ -178,7 +188,7 @@ def sekv_attention_forward(
         out, _ = mixed_attention(q, k_loc, v_loc, empty, empty, bias, scaling, with_mass=False)
         return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
     memory, policy = sekv_memory, sekv_policy
-    zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
+    zoom, scores = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool, router scores
 
     pool = memory.zoom_pool(layer, zoom, policy.use_summaries)
     pool_k, pool_v = pool.kv(q.dtype)  # (Hkv, P, D), read back in the model dtype
@@ -195,8 +205,12 @@ def sekv_attention_forward(
     k_mem = torch.cat([*keys, pool_k], dim=1).to(q.dtype)
     v_mem = torch.cat([*vals, pool_v], dim=1).to(q.dtype)
     bias = torch.cat([*biases, pool_bias], dim=1)
+    near = None
+    if policy.near > 0 and not policy.use_summaries and policy.track_mass and memory.n_spans:
+        count = near_count(policy.near, policy.budget, memory.mean_span_length)
+        near = near_entry(memory, layer, q, scaling, *near_spans(scores, zoom, count))
     if policy.track_mass:
-        out, mass = mixed_attention(q, k_loc, v_loc, k_mem, v_mem, bias, scaling)
+        out, mass = mixed_attention(q, k_loc, v_loc, k_mem, v_mem, bias, scaling, near=near)
     else:  # a streamed chunk: the fused kernel
         out, mass = mixed_attention(q, k_loc, v_loc, k_mem, v_mem, bias, scaling, with_mass=False)
     if mass is not None:
@@ -207,15 +221,18 @@ def sekv_attention_forward(
 
 def route(
     memory: SpanMemory, policy: ZoomPolicy, layer: int, q: torch.Tensor, scaling: float
-) -> torch.Tensor:
-    """Which spans each KV head zooms for queries ``q`` (Hkv, G, Tq, D): (Hkv, N) bool.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which spans each KV head zooms for queries ``q`` (Hkv, G, Tq, D): (Hkv, N) bool, and
+    the router's scores it decided on (Hkv, N) (widened; -inf: not scored), which also rank
+    the near spans.
 
     Records the decision in the policy's trace. Long documents are prefiltered by the sketch
     bound (:meth:`SpanMemory.candidates`): the router scores only the candidates.
     """
     Hkv, N = q.shape[0], memory.n_spans
     if N == 0:
-        return torch.zeros(Hkv, 0, dtype=torch.bool, device=q.device)
+        none = torch.zeros(Hkv, 0, device=q.device)
+        return none.bool(), none
     if policy.route_queries is not None and q.shape[2] > policy.route_queries:
         pick = torch.linspace(q.shape[2] - 1, 0, policy.route_queries).round().long()
         q = q[:, :, pick.flip(0).to(q.device)]  # evenly spaced, the last query included
@@ -231,7 +248,7 @@ def route(
         policy.trace.add_recall(zoom, want)
         share = exact_span_share(memory, layer, q, scaling)
         policy.trace.add_captured(zoom, want, share)
-    return zoom
+    return zoom, scores
 
 
 def widen(scores: torch.Tensor, neighbours: int) -> torch.Tensor:

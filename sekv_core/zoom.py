@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .kvquant import Rows, row_bytes
+from .near import near_count
 from .rope import Rope, rotate_half
 from .sketch import sketch_logits
 from .store import SpanStore, padded_blocks
@@ -158,6 +159,21 @@ class SpanMemory:
                 t = self.rope.rotate(t.to(self.dtype), zero).to(t.dtype)
             self._device_summaries[kind] = t
         return self._device_summaries[kind]
+
+    def span_values(self, layer: int, index: torch.Tensor) -> torch.Tensor:
+        """Mean values (H, M, D) of spans ``index`` (H, M) of ``layer``, each KV head its own,
+        gathered for one attention call from the summaries (held on the host unless an answer
+        placed them): the near spans' values (:mod:`sekv_core.near`), counted in the answer's
+        peak beside the zoom pools."""
+        placed = self._device_summaries.get("v")
+        source = placed[layer] if placed is not None else self._summaries["v"][layer]
+        at = index.to(source.device)[..., None].expand(-1, -1, source.shape[-1])
+        out = source.gather(1, at).to(self.device)
+        pools = sum(pool.tokens for pool in self._pools.values()) * self.token_bytes
+        pooled = self._pools[layer].owner.shape[1] if layer in self._pools else 0
+        live = pools + self._entry_bytes(pooled, False, near=index.shape[1])
+        self.peak_cached_bytes = max(self.peak_cached_bytes, live)
+        return out
 
     def fixed_kv(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Sinks' and anchors' K, V (H, F, D) of ``layer`` in ``dtype``."""
@@ -327,20 +343,26 @@ class SpanMemory:
         self._pools[layer] = pool
         return pool
 
-    def _entry_bytes(self, pooled: int, summaries: bool) -> int:
+    def _entry_bytes(self, pooled: int, summaries: bool, near: int = 0) -> int:
         """The memory entries one attention call reads in the model dtype (fixed, summaries when
-        read, ``pooled`` zoomed tokens per KV head): K and V."""
+        read, ``pooled`` zoomed tokens per KV head): K and V; and ``near`` spans' values."""
         entries = self.fixed_tokens + (self.n_spans if summaries else 0) + pooled
-        return self.num_kv_heads * entries * 2 * self.head_dim * self.dtype.itemsize
+        return self.num_kv_heads * (2 * entries + near) * self.head_dim * self.dtype.itemsize
 
-    def zoom_bytes(self, tokens: int, summaries: bool = False) -> int:
+    @property
+    def mean_span_length(self) -> float:
+        return self.span_tokens / self.n_spans if self.n_spans else 0.0
+
+    def zoom_bytes(self, tokens: int, summaries: bool = False, near_share: float = 0.0) -> int:
         """Peak bytes an answer's zoom takes when every layer's pool holds ``tokens`` per KV head
         (what :meth:`zoom_pool` counts at its worst: all pools, one layer's old pool and new
         reconstructions, bounded memories' unrotated keys, one call's entries in the model
-        dtype). Memory targets turn into zoom budgets with it."""
+        dtype, with ``near_share``'s near spans' values). Memory targets turn into zoom budgets
+        with it."""
         held = self.num_layers + 2 + (0.5 if self.bounded else 0.0)
+        near = near_count(near_share, tokens, self.mean_span_length)
         return int(self.num_kv_heads * tokens * held * self.token_bytes) + self._entry_bytes(
-            tokens, summaries
+            tokens, summaries, near
         )
 
     def all_span_keys(self, layer: int) -> torch.Tensor:

@@ -284,8 +284,7 @@ def test_a_starved_zoom_routes_with_half_the_sketch(tiny_loaded, tmp_path):
     spans, full = method.spans, method.spans.sketch_dims
     line = math.ceil(STARVED_SHARE * spans.span_tokens)
     kv = tiny_loaded.spec.kv_bytes(len(method.context), 2)
-    fixed = spans.zoom_bytes(0)
-    per_token = spans.zoom_bytes(1) - fixed
+    fixed, per_token = method.zoom_costs()
     spans.place_sketch()
     whole = spans.resident_bytes() + fixed
     # a target leaving the whole sketch exactly one token short of the starved line

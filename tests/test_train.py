@@ -262,6 +262,18 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
         + ["--max-new-tokens", "2"],
     )  # fmt: skip
     assert by_default.exit_code == 0 and '"router": "trained"' in by_default.output
+    # near spans: the training-free router's default, not the trained gate's (unless asked)
+    from sekv_core.near import NEAR_SHARE
+
+    assert '"near": 0.0' in by_default.output
+    for router, extra, near in (
+        ("none", {}, NEAR_SHARE),
+        ("auto", {}, 0.0),
+        ("auto", {"near": 2}, 2),
+    ):
+        settings = MethodSettings(router=router, extra=extra)
+        session = Session(load_model(model), load_document(doc), "sekv", settings)
+        assert session.ask("Who is the keeper?", 2).routing["near"] == near, (router, extra)
     loaded = load_model(model)
     book = tmp_path / "book.txt"  # beyond the tiny model's 2048-token window
     book.write_text("The keeper is named Orla. The lamp is lit at dusk. " * 220)

@@ -116,6 +116,7 @@ def run_fidelity(
         "kv_bits": base.kv_bits,
         "store": (base.extra.get("store_settings") or StoreSettings()).to_dict(),
         "neighbours": base.extra.get("neighbours", ZoomPolicy.neighbours),
+        "near": base.extra.get("near"),  # None: the method's default (SeKV.near_share)
         "trained_router": config.trained_router if "sekv-trained" in config.methods else None,
         "configs": summarize(rows),
     }

@@ -51,6 +51,7 @@ class SuiteConfig:
     kv_bits: int = KV_BITS  # SeKV's token-level K/V on the device: 8 or 16 bits
     span_tokens: tuple[int, int] | None = None  # SeKV stores' span lengths (min, max)
     neighbours: int | None = None  # SeKV: spans zoomed with each winner on each side
+    near: float | None = None  # SeKV: the near spans' share of the zoom budget
 
     def check(self, window: int | None = None) -> None:
         """Raise SekvError naming the first setting a user must fix (lengths need ``window``)."""
@@ -167,6 +168,8 @@ class Suite:
             extra["store_settings"] = StoreSettings().with_span_tokens(*self.config.span_tokens)
         if self.config.neighbours is not None:
             extra["neighbours"] = self.config.neighbours
+        if self.config.near is not None:
+            extra["near"] = self.config.near
         settings = MethodSettings(
             memory_ratio=budget,
             measure_recall=self.config.recall,

@@ -14,6 +14,7 @@ from transformers import DynamicCache
 
 from ..attention import ZoomPolicy, sekv_attention
 from ..decode import PositionedStep, greedy
+from ..near import NEAR_SHARE
 from ..prompt import stop_ids
 from ..rope import Rope
 from ..router import ROUTERS, MarginRouter, OracleRouter, TrainedRouter
@@ -90,7 +91,25 @@ class SeKV(Method):
             use_summaries=s.use_summaries,
             oracle=oracle,
             neighbours=s.extra.get("neighbours", ZoomPolicy.neighbours),
+            near=self.near_share(),
         )
+
+    def near_share(self) -> float:
+        """The near spans' share of the zoom budget (:mod:`sekv_core.near`; 0 with summaries).
+
+        Unless set (``extra["near"]``): ``NEAR_SHARE`` for the training-free router, none for a
+        trained gate, which learned to zoom without them — measured on 34 questions under 10 /
+        15 / 20% targets, near spans raise the training-free router from 19 / 21 / 20 to
+        21 / 24 / 25 correct (full KV 24) but cost the trained one sample-document answers
+        (QA 10 / 12 / 13 → 11 / 10 / 11; 13 → 11 of 18 at the default budget) although they
+        bring its answers closer to full KV's (docs/benchmarks.md, tenth pass).
+        """
+        s = self.settings
+        if s.use_summaries:
+            return 0.0
+        if "near" in s.extra:
+            return float(s.extra["near"])
+        return NEAR_SHARE if self.trained_router() is None else 0.0
 
     def router_choice(self) -> str:
         """The router setting in effect. ``auto`` routes a book (a streamed, bounded memory)
@@ -129,8 +148,7 @@ class SeKV(Method):
         if s.memory_ratio is None:
             return s.budget or DEFAULT_BUDGET
         target = s.memory_ratio * self.loaded.spec.kv_bytes(len(self.context), 2)
-        fixed = spans.zoom_bytes(0, s.use_summaries)
-        per_token = spans.zoom_bytes(1, s.use_summaries) - fixed
+        fixed, per_token = self.zoom_costs()
 
         def left() -> int:
             return int((target - spans.resident_bytes() - fixed) // per_token)
@@ -138,6 +156,13 @@ class SeKV(Method):
         if left() < STARVED_SHARE * spans.span_tokens:
             spans.place_sketch(spans.sketch_dims // 2)
         return max(MIN_ZOOM, left())
+
+    def zoom_costs(self) -> tuple[int, float]:
+        """Bytes an answer's zoom takes before its first token, and per token of budget (its
+        near spans' values included): :meth:`SpanMemory.zoom_bytes`."""
+        spans, summaries, near = self.spans, self.settings.use_summaries, self.near_share()
+        fixed = spans.zoom_bytes(0, summaries, near)
+        return fixed, (spans.zoom_bytes(1024, summaries, near) - fixed) / 1024
 
     def max_band(self) -> int:
         """Books: the most zoomed tokens per KV head (half of the window after the sinks)."""
@@ -192,6 +217,7 @@ class SeKV(Method):
             "sketch_dims": self.spans.routed_dims,
             "margin": p.margin,
             "neighbours": p.neighbours,
+            "near": p.near,
             "summaries": p.use_summaries,
             "zoomed_tokens_max": t.zoomed_tokens_max,
             "reconstructions": self.spans.reconstructions,
