@@ -29,6 +29,15 @@ ROUTER_OPTION = typer.Option(
     "(training-free), or a router file from `sekv train`.",
 )
 
+NEAR_OPTION = typer.Option(
+    None,
+    "--near",
+    min=0.0,
+    metavar="SHARE",
+    help="sekv: the best-scoring spans the zoom leaves out, SHARE x the budget's tokens, join "
+    "attention as one entry at span resolution (default: off; 3 is the share measured).",
+)
+
 
 @handle_errors
 def ask(
@@ -46,6 +55,7 @@ def ask(
         False, "--summaries", help="Let non-zoomed spans join attention as summaries (sekv)."
     ),
     router: str = ROUTER_OPTION,
+    near: float | None = NEAR_OPTION,
     kv_bits: int = KV_BITS_OPTION,
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
     json_out: bool = JSON_OPTION,
@@ -56,6 +66,8 @@ def ask(
     settings = MethodSettings(
         budget=budget, use_summaries=summaries, router=router, kv_bits=kv_bits, warn=warn
     )
+    if near is not None:
+        settings.extra["near"] = near
     session, load_s = open_session(file, model, method, settings)
     result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)
     result.timings["load_s"] = round(load_s, 4)

@@ -64,8 +64,8 @@ NEAR_OPTION = typer.Option(
     min=0.0,
     metavar="SHARE",
     help="SeKV: the best-scoring spans the zoom leaves out, this share of the zoom budget's "
-    "tokens, join the softmax as one entry at span resolution (default: 3 with the "
-    "training-free router, 0 with a trained one; 0: none).",
+    "tokens, join the softmax as one entry at span resolution (default 0: none; 3 is the "
+    "share measured).",
 )
 
 

@@ -9,7 +9,7 @@ import typer
 
 from sekv_core.methods import METHODS, MethodSettings
 
-from .ask import ROUTER_OPTION
+from .ask import NEAR_OPTION, ROUTER_OPTION
 from .common import (
     KV_BITS_OPTION,
     MODEL_OPTION,
@@ -34,11 +34,14 @@ def chat(
     method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
     budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
     router: str = ROUTER_OPTION,
+    near: float | None = NEAR_OPTION,
     kv_bits: int = KV_BITS_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
     settings = MethodSettings(budget=budget, router=router, kv_bits=kv_bits, warn=warn)
+    if near is not None:
+        settings.extra["near"] = near
     session, _ = open_session(file, model, method, settings)
     document = session.document
     try:

@@ -30,7 +30,7 @@ from .sketch import sketch_logits
 if TYPE_CHECKING:
     from .zoom import SpanMemory
 
-NEAR_SHARE = 3.0  # near spans hold about this share of the zoom budget's tokens (see SeKV)
+NEAR_SHARE = 3.0  # the share measured (docs/benchmarks.md, tenth pass); off by default (SeKV)
 
 
 def near_count(share: float, budget: int, mean_length: float) -> int:

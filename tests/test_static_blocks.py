@@ -106,9 +106,9 @@ def test_static_attends_summaries_with_log_len(tiny_loaded, tmp_path, monkeypatc
     captured = {}
     real = attention.mixed_attention
 
-    def spy(q, k_local, v_local, k_mem, v_mem, bias, scaling):
+    def spy(q, k_local, v_local, k_mem, v_mem, bias, scaling, **options):
         captured.setdefault("first", (k_mem.shape[1], bias.clone()))
-        return real(q, k_local, v_local, k_mem, v_mem, bias, scaling)
+        return real(q, k_local, v_local, k_mem, v_mem, bias, scaling, **options)
 
     monkeypatch.setattr(attention, "mixed_attention", spy)
     list(method.generate(question(tiny_loaded), 1))

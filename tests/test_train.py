@@ -262,15 +262,14 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
         + ["--max-new-tokens", "2"],
     )  # fmt: skip
     assert by_default.exit_code == 0 and '"router": "trained"' in by_default.output
-    # near spans: the training-free router's default, not the trained gate's (unless asked)
-    from sekv_core.near import NEAR_SHARE
-
+    # near spans: off unless asked for, with either router (`--near` on the CLI)
     assert '"near": 0.0' in by_default.output
-    for router, extra, near in (
-        ("none", {}, NEAR_SHARE),
-        ("auto", {}, 0.0),
-        ("auto", {"near": 2}, 2),
-    ):
+    near_cli = runner.invoke(
+        app, ["ask", str(doc), "Who is the keeper?", "--model", model, "--json"]
+        + ["--max-new-tokens", "2", "--router", "none", "--near", "3"],
+    )  # fmt: skip
+    assert near_cli.exit_code == 0 and '"near": 3.0' in near_cli.output, near_cli.output
+    for router, extra, near in (("none", {}, 0.0), ("auto", {}, 0.0), ("auto", {"near": 2}, 2)):
         settings = MethodSettings(router=router, extra=extra)
         session = Session(load_model(model), load_document(doc), "sekv", settings)
         assert session.ask("Who is the keeper?", 2).routing["near"] == near, (router, extra)

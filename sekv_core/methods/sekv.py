@@ -14,7 +14,6 @@ from transformers import DynamicCache
 
 from ..attention import ZoomPolicy, sekv_attention
 from ..decode import PositionedStep, greedy
-from ..near import NEAR_SHARE
 from ..prompt import stop_ids
 from ..rope import Rope
 from ..router import ROUTERS, MarginRouter, OracleRouter, TrainedRouter
@@ -97,19 +96,15 @@ class SeKV(Method):
     def near_share(self) -> float:
         """The near spans' share of the zoom budget (:mod:`sekv_core.near`; 0 with summaries).
 
-        Unless set (``extra["near"]``): ``NEAR_SHARE`` for the training-free router, none for a
-        trained gate, which learned to zoom without them — measured on 34 questions under 10 /
-        15 / 20% targets, near spans raise the training-free router from 19 / 21 / 20 to
-        21 / 24 / 25 correct (full KV 24) but cost the trained one sample-document answers
-        (QA 10 / 12 / 13 → 11 / 10 / 11; 13 → 11 of 18 at the default budget) although they
-        bring its answers closer to full KV's (docs/benchmarks.md, tenth pass).
+        Off unless set (``extra["near"]``; ``NEAR_SHARE`` is the share measured): on 34
+        questions under 10 / 15 / 20% targets near spans raise the training-free router from
+        19 / 21 / 20 to 21 / 24 / 25 correct (full KV 24) and bring both routers' answers
+        closer to full KV's, but they weaken the copy of a rare string the zoom holds: the
+        trained gate's sample-document answers drop (13 → 11 of 18 at the default budget) and
+        the integration needle's digits are lost (docs/benchmarks.md, tenth pass).
         """
         s = self.settings
-        if s.use_summaries:
-            return 0.0
-        if "near" in s.extra:
-            return float(s.extra["near"])
-        return NEAR_SHARE if self.trained_router() is None else 0.0
+        return 0.0 if s.use_summaries else float(s.extra.get("near", 0.0))
 
     def router_choice(self) -> str:
         """The router setting in effect. ``auto`` routes a book (a streamed, bounded memory)
