@@ -14,6 +14,7 @@ from .common import (
     JSON_OPTION,
     KV_BITS_OPTION,
     MODEL_OPTION,
+    NEAR_OPTION,
     handle_errors,
     open_session,
     print_json,
@@ -27,15 +28,6 @@ ROUTER_OPTION = typer.Option(
     help="sekv routing: auto (the default: the router trained for the model — yours from "
     "`sekv train`, else the one shipped — or training-free routing when there is none), none "
     "(training-free), or a router file from `sekv train`.",
-)
-
-NEAR_OPTION = typer.Option(
-    None,
-    "--near",
-    min=0.0,
-    metavar="SHARE",
-    help="sekv: the best-scoring spans the zoom leaves out, SHARE x the budget's tokens, join "
-    "attention as one entry at span resolution (default: off; 3 is the share measured).",
 )
 
 

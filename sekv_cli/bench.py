@@ -13,6 +13,7 @@ from .common import (
     JSON_OPTION,
     KV_BITS_OPTION,
     MODEL_OPTION,
+    NEAR_OPTION,
     err,
     handle_errors,
     load_model_quietly,
@@ -55,17 +56,6 @@ NEIGHBOURS_OPTION = typer.Option(
     metavar="N",
     help="SeKV: a span scores the best of itself and N spans on each side, so a zoom brings "
     "its neighbours (default 1).",
-)
-
-
-NEAR_OPTION = typer.Option(
-    None,
-    "--near",
-    min=0.0,
-    metavar="SHARE",
-    help="SeKV: the best-scoring spans the zoom leaves out, this share of the zoom budget's "
-    "tokens, join the softmax as one entry at span resolution (default 0: none; 3 is the "
-    "share measured).",
 )
 
 

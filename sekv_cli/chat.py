@@ -9,10 +9,11 @@ import typer
 
 from sekv_core.methods import METHODS, MethodSettings
 
-from .ask import NEAR_OPTION, ROUTER_OPTION
+from .ask import ROUTER_OPTION
 from .common import (
     KV_BITS_OPTION,
     MODEL_OPTION,
+    NEAR_OPTION,
     err,
     handle_errors,
     open_session,

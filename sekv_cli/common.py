@@ -177,3 +177,14 @@ def stream_text(delta: str) -> None:
     """Write an answer's text as it is decoded."""
     sys.stdout.write(delta)
     sys.stdout.flush()
+
+
+NEAR_OPTION = typer.Option(
+    None,
+    "--near",
+    min=0.0,
+    metavar="SHARE",
+    help="sekv: the best-scoring spans the zoom leaves out, SHARE x the zoom budget's tokens, "
+    "join attention as one entry at span resolution (default: off; 3 is the share measured, "
+    "docs/benchmarks.md, tenth pass).",
+)

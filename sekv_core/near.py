@@ -30,8 +30,6 @@ from .sketch import sketch_logits
 if TYPE_CHECKING:
     from .zoom import SpanMemory
 
-NEAR_SHARE = 3.0  # the share measured (docs/benchmarks.md, tenth pass); off by default (SeKV)
-
 
 def near_count(share: float, budget: int, mean_length: float) -> int:
     """How many near spans a KV head takes: ``share`` x ``budget`` tokens' worth of spans."""

@@ -96,7 +96,7 @@ class SeKV(Method):
     def near_share(self) -> float:
         """The near spans' share of the zoom budget (:mod:`sekv_core.near`; 0 with summaries).
 
-        Off unless set (``extra["near"]``; ``NEAR_SHARE`` is the share measured): on 34
+        Off unless set (``extra["near"]``; 3 is the share measured): on 34
         questions under 10 / 15 / 20% targets near spans raise the training-free router from
         19 / 21 / 20 to 21 / 24 / 25 correct (full KV 24) and bring both routers' answers
         closer to full KV's, but they weaken the copy of a rare string the zoom holds: the
