@@ -269,11 +269,11 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
         + ["--max-new-tokens", "2", "--router", "none", "--near", "3"],
     )  # fmt: skip
     assert near_cli.exit_code == 0 and '"near": 3.0' in near_cli.output, near_cli.output
+    loaded = load_model(model)
     for router, extra, near in (("none", {}, 0.0), ("auto", {}, 0.0), ("auto", {"near": 2}, 2)):
         settings = MethodSettings(router=router, extra=extra)
-        session = Session(load_model(model), load_document(doc), "sekv", settings)
+        session = Session(loaded, load_document(doc), "sekv", settings)
         assert session.ask("Who is the keeper?", 2).routing["near"] == near, (router, extra)
-    loaded = load_model(model)
     book = tmp_path / "book.txt"  # beyond the tiny model's 2048-token window
     book.write_text("The keeper is named Orla. The lamp is lit at dusk. " * 220)
     for method, routed in (("sekv", "sketch"), ("sekv-trained", "trained")):
