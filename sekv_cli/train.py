@@ -34,6 +34,14 @@ def train(
         help="Distil along the full-KV model's own answer, up to this many tokens "
         "(0: the planted fact's answer).",
     ),
+    near: float = typer.Option(
+        0.0,
+        "--near",
+        min=0.0,
+        metavar="SHARE",
+        help="Train with near spans in the softmax (SHARE x the zoom budget's tokens, as "
+        "`sekv ask --near` takes them); the router then answers with them by default.",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Train the zoom gate, threshold and rank gate on generated documents (CPU is fine)."""
@@ -57,6 +65,7 @@ def train(
         lr=lr,
         doc_tokens=(low, high),
         answer_tokens=answer_tokens,
+        near=near,
     )
     with Progress(
         TextColumn("Training"),

@@ -274,6 +274,15 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
         settings = MethodSettings(router=router, extra=extra)
         session = Session(loaded, load_document(doc), "sekv", settings)
         assert session.ask("Who is the keeper?", 2).routing["near"] == near, (router, extra)
+    # a router trained with near spans (`sekv train --near`) answers with them unless told not to
+    trained_near = tmp_path / "near.safetensors"
+    args_near = [*args[:-1], str(trained_near), "--steps", "1", "--near", "2"]
+    assert runner.invoke(app, args_near).exit_code == 0
+    assert load_router(trained_near).manifest["settings"]["near"] == 2.0
+    for extra, near in (({}, 2.0), ({"near": 0}, 0.0)):
+        settings = MethodSettings(router=str(trained_near), extra=extra)
+        session = Session(loaded, load_document(doc), "sekv", settings)
+        assert session.ask("Who is the keeper?", 2).routing["near"] == near, extra
     book = tmp_path / "book.txt"  # beyond the tiny model's 2048-token window
     book.write_text("The keeper is named Orla. The lamp is lit at dusk. " * 220)
     for method, routed in (("sekv", "sketch"), ("sekv-trained", "trained")):
@@ -416,3 +425,48 @@ def test_spectra_are_the_stored_factors_column_norms(prepared):
     got = zip(kinds.tolist(), layers.tolist(), heads.tolist(), strict=True)
     assert [w[:3] for w in want] == list(got)
     assert torch.allclose(sigmas, torch.stack([w[3] for w in want]))
+
+
+def test_student_takes_near_spans_as_answering_does(prepared):
+    """`sekv train --near`: the student's near-span weights are answering's near entry — the
+    same spans (the best-ranked ones the zoom left out), the same mass and mean value."""
+    from sekv_core.attention import NEIGHBOURS, widen
+    from sekv_core.near import near_count, near_entry, near_spans
+    from sekv_core.train.signals import StudentContext, near_weights
+    from sekv_core.zoomnet import sketch_spans
+
+    loaded, docs, *_ = prepared
+    memory = docs[0].memory
+    memory.place_sketch()
+    H, D, N = memory.num_kv_heads, memory.head_dim, memory.n_spans
+    G = loaded.model.config.num_attention_heads // H
+    torch.manual_seed(0)
+    q, layer, scaling = torch.randn(H, G, 3, D), 1, D**-0.5
+    best = torch.randn(H, 1, N)  # one decision (the question's) per KV head
+    hard = torch.rand(H, 1, N) < 0.3
+    budget = int(3 * memory.mean_span_length)
+    steps = torch.zeros(3, dtype=torch.long)
+    ctx = StudentContext(memory, None, [], [], memory.sketch_span, budget, steps, near=1.0)
+    top = torch.zeros(H, G, 3, 1)
+    weights = near_weights(ctx, best, hard, sketch_spans(memory, layer, q, scaling).log_mass, top)
+    held = weights[:, 0, 0] > 0  # (H, N) the student's near spans
+    count = near_count(1.0, budget, memory.mean_span_length)
+    assert count >= 2 and (held.sum(1) == count).all() and not (held & hard[:, 0]).any()
+    index, valid = near_spans(widen(best[:, 0], NEIGHBOURS), hard[:, 0], count)
+    assert valid.all() and all(
+        set(index[h].tolist()) == set(held[h].nonzero()[:, 0].tolist()) for h in range(H)
+    )
+    logit, value = near_entry(memory, layer, q, scaling, index, valid)
+    assert torch.allclose(weights.sum(-1).log(), logit, atol=1e-4)
+    mixed = torch.einsum("hgtn,hnd->hgtd", weights, memory.summary_v[layer].float())
+    assert torch.allclose(mixed / weights.sum(-1, keepdim=True), value.float(), atol=1e-3)
+    assert (
+        near_weights(
+            StudentContext(memory, None, [], [], memory.sketch_span, budget, steps),
+            best,
+            hard,
+            top,
+            top,
+        )
+        is None
+    )

@@ -96,15 +96,20 @@ class SeKV(Method):
     def near_share(self) -> float:
         """The near spans' share of the zoom budget (:mod:`sekv_core.near`; 0 with summaries).
 
-        Off unless set (``extra["near"]``; 3 is the share measured): on 34
-        questions under 10 / 15 / 20% targets near spans raise the training-free router from
-        19 / 21 / 20 to 21 / 24 / 25 correct (full KV 24) and bring both routers' answers
-        closer to full KV's, but they weaken the copy of a rare string the zoom holds: the
-        trained gate's sample-document answers drop (13 → 11 of 18 at the default budget) and
-        the integration needle's digits are lost (docs/benchmarks.md, tenth pass).
+        ``extra["near"]`` when set; otherwise what the trained router in use was trained with
+        (``sekv train --near``), 0 for training-free routing. Near spans bring answers closer
+        to full KV's (on 34 questions under 10 / 15 / 20% targets the training-free router
+        went from 19 / 21 / 20 to 21 / 24 / 25 correct, full KV 24) but weaken the copy of a
+        rare string the zoom holds (the integration needle's digits): docs/benchmarks.md,
+        tenth and eleventh passes.
         """
         s = self.settings
-        return 0.0 if s.use_summaries else float(s.extra.get("near", 0.0))
+        if s.use_summaries:
+            return 0.0
+        if s.extra.get("near") is not None:
+            return float(s.extra["near"])
+        trained = self.trained_router()
+        return float(trained.manifest["settings"].get("near", 0.0)) if trained else 0.0
 
     def router_choice(self) -> str:
         """The router setting in effect. ``auto`` routes a book (a streamed, bounded memory)

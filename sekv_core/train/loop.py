@@ -81,6 +81,9 @@ class TrainSettings:
     # answers to distil along: the teacher's own greedy answer up to this many tokens (what
     # `sekv bench fidelity` compares along), 0: the planted fact's answer string
     answer_tokens: int = 24
+    # near spans (sekv_core.near) in the student's softmax, this share of the zoom budget, as
+    # answering with ``--near`` takes them (0: none); a router trained with them answers with them
+    near: float = 0.0
     save_every: int = 50
     eval_every: int = 100  # held-out evaluation; the router file keeps the best one (step 0 too)
 
@@ -233,13 +236,21 @@ def zoom_targets(mass: torch.Tensor, rho: float) -> tuple[torch.Tensor, torch.Te
     return total >= MINE_MASS, targets
 
 
-def student_forward(loaded: LoadedModel, net: ZoomNet, doc: PreparedDoc, ex: Example, budget: int):
-    """Student logits at the answer positions (Ta, V) and gate logits per layer."""
+def student_forward(
+    loaded: LoadedModel,
+    net: ZoomNet,
+    doc: PreparedDoc,
+    ex: Example,
+    budget: int,
+    near: float = 0.0,
+):
+    """Student logits at the answer positions (Ta, V) and gate logits per layer (``near``:
+    the near spans' share of the budget)."""
     model = loaded.model
     n = len(ex.ids)
     steps = answer_steps(n, ex.answer_len, loaded.device)
     ctx = StudentContext(
-        doc.memory, net, doc.span_k, doc.span_v, doc.span_id.to(loaded.device), budget, steps
+        doc.memory, net, doc.span_k, doc.span_v, doc.span_id.to(loaded.device), budget, steps, near
     )
     pos = torch.arange(n, device=loaded.device)[None] + doc.context_len
     with attention_switch(model, STUDENT):
@@ -284,7 +295,7 @@ def losses(
         share = float(torch.empty(()).uniform_(*s.budget_shares))
     half = share < s.half_sketch_below and bool(torch.rand(()) < 0.5)
     doc.memory.place_sketch(doc.memory.sketch_dims // 2 if half else None)
-    logits, gates = student_forward(loaded, net, doc, ex, budget_tokens(doc, share))
+    logits, gates = student_forward(loaded, net, doc, ex, budget_tokens(doc, share), s.near)
     kl = kl_to_teacher(logits, ex)
     z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
     L, Hkv, G, Tq, N = z.shape
@@ -376,7 +387,7 @@ def evaluate(loaded: LoadedModel, net: ZoomNet, docs, held: list[Example], s: Tr
             doc = docs[ex.doc]
             budget = budget_tokens(doc, share)
             doc.memory.place_sketch()  # held-out figures route with the whole sketch
-            logits, gates = student_forward(loaded, net, doc, ex, budget)
+            logits, gates = student_forward(loaded, net, doc, ex, budget, s.near)
             kl += float(kl_to_teacher(logits, ex))
             z = torch.stack(gates)  # (L, Hkv, G, Tq, N)
             L, Hkv, G, Tq, N = z.shape

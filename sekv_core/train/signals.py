@@ -26,6 +26,7 @@ import torch
 from transformers import AttentionInterface
 
 from ..attention import NEIGHBOURS, widen
+from ..near import near_count, near_spans
 from ..router import select
 from ..zoom import SpanMemory
 from ..zoomnet import ZoomNet, sketch_spans, step_best
@@ -82,6 +83,7 @@ class StudentContext:
     span_id: torch.Tensor  # (S,) span of each span token
     budget: int  # tokens zoomed per (layer, KV head)
     steps: torch.Tensor  # (Tq,) answer-time step of each position: 0 question, i answer token i
+    near: float = 0.0  # near spans' share of the budget, as answering takes them (0: none)
     gates: list[torch.Tensor] = field(default_factory=list)  # per layer (Hkv, G, Tq, N)
 
 
@@ -146,8 +148,38 @@ def student_attention(
         torch.einsum("hgtf,hfd->hgtd", ef, fixed_v.float())
         + torch.einsum("hgts,hsd->hgtd", es, ctx.span_v[layer].float())
         + torch.einsum("hgtl,hld->hgtd", el, value[0].float())
-    ) / total
+    )
+    near = near_weights(ctx, best, hard, spans.log_mass, top)  # (Hkv, G, Tq, N) or None
+    if near is not None:
+        out = out + torch.einsum("hgtn,hnd->hgtd", near, memory.summary_v[layer].float())
+        total = total + near.sum(-1, keepdim=True)
+    out = out / total
     return out.to(query.dtype).reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
+
+
+def near_weights(
+    ctx: StudentContext,
+    best: torch.Tensor,
+    hard: torch.Tensor,
+    log_mass: torch.Tensor,
+    top: torch.Tensor,
+) -> torch.Tensor | None:
+    """The near spans' unnormalised softmax weights (Hkv, G, Tq, N) (relative to ``top``), as
+    answering takes them (:mod:`sekv_core.near`): per decision, the best-ranked spans by the
+    widened gate logits ``best`` (Hkv, P, N) that ``hard`` left out, each weighing its tokens'
+    sketch-estimated mass ``log_mass`` (Hkv, G, Tq, N); None without near spans. The choice is
+    hard and carries no gradient (the zoom decision's straight-through estimate does)."""
+    memory = ctx.memory
+    count = near_count(ctx.near, ctx.budget, memory.mean_span_length)
+    if count == 0:
+        return None
+    Hkv, P, N = best.shape
+    with torch.no_grad():
+        ranked = widen(best.reshape(Hkv * P, N), NEIGHBOURS)
+        index, valid = near_spans(ranked, hard.reshape(Hkv * P, N), count)
+        held = torch.zeros(Hkv * P, N, device=best.device).scatter(1, index, valid.float())
+        held = held.view(Hkv, P, N)[:, ctx.steps.to(best.device)][:, None]  # (Hkv, 1, Tq, N)
+    return (log_mass.float() - top).exp() * held
 
 
 AttentionInterface.register(TEACHER, teacher_attention)
