@@ -280,7 +280,7 @@ def test_a_starved_zoom_routes_with_half_the_sketch(tiny_loaded, tmp_path):
     from sekv_core.methods.sekv import STARVED_SHARE
 
     segment = SegmentSettings(min_len=8, max_len=32)
-    method, _ = sekv_method(tiny_loaded, tmp_path, StoreSettings(segment=segment))
+    method, _ = sekv_method(tiny_loaded, tmp_path, StoreSettings(segment=segment), budget=10**6)
     spans, full = method.spans, method.spans.sketch_dims
     line = math.ceil(STARVED_SHARE * spans.span_tokens)
     kv = tiny_loaded.spec.kv_bytes(len(method.context), 2)
@@ -295,6 +295,32 @@ def test_a_starved_zoom_routes_with_half_the_sketch(tiny_loaded, tmp_path):
     assert budget == max(32, int(left // per_token))
     method.settings.memory_ratio = (whole + (line + 1) * per_token) / kv
     assert method.zoom_budget() >= line and spans.routed_dims == full
+
+
+def test_a_memory_target_caps_the_zoom_and_does_not_fill_it(tiny_loaded, tmp_path):
+    """A memory target lowers the zoom budget where it leaves less than ``budget`` (default
+    ``DEFAULT_BUDGET``); a looser one leaves the budget as it is, and the answer's measured
+    memory stays within the target either way."""
+    from sekv_core.methods.sekv import DEFAULT_BUDGET, STARVED_SHARE
+
+    store = StoreSettings(segment=SegmentSettings(min_len=8, max_len=32))
+    method, ctx = sekv_method(tiny_loaded, tmp_path, store, memory_ratio=1.0)
+    spans, s = method.spans, method.settings
+    line = math.ceil(STARVED_SHARE * spans.span_tokens)  # above it: the whole sketch routes
+    kv = tiny_loaded.spec.kv_bytes(len(ctx), 2)
+    fixed, per_token = method.zoom_costs()
+    spans.place_sketch()
+    left = int((kv - spans.resident_bytes() - fixed) // per_token)  # what a 100% target leaves
+    assert left > line + 20
+    assert method.zoom_budget() == min(DEFAULT_BUDGET, left)
+    s.budget = line + 20
+    assert method.zoom_budget() == line + 20  # loose target: the budget
+    s.memory_ratio = (spans.resident_bytes() + fixed + (line + 5.5) * per_token) / kv
+    assert method.zoom_budget() == line + 5 and spans.routed_dims == spans.sketch_dims
+    tok = tiny_loaded.tokenizer
+    list(method.generate(encode_question(tok, chat_template(tok), "Where is item 4?"), 4))
+    assert method.policy.budget == line + 5
+    assert method.memory()["resident_bytes"] <= s.memory_ratio * kv
 
 
 def test_eight_bit_zoom_rounds_each_row_by_at_most_half_a_step(tiny_loaded, tmp_path):
@@ -339,6 +365,7 @@ def test_eight_bit_zoom_doubles_the_tokens_a_memory_target_allows(tiny_loaded, t
             tmp_path,
             store,
             memory_ratio=0.6,
+            budget=10**6,  # what the target allows (a budget caps it)
             kv_bits=bits,
             extra={"margin": math.inf},
         )

@@ -119,7 +119,7 @@ def test_a_memory_target_pays_for_the_near_spans(tiny_loaded, tmp_path):
     budgets = {}
     for near in (0.0, 3.0):
         method, ctx = sekv_method(
-            tiny_loaded, tmp_path, STORE, memory_ratio=0.5, extra={"near": near}
+            tiny_loaded, tmp_path, STORE, memory_ratio=0.5, budget=10**6, extra={"near": near}
         )
         tok = tiny_loaded.tokenizer
         list(method.generate(encode_question(tok, chat_template(tok), "Where is item 4?"), 4))

@@ -26,6 +26,7 @@ from ..methods import MethodSettings
 from ..models import LoadedModel
 from ..prompt import chat_template, encode_context
 from ..store import ANSWER_RESERVE, StoreSettings, open_or_build
+from . import resident_share
 from .haystack import NEEDLES, Needle, sentence
 
 TOPICS = [
@@ -217,9 +218,7 @@ def bench_book_needles(
                     ),
                     "peak_rss_bytes": peak_rss_bytes(),
                     "answer_s": answer.timings["answer_s"],
-                    "resident_ratio": round(
-                        answer.memory["resident_bytes"] / answer.memory["full_kv_bytes"], 4
-                    ),
+                    "resident_ratio": resident_share(answer.memory, 4),
                     "full_ok": None,
                 }
                 if full is not None:

@@ -32,6 +32,7 @@ from ..errors import SekvError
 from ..methods import MethodSettings
 from ..models import LoadedModel
 from ..store import StoreSettings
+from . import resident_share
 from .suite import SuiteConfig, budgeted, build_samples, config_label, group
 
 DEFAULT_ANSWER_TOKENS = 24
@@ -100,9 +101,7 @@ def run_fidelity(
                         "budget": budget,
                         "question": question,
                         **row,
-                        "resident_ratio": round(
-                            mem["resident_fp16_bytes"] / mem["full_kv_bytes_fp16"], 5
-                        ),
+                        "resident_ratio": resident_share(mem),
                         "routing": answer.routing,
                     }
                     sink.write(json.dumps(row) + "\n")

@@ -18,6 +18,7 @@ from ..documents import load_document
 from ..engine import Session
 from ..methods import MethodSettings
 from ..models import LoadedModel
+from . import resident_share
 from .haystack import NEEDLES, haystack
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -64,9 +65,7 @@ def bench_needle(
                         "full_ok": nd.answer in full.answer,
                         "sekv_ok": nd.answer in sekv.answer,
                         "needle_in_top10_zoom": needle_zoomed,
-                        "resident_ratio": round(
-                            sekv.memory["resident_bytes"] / sekv.memory["full_kv_bytes"], 4
-                        ),
+                        "resident_ratio": resident_share(sekv.memory, 4),
                         "recall_vs_oracle": sekv.routing.get("recall_vs_oracle"),
                         "mass_captured": sekv.routing.get("mass_captured"),
                         "ttft_full_s": full.timings["first_token_s"],

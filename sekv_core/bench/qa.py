@@ -11,6 +11,7 @@ from ..engine import Session
 from ..errors import SekvError
 from ..methods import MethodSettings
 from ..models import LoadedModel
+from . import resident_share
 
 
 def bench_qa(
@@ -41,7 +42,7 @@ def bench_qa(
                     "correct": sum(hits),
                     "questions": len(items),
                     "hits": "".join("1" if h else "0" for h in hits),
-                    "resident_ratio": round(memory["resident_bytes"] / memory["full_kv_bytes"], 4),
+                    "resident_ratio": resident_share(memory, 4),
                 }
             )
     return rows

@@ -26,7 +26,7 @@ from ..methods import METHODS, MethodSettings
 from ..models import LoadedModel
 from ..store import StoreSettings
 from ..zoom import KV_BITS
-from . import plots
+from . import plots, resident_share
 from .score import is_correct, score
 from .tasks import GENERATED, TASKS, Sample, make_sample, qa_samples
 
@@ -198,7 +198,7 @@ class Suite:
                 "score": round(score(a.answer, q.answers, q.mode), 4),
                 "correct": is_correct(a.answer, q.answers, q.mode),
                 "answer": a.answer[:ANSWER_CHARS],
-                "resident_ratio": round(mem["resident_fp16_bytes"] / full, 5),
+                "resident_ratio": resident_share(mem),
                 "store_ratio": round(mem["offloaded_bytes"] / full, 5),
                 "ingest_s": round(session.prepare_s, 4),
                 "cache_hit": bool(a.store.get("cache_hit")),

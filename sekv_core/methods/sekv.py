@@ -130,14 +130,20 @@ class SeKV(Method):
         return self._trained
 
     def zoom_budget(self) -> int:
-        """Tokens per (layer, KV head) to reconstruct: ``budget``, or what ``memory_ratio`` leaves.
+        """Tokens per (layer, KV head) to reconstruct: ``budget`` (default ``DEFAULT_BUDGET``),
+        or less where ``memory_ratio`` leaves less.
 
-        Under a memory target, the resident tier is paid first; the zoom gets the rest, counted
+        A memory target caps the zoom; it is not a level to fill: under 15 / 20% targets 4K-token
+        documents zoomed ~480 / ~800 tokens and answers drifted to zoomed filler sentences,
+        where at 256 tokens the trained router answered as many of 34 questions as full KV
+        (docs/benchmarks.md, eleventh pass). Under a target, the resident tier is paid first;
+        the zoom gets the rest up to the budget, counted
         as :meth:`SpanMemory.zoom_bytes` counts it (a zoomed token's K/V once in every layer's
         pool, int8 + scale at 8 bits; while one layer's pool is rebuilt, that layer's old pool
         and new reconstructions; one attention call's entries in the model dtype). When the
         whole sketch would leave the zoom less than ``STARVED_SHARE`` of the span tokens, the
-        answer routes with the sketch's strongest half and spends the rest on zooming (measured:
+        answer routes with the sketch's strongest half and spends all the rest on zooming, past
+        the default budget (measured:
         half the sketch wins where the zoom starves, loses where it does not; 4K-token documents
         under a 10% target zoom ~315 tokens routed by 16 dims instead of 64 routed by 32:
         docs/benchmarks.md, fifth and sixth passes). A target below the resident tier still
@@ -145,8 +151,9 @@ class SeKV(Method):
         """
         s, spans = self.settings, self.spans
         spans.place_sketch()
+        cap = s.budget or DEFAULT_BUDGET
         if s.memory_ratio is None:
-            return s.budget or DEFAULT_BUDGET
+            return cap
         target = s.memory_ratio * self.loaded.spec.kv_bytes(len(self.context), 2)
         fixed, per_token = self.zoom_costs()
 
@@ -155,7 +162,8 @@ class SeKV(Method):
 
         if left() < STARVED_SHARE * spans.span_tokens:
             spans.place_sketch(spans.sketch_dims // 2)
-        return max(MIN_ZOOM, left())
+            cap = s.budget or left()  # half the sketch routes less sharply: all that is left
+        return max(MIN_ZOOM, min(cap, left()))
 
     def zoom_costs(self) -> tuple[int, float]:
         """Bytes an answer's zoom takes before its first token, and per token of budget (its
