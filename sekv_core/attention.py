@@ -2,15 +2,13 @@
 
 For the question tokens and every generated token, each layer attends in ONE softmax over:
 
-    [ sinks + anchors | summaries of non-zoomed spans (+ log|S|) | zoomed spans' tokens | local ]
-    (+ one entry for the near spans: the best-scoring spans left unzoomed, :mod:`sekv_core.near`)
+    [ sinks + anchors | zoomed spans' tokens | local ]
 
-where *local* is the question + generated tokens (full resolution, in an ordinary cache). A span
-that is zoomed for a KV head contributes its reconstructed tokens to that head and its summary
-to none; others contribute one summary entry whose logit gets + log|S| so it weighs like |S|
-similar tokens (optional: ``use_summaries``). Batched over heads and spans.
+where *local* is the question + generated tokens (full resolution, in an ordinary cache). Each
+KV head zooms its own spans: their reconstructed tokens join that head's softmax. Batched over
+heads and spans.
 
-The implementation is registered under the name ``"sekv"``; :func:`sekv_attention` switches a
+:func:`sekv_attention` registers the implementation (under the name ``"sekv"``) and switches a
 model to it for the duration of a block. Within the model window, keys are stored post-RoPE at
 their original positions and local tokens take positions after the context, so nothing is
 re-rotated; a book's memory is *bounded* (see :mod:`sekv_core.zoom` for its positions).
@@ -22,21 +20,27 @@ chunk's own K/V are captured for the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AttentionInterface
 
-from .near import near_count, near_entry, near_spans
+from .backend import use_attention
+from .config import DEFAULT_BUDGET, MethodSettings
+from .prefilter import PREFILTER_KEEP, PREFILTER_SPANS, SpanSubset, candidates
 from .rope import rotate_half
-from .router import Router, exact_span_share, select
+from .router import Router, select
 from .sketch import QueryMoments
-from .zoom import PREFILTER_KEEP, PREFILTER_SPANS, SpanMemory, ZoomTrace
+from .trace import ZoomTrace
+from .zoom import SpanMemory
 
 NAME = "sekv"
-NEIGHBOURS = 1  # see ZoomPolicy.neighbours and :func:`widen`
+NEIGHBOURS = MethodSettings.neighbours  # see ZoomPolicy.neighbours and :func:`widen`
+
+Observer = Callable[["ZoomPolicy", SpanMemory, int, torch.Tensor, float, torch.Tensor], None]
+"""observer(policy, memory, layer, q, scaling, zoom): told of every routing decision (the
+benchmarks' diagnostics measure routing against an oracle through it)."""
 
 
 @dataclass
@@ -44,10 +48,8 @@ class ZoomPolicy:
     """How one answer routes: router, token budget per (layer, KV head), threshold margin."""
 
     router: Router
-    budget: int = 256
-    margin: float = 6.0
-    use_summaries: bool = False
-    oracle: Router | None = None  # when set: measure routing recall against it
+    budget: int = DEFAULT_BUDGET
+    margin: float | None = MethodSettings.margin  # None: the router's scores are gate logits
     trace: ZoomTrace = field(default_factory=ZoomTrace)
     route_queries: int | None = None  # route with this many of the queries (evenly spaced)
     track_mass: bool = True  # record the attention share of zoomed spans (off: a fused kernel)
@@ -55,8 +57,7 @@ class ZoomPolicy:
     prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
     # their representative tokens): see SpanMemory.candidates
     neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
-    near: float = 0.0  # near spans hold this share of the budget's tokens (0: none; ignored
-    # with use_summaries, which gives every unzoomed span an entry): see sekv_core.near
+    observer: Observer | None = None  # told of every decision (diagnostics)
 
 
 @dataclass
@@ -95,14 +96,11 @@ def mixed_attention(
     bias_mem: torch.Tensor,
     scaling: float,
     with_mass: bool = True,
-    near: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One softmax over memory entries and the causal local window.
 
     q : (Hkv, G, Tq, D); k_local, v_local : (Hkv, Tl, D), the last Tq of which are the queries';
-    k_mem, v_mem : (Hkv, M, D); bias_mem : (Hkv, M) additive logit bias (-inf = absent);
-    near : one more entry per query head and query, its scaled logit (Hkv, G, Tq) and value
-    (Hkv, G, Tq, D) (:func:`sekv_core.near.near_entry`; only with ``with_mass``).
+    k_mem, v_mem : (Hkv, M, D); bias_mem : (Hkv, M) additive logit bias (-inf = absent).
     Returns the output (Hkv, G, Tq, D) and the attention mass of each memory entry summed over
     the group's heads and the queries (Hkv, M) — or None without ``with_mass``: then the fused
     ``scaled_dot_product_attention`` runs (a streamed chunk: many queries, long window).
@@ -141,14 +139,11 @@ def mixed_attention(
         <= torch.arange(Tl - Tq, Tl, device=q.device)[:, None]
     )  # (Tq, Tl)
     logits_loc = logits_loc.masked_fill(~visible, float("-inf"))
-    parts = [logits_mem, logits_loc] + ([near[0][..., None].float()] if near else [])
-    probs = torch.cat(parts, dim=-1).softmax(dim=-1).to(q.dtype)
+    probs = torch.cat([logits_mem, logits_loc], dim=-1).softmax(dim=-1).to(q.dtype)
     M = k_mem.shape[1]
     out = torch.einsum("hgtm,hmd->hgtd", probs[..., :M], v_mem) + torch.einsum(
-        "hgtl,hld->hgtd", probs[..., M : M + Tl], v_local
+        "hgtl,hld->hgtd", probs[..., M:], v_local
     )
-    if near is not None:
-        out = out + probs[..., M + Tl :] * near[1]
     return out, probs[..., :M].float().sum(dim=(1, 2))
 
 
@@ -188,31 +183,22 @@ def sekv_attention_forward(
         out, _ = mixed_attention(q, k_loc, v_loc, empty, empty, bias, scaling, with_mass=False)
         return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
     memory, policy = sekv_memory, sekv_policy
-    zoom, scores = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool, router scores
+    zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
 
-    pool = memory.zoom_pool(layer, zoom, policy.use_summaries)
+    pool = memory.zoom_pool(layer, zoom)
     pool_k, pool_v = pool.kv(q.dtype)  # (Hkv, P, D), read back in the model dtype
     owner = pool.owner  # (Hkv, P)
     neg_inf = torch.finfo(torch.float32).min
     pool_bias = torch.where(owner >= 0, 0.0, neg_inf)  # (Hkv, P): padding is absent
     fixed_k, fixed_v = memory.fixed_kv(layer, q.dtype)  # (Hkv, F, D)
-    keys, vals = [fixed_k], [fixed_v]
-    biases = [fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32)]
-    if policy.use_summaries:  # one entry per non-zoomed span, weighing like |S| tokens
-        keys.append(memory.summary_k[layer])
-        vals.append(memory.summary_v[layer])
-        biases.append(torch.where(zoom, neg_inf, memory.log_len[None].float()))  # (Hkv, N)
-    k_mem = torch.cat([*keys, pool_k], dim=1).to(q.dtype)
-    v_mem = torch.cat([*vals, pool_v], dim=1).to(q.dtype)
-    bias = torch.cat([*biases, pool_bias], dim=1)
-    near = None
-    if policy.near > 0 and not policy.use_summaries and policy.track_mass and memory.n_spans:
-        count = near_count(policy.near, policy.budget, memory.mean_span_length)
-        near = near_entry(memory, layer, q, scaling, *near_spans(scores, zoom, count))
-    if policy.track_mass:
-        out, mass = mixed_attention(q, k_loc, v_loc, k_mem, v_mem, bias, scaling, near=near)
-    else:  # a streamed chunk: the fused kernel
-        out, mass = mixed_attention(q, k_loc, v_loc, k_mem, v_mem, bias, scaling, with_mass=False)
+    fixed_bias = fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32)
+    k_mem = torch.cat([fixed_k, pool_k], dim=1).to(q.dtype)
+    v_mem = torch.cat([fixed_v, pool_v], dim=1).to(q.dtype)
+    bias = torch.cat([fixed_bias, pool_bias], dim=1)
+    # a streamed chunk (no mass tracked) runs the fused kernel
+    out, mass = mixed_attention(
+        q, k_loc, v_loc, k_mem, v_mem, bias, scaling, with_mass=policy.track_mass
+    )
     if mass is not None:
         pool_mass = mass[:, mass.shape[1] - owner.shape[1] :] / (Hq * Tq)  # (Hkv, P)
         policy.trace.add_mass(owner, pool_mass, memory.n_spans)
@@ -221,34 +207,27 @@ def sekv_attention_forward(
 
 def route(
     memory: SpanMemory, policy: ZoomPolicy, layer: int, q: torch.Tensor, scaling: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which spans each KV head zooms for queries ``q`` (Hkv, G, Tq, D): (Hkv, N) bool, and
-    the router's scores it decided on (Hkv, N) (widened; -inf: not scored), which also rank
-    the near spans.
+) -> torch.Tensor:
+    """Which spans each KV head zooms for queries ``q`` (Hkv, G, Tq, D): (Hkv, N) bool.
 
-    Records the decision in the policy's trace. Long documents are prefiltered by the sketch
-    bound (:meth:`SpanMemory.candidates`): the router scores only the candidates.
+    Records the decision in the policy's trace and tells its observer. Long documents are
+    prefiltered (:func:`sekv_core.prefilter.candidates`): the router scores only the candidates.
     """
     Hkv, N = q.shape[0], memory.n_spans
     if N == 0:
-        none = torch.zeros(Hkv, 0, device=q.device)
-        return none.bool(), none
+        return torch.zeros(Hkv, 0, dtype=torch.bool, device=q.device)
     if policy.route_queries is not None and q.shape[2] > policy.route_queries:
         pick = torch.linspace(q.shape[2] - 1, 0, policy.route_queries).round().long()
         q = q[:, :, pick.flip(0).to(q.device)]  # evenly spaced, the last query included
-    index = memory.candidates(
-        layer, q, policy.budget, policy.prefilter_keep, policy.prefilter_spans
+    index = candidates(
+        memory, layer, q, policy.budget, policy.prefilter_keep, policy.prefilter_spans
     )
     scores = widen(_scores(policy.router, memory, index, layer, q, scaling), policy.neighbours)
     zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)
     policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
-    if policy.oracle is not None:  # the diagnostic scores every span (no prefilter)
-        best = widen(policy.oracle.scores(memory, layer, q, scaling), policy.neighbours)
-        want, _ = select(best, memory.lengths, policy.budget, policy.margin)
-        policy.trace.add_recall(zoom, want)
-        share = exact_span_share(memory, layer, q, scaling)
-        policy.trace.add_captured(zoom, want, share)
-    return zoom, scores
+    if policy.observer is not None:
+        policy.observer(policy, memory, layer, q, scaling, zoom)
+    return zoom
 
 
 def widen(scores: torch.Tensor, neighbours: int) -> torch.Tensor:
@@ -256,8 +235,7 @@ def widen(scores: torch.Tensor, neighbours: int) -> torch.Tensor:
 
     scores : (H, N), spans in document order. A span that wins brings its neighbours with it:
     short spans then zoom a phrase with its surrounding words instead of isolated words that
-    match the question's (docs/benchmarks.md, seventh and eighth passes; neighbours discounted
-    by distance lost the needle they find).
+    match the question's.
     """
     if neighbours <= 0 or scores.shape[1] < 2:
         return scores
@@ -277,27 +255,12 @@ def _scores(
     """(Hkv, N) router scores; spans outside ``index`` (when given) score -inf."""
     if index is None:
         return router.scores(memory, layer, q, scaling)
-    part = router.scores(memory.subset(layer, index), layer, q, scaling)  # (Hkv, K)
+    part = router.scores(SpanSubset(memory, layer, index), layer, q, scaling)  # (Hkv, K)
     scores = part.new_full((q.shape[0], memory.n_spans), float("-inf"))
     scores[:, index] = part
     return scores
 
 
-AttentionInterface.register(NAME, sekv_attention_forward)
-
-
-@contextmanager
-def attention_switch(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Route the model's attention through the registered implementation ``name`` in the block
-    (switched once per block: the switch walks all modules)."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
-
-
-def sekv_attention(model: torch.nn.Module):
+def sekv_attention(model: torch.nn.Module) -> AbstractContextManager[None]:
     """Route the model's attention through :func:`sekv_attention_forward` inside the block."""
-    return attention_switch(model, NAME)
+    return use_attention(model, NAME, sekv_attention_forward)

@@ -13,6 +13,8 @@ fp16 buffers in (layer, head, span) order, addressed by offset tables.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -171,3 +173,28 @@ def reconstruct(
         return c
     b0 = int(tables[f"{prefix}_basis_off"][layer, head, span])
     return c @ basis[b0 : b0 + r * dim].view(r, dim).float()
+
+
+def padded_blocks(
+    flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int, int]
+) -> torch.Tensor:
+    """Zero-padded blocks ``shape`` (n, A, B) from ``flat``: block i's rows[i] x cols[i]
+    row-major elements, one block after another."""
+    sizes = rows * cols
+    block = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)  # (total,)
+    within = torch.arange(flat.numel()) - (torch.cumsum(sizes, 0) - sizes)[block]
+    out = flat.new_zeros(shape)
+    out[block, within // cols[block], within % cols[block]] = flat
+    return out
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run a block on one intra-op thread: batches of small eigendecompositions are up to 100x
+    slower with several (the batch loop and LAPACK compete for the cores), worst on a busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

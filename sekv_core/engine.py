@@ -7,14 +7,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .config import MethodSettings, exceeds_window
 from .decode import TextStream
 from .documents import Document, token_pages
 from .errors import SekvError
-from .methods import METHODS, MethodSettings
-from .methods.base import Progress
+from .methods import METHODS
 from .models import LoadedModel
+from .prefill import Progress
 from .prompt import Context, chat_template, encode_context, encode_question
-from .store import ANSWER_RESERVE  # tokens kept free for the question and an answer's start
 
 
 @dataclass
@@ -42,7 +42,7 @@ def check_window(
     """Refuse documents that do not fit the model's window with room for a question, unless
     the method reads ``books`` (streamed into a span store with bounded positions)."""
     window = loaded.spec.window
-    if len(context) + ANSWER_RESERVE > window and not books:
+    if exceeds_window(window, len(context)) and not books:
         tokens = len(context) - context.doc_start
         raise SekvError(
             f"{document.path.name!r} is {tokens:,} tokens; {loaded.model_id} reads at most "
@@ -115,8 +115,8 @@ class Session:
             "decode_tokens_per_s": round((n - 1) / decode_s, 2) if n > 1 and decode_s > 0 else 0.0,
         }
         memory = dict(self.method.memory())
-        memory["full_kv_bytes"] = spec.kv_bytes(len(self.context), self.loaded.dtype.itemsize)
-        memory["full_kv_bytes_fp16"] = spec.kv_bytes(len(self.context), 2)
+        memory["full_kv_bytes"] = spec.kv_bytes(len(self.context), 2)  # fp16: every share's unit
+        memory["resident_share"] = round(memory["resident_bytes"] / memory["full_kv_bytes"], 5)
         return Answer(
             answer=stream.text.strip(),
             method=self.method.name,

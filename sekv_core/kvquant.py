@@ -4,8 +4,9 @@ anchors) between decoding steps.
 Each row (one token's key or value for one KV head) keeps int8 codes and one fp16 scale, its
 largest magnitude / 127: D + 2 bytes instead of 2·D in fp16. Attention reads the rows back in
 the model dtype, one layer at a time. The rounding error of a value is at most half a step,
-``scale / 2``; measured on the default model with every span zoomed, answers follow full KV's as
-closely as with fp16 rows (docs/benchmarks.md, sixth pass). :class:`Rows` holds either form.
+``scale / 2``; with every span zoomed, answers follow full KV's as closely as with fp16 rows.
+:class:`Rows` also holds fp16 rows (16 bits): the streamed ingest attends to what it stores at
+that precision.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from .basis import BASIS_DTYPE
 
+KV_BITS = 8  # how answers hold token-level K/V on the device
 CACHE_DTYPE = BASIS_DTYPE  # 16-bit rows: half precision
 LEVELS = 127
 SCALE_DTYPE = torch.float16

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import sdpa_mask
 
+from .backend import use_attention
 from .sketch import QueryMoments
 
 Progress = Callable[[int, int], None]
@@ -41,9 +42,6 @@ def _attention_with_moments(module, query, key, value, attention_mask, **kwargs)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-AttentionInterface.register(MOMENTS, _attention_with_moments)
-AttentionMaskInterface.register(MOMENTS, sdpa_mask)  # (custom names get no mask: wrong causality)
-
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """-log p(target) in nats for logits (T, V) and realised tokens (T,)."""
@@ -59,15 +57,14 @@ def prefill(model, ids: list[int], chunk: int = 512, progress: Progress | None =
     realised next token is gathered chunk by chunk. The queries' second moments are summed on
     the way (attention runs as sdpa).
     """
-    from .attention import attention_switch  # (attention -> zoom -> store -> prefill)
-
     moments = QueryMoments()
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     surprisal = np.zeros(len(ids), dtype=np.float32)
     token_ids = torch.tensor(ids, device=device)
     prev_logits = None  # (vocab,) logits of the last token of the previous chunk
-    with attention_switch(model, MOMENTS):
+    # sdpa's own mask: a custom name gets none (wrong causality)
+    with use_attention(model, MOMENTS, _attention_with_moments, mask=sdpa_mask):
         for start in range(0, len(ids), chunk):
             piece = token_ids[start : start + chunk]
             out = model(input_ids=piece[None], cache=cache, use_cache=True, sekv_moments=moments)

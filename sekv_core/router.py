@@ -5,16 +5,12 @@ group would give one of the span's tokens (scaled, natural-log units). :func:`se
 the best spans under a token budget, but only those within ``margin`` of the best span: a span
 whose best token would weigh e^-margin of the best one is not worth its reconstruction.
 
-Routers (training-free; a trained router plugs in through the same ``scores`` method):
+Two routers, behind one ``scores`` method:
 
-- ``sketch`` (default): each span key reduced to a few numbers (32 dims, 4-bit, resident; see
-  :mod:`sekv_core.sketch`); a span scores its max estimated logit.
-- ``summary``: query . span summary + log|S| (the paper's coarse score; routes poorly untrained).
-- ``oracle``: the exact max logit over the span's reconstructed keys (a diagnostic: it reads every
-  span's basis, so it saves nothing).
-
-The trained router (:class:`TrainedRouter`, ``sekv train``) scores spans with a learned gate whose
-logit is > 0 for spans to zoom (its ``absolute`` threshold replaces the margin rule).
+- ``sketch`` (training-free): each span key reduced to a few numbers (32 dims, 4-bit, resident;
+  see :mod:`sekv_core.sketch`); a span scores its max estimated logit.
+- ``trained`` (:class:`TrainedRouter`, ``sekv train``): a learned gate whose logit is > 0 for
+  spans to zoom (its threshold replaces the margin rule).
 """
 
 from __future__ import annotations
@@ -23,9 +19,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from .sketch import sketch_logits
+from .sketch import segment_max, sketch_logits
+from .zoomnet import ZoomNet, sketch_spans
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # routers read the memory they are given (or a subset of it)
     from .zoom import SpanMemory
 
 
@@ -39,13 +36,6 @@ class Router(Protocol):
         ...
 
 
-def segment_max(values: torch.Tensor, segment_ids: torch.Tensor, n: int) -> torch.Tensor:
-    """Max of ``values`` (H, S) over segments given by ``segment_ids`` (S,) -> (H, n)."""
-    out = values.new_full((values.shape[0], n), float("-inf"))
-    index = segment_ids[None].expand_as(values)
-    return out.scatter_reduce(1, index, values, reduce="amax", include_self=True)
-
-
 class SketchRouter:
     name = "sketch"
 
@@ -57,41 +47,6 @@ class SketchRouter:
         return segment_max(best, memory.sketch_span, memory.n_spans)
 
 
-class SummaryRouter:
-    name = "summary"
-
-    def scores(
-        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
-    ) -> torch.Tensor:
-        summary = memory.summary_k[layer].to(q.dtype)
-        logits = torch.einsum("hgtd,hnd->hgtn", q, summary)  # (H, G, Tq, N)
-        return logits.amax(dim=(1, 2)) * scaling + memory.log_len[None]
-
-
-class OracleRouter:
-    name = "oracle"
-
-    def scores(
-        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
-    ) -> torch.Tensor:
-        keys = memory.all_span_keys(layer)  # (H, S, D) every span token, reconstructed
-        logits = torch.einsum("hgtd,hsd->hgts", q, keys.to(q.dtype))
-        best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
-        return segment_max(best, memory.sketch_span, memory.n_spans)
-
-
-def exact_span_share(memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float):
-    """(H, N) each span's share of the attention that queries ``q`` (H, G, Tq, D) give the span
-    tokens, with their exact keys (a softmax over span tokens only), averaged over the group's
-    heads and the queries: what a zoom decision should hold. A diagnostic (every key is
-    reconstructed, as for :class:`OracleRouter`)."""
-    keys = memory.all_span_keys(layer)  # (H, S, D)
-    probs = (torch.einsum("hgtd,hsd->hgts", q, keys.to(q.dtype)).float() * scaling).softmax(-1)
-    per_row = probs.mean(dim=(1, 2))  # (H, S)
-    share = per_row.new_zeros(per_row.shape[0], memory.n_spans)
-    return share.index_add_(1, memory.sketch_span, per_row)
-
-
 class TrainedRouter:
     """The learned relevance gate (:mod:`sekv_core.zoomnet`): a span is zoomed for a KV head
     when any query head of its group, at any current query, gives it a gate logit > 0."""
@@ -99,34 +54,17 @@ class TrainedRouter:
     name = "trained"
     absolute = True  # scores are gate logits: zoom above 0 (under the budget), no margin
 
-    def __init__(self, net) -> None:
+    def __init__(self, net: ZoomNet) -> None:
         self.net = net
 
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
-        from .zoomnet import sketch_spans
-
         spans = sketch_spans(memory, layer, q, scaling)
         z = self.net.gate.logits(layer, q, spans, memory.log_len, scaling)
         return z.amax(dim=(1, 2))
 
 
-class MarginRouter:
-    """Another router's scores shifted so that 0 is its margin threshold: lets a margin-ruled
-    router (the oracle, when measuring recall) sit beside an absolute-threshold one."""
-
-    def __init__(self, inner: Router, margin: float) -> None:
-        self.inner, self.margin, self.name = inner, margin, inner.name
-
-    def scores(
-        self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
-    ) -> torch.Tensor:
-        s = self.inner.scores(memory, layer, q, scaling)
-        return s - (s.amax(dim=1, keepdim=True) - self.margin)
-
-
-ROUTERS = {r.name: r for r in (SketchRouter, SummaryRouter, OracleRouter)}
 SELECT_ROUNDS = 4  # batched greedy passes of :func:`select`
 
 

@@ -17,28 +17,13 @@ highest-surprisal token in the last half (or at ``max_len``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
+from .config import SegmentSettings
+
 SINK, ANCHOR, SPAN = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class SegmentSettings:
-    """Segmentation knobs (defaults chosen by measurement on the sample documents)."""
-
-    alpha: float = 1.0  # boundary threshold: mu + alpha * sigma of document surprisal
-    min_len: int = 4  # a peak opens a new span only after this many span tokens
-    max_len: int = 8  # spans are cut at this length at the latest
-    # (measured: 4-8-token spans, each zoomed with its neighbours, follow full KV more closely
-    # under memory targets than 24-64-token spans: docs/benchmarks.md, seventh and eighth passes)
-    sinks: int = 4  # document tokens kept as attention sinks after the prompt head
-    anchor_cap: float = 0.01  # at most this share of document tokens become anchors (measured:
-    # under a 15% memory target, 5% anchors: agreement 0.823 with full KV; 1%: 0.835; 0%: 0.842)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -110,13 +95,13 @@ def segment(surprisal: np.ndarray, doc_start: int, settings: SegmentSettings) ->
     span_start = first
     for t in np.flatnonzero(h[first:] > threshold) + first:  # ascending peaks
         while t - span_start > settings.max_len:  # forced cuts inside an over-long stretch
-            span_start = _forced_cut(h, span_start, settings)
+            span_start = forced_cut(h, span_start, settings)
             boundaries.append(span_start)
         if t - span_start >= settings.min_len and total - t >= settings.min_len // 2:
             boundaries.append(int(t))
             span_start = int(t)
     while total - span_start > settings.max_len:
-        span_start = _forced_cut(h, span_start, settings)
+        span_start = forced_cut(h, span_start, settings)
         boundaries.append(span_start)
 
     # the strongest peaks among the boundaries become anchors (capped)
@@ -136,7 +121,35 @@ def segment(surprisal: np.ndarray, doc_start: int, settings: SegmentSettings) ->
     return Segmentation(roles, np.array(starts, np.int64), np.array(ends, np.int64), threshold)
 
 
-def _forced_cut(h: np.ndarray, start: int, settings: SegmentSettings) -> int:
+def forced_cut(h: np.ndarray, start: int, settings: SegmentSettings) -> int:
     """Where to cut a stretch that would exceed max_len: its surprisal peak in the last half."""
     lo, hi = start + settings.max_len // 2, start + settings.max_len
     return int(lo + np.argmax(h[lo : hi + 1]))
+
+
+def span_cuts(
+    h: np.ndarray, start: int, stop: int, threshold: float, settings: SegmentSettings, total: int, final: bool
+) -> list[int]:
+    """Span openers from ``start`` as :func:`segment` places them.
+
+    Only surprisal before ``stop`` is read; unless ``final`` (``stop`` = ``total``), the last
+    opener starts a span that may still grow.
+    """
+    cuts, span_start = [start], start
+    for t in np.flatnonzero(h[start:stop] > threshold) + start:  # ascending peaks
+        while t - span_start > settings.max_len:
+            span_start = forced_cut(h, span_start, settings)
+            cuts.append(span_start)
+        if t - span_start >= settings.min_len and total - t >= settings.min_len // 2:
+            cuts.append(int(t))
+            span_start = int(t)
+    end = total if final else stop
+    while end - span_start > settings.max_len:
+        span_start = forced_cut(h, span_start, settings)
+        cuts.append(span_start)
+    return cuts
+
+
+def n_sinks(context_tokens: int, doc_start: int, settings: SegmentSettings) -> int:
+    """Sink tokens: the prompt head and the first ``settings.sinks`` document tokens."""
+    return min(context_tokens, doc_start + settings.sinks)

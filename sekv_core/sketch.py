@@ -13,13 +13,8 @@ over those queries and keys is smallest for B = W U, A = W^-1 U, U the top R eig
 W C W: the directions that carry the logit's variance, not the keys' (a key direction the queries
 never read costs nothing to drop). Without query statistics W = I: plain centred key PCA.
 
-Measured on the default model (share of the best attainable span attention mass that the top
-spans by estimated logit hold, under a 5% / 10% token budget, 18 sample-document questions and
-2 needles, the question and 6 answer steps each): uncentred key PCA, 32 dims: 0.77 / 0.83;
-centred PCA 16 dims: 0.68 / 0.77; query-weighted 16 dims: 0.81 / 0.86; 8 dims: 0.75 / 0.82;
-32 dims: 0.85 / 0.89; the exact max logit (oracle): 0.90 / 0.92. Answers follow full KV's more
-closely with 32 dims than 16 (top-1 agreement 0.871 / 0.894 vs 0.851 / 0.885 under 15 / 20%
-memory targets, `sekv bench fidelity`): the store's default is 32.
+The store keeps the directions strongest first, so its first d directions are a d-dimensional
+sketch (an answer under a tight memory target routes with the strongest half).
 """
 
 from __future__ import annotations
@@ -188,3 +183,33 @@ def span_mean_keys(
     base = torch.einsum("hd,hgdk->hgk", memory.sketch_mean[layer].float(), through)
     out = means.view(H, G, K, -1).transpose(2, 3) + base[:, :, None]  # (H, G, N, K)
     return out[:, 0] if squeeze else out
+
+
+def span_representatives(
+    surprisal: torch.Tensor, lengths: torch.Tensor, count: int = 4
+) -> torch.Tensor:
+    """Sketch rows of each span's ``count`` highest-surprisal tokens (names, numbers, the facts
+    a question asks for): (N, count) int64, a short span repeating its best row.
+
+    surprisal : (S,) of the span tokens in sketch-row order; lengths : (N,).
+    """
+    first = torch.cumsum(lengths, 0) - lengths  # (N,)
+    width = int(lengths.max()) if len(lengths) else 0
+    within = torch.arange(width)[None]  # (1, M)
+    rows = (first[:, None] + within).clamp(max=max(len(surprisal) - 1, 0))  # (N, M)
+    h = surprisal[rows] if len(surprisal) else torch.zeros(rows.shape)
+    h = h.masked_fill(within >= lengths[:, None], float("-inf"))
+    k = min(count, width)
+    best = h.topk(k, dim=1).indices if k else torch.zeros(len(lengths), 0, dtype=torch.long)
+    best = torch.minimum(best, (lengths[:, None] - 1).clamp(min=0))  # short spans: repeat
+    reps = first[:, None] + best
+    if k < count:
+        reps = torch.cat([reps, reps[:, :1].expand(-1, count - k)], dim=1)
+    return reps
+
+
+def segment_max(values: torch.Tensor, segment_ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Max of ``values`` (H, S) over segments given by ``segment_ids`` (S,) -> (H, n)."""
+    out = values.new_full((values.shape[0], n), float("-inf"))
+    index = segment_ids[None].expand_as(values)
+    return out.scatter_reduce(1, index, values, reduce="amax", include_self=True)

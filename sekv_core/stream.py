@@ -47,7 +47,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .attention import LocalWindow, ZoomPolicy, sekv_attention
-from .basis import BASIS_DTYPE, PackedBasis, factorize, gather_spans, summarize
+from .basis import BASIS_DTYPE, PackedBasis, factorize, gather_spans, one_thread, summarize
+from .config import StoreSettings, exceeds_window
 from .documents import Document
 from .errors import SekvError
 from .models import LoadedModel
@@ -55,27 +56,24 @@ from .prefill import Progress, token_nll
 from .prompt import Context
 from .rope import Rope
 from .router import SketchRouter
-from .segment import ANCHOR, SINK, SPAN, Segmentation, _forced_cut
+from .format import (
+    map_safetensors,
+    nbytes,
+    rank_stats,
+    sha256,
+    store_manifest,
+    tier_bytes,
+    trace_tensors,
+    write_atomically,
+)
+from .segment import ANCHOR, SINK, SPAN, Segmentation, n_sinks, span_cuts
 from .sketch import (
     QueryMoments,
     SketchBasis,
     dequantize_sketch,
     quantize_sketch,
     sketch_basis,
-)
-from .store import (
-    StoreSettings,
-    _nbytes,
-    _sha256,
-    _write_atomically,
-    exceeds_window,
-    map_safetensors,
-    n_sinks,
-    one_thread,
-    rank_stats,
     span_representatives,
-    store_manifest,
-    trace_tensors,
 )
 from .zoom import SpanMemory
 
@@ -91,29 +89,6 @@ TABLES = tuple(f"{kind}_{t}" for kind in "kv" for t in ("rank", "raw", "coef_off
 REPLAYED = (*TABLES, "span_starts", "span_ends", "span_reps", "sketch", "sketch_scale")
 REPLAYED += ("anchor_pos",)
 STATE_VERSION = 2  # 2: query-weighted sketch (query moments, basis)
-
-
-def span_cuts(
-    h: np.ndarray, start: int, stop: int, threshold: float, settings, total: int, final: bool
-) -> list[int]:
-    """Span openers from ``start`` as :func:`~sekv_core.segment.segment` places them.
-
-    Only surprisal before ``stop`` is read; unless ``final`` (``stop`` = ``total``), the last
-    opener starts a span that may still grow.
-    """
-    cuts, span_start = [start], start
-    for t in np.flatnonzero(h[start:stop] > threshold) + start:  # ascending peaks
-        while t - span_start > settings.max_len:
-            span_start = _forced_cut(h, span_start, settings)
-            cuts.append(span_start)
-        if t - span_start >= settings.min_len and total - t >= settings.min_len // 2:
-            cuts.append(int(t))
-            span_start = int(t)
-    end = total if final else stop
-    while end - span_start > settings.max_len:
-        span_start = _forced_cut(h, span_start, settings)
-        cuts.append(span_start)
-    return cuts
 
 
 class Grow:
@@ -217,8 +192,8 @@ class StreamBuilder:
         self.work = path.with_name(f".partial-{path.name}")
         spec, stream = loaded.spec, settings.stream
         self.T, self.doc_start = len(context), context.doc_start
-        self.n_sinks = n_sinks(context, settings)
-        self.bounded = exceeds_window(loaded, context)
+        self.n_sinks = n_sinks(len(context), context.doc_start, settings.segment)
+        self.bounded = exceeds_window(loaded.spec.window, len(context))
         # bounded positions must fit the model window: small windows get smaller chunks/budget
         small = spec.window // 8 if self.bounded else max(settings.prefill_chunk, stream.budget)
         self.chunk, self.budget = min(settings.prefill_chunk, small), min(stream.budget, small)
@@ -450,7 +425,7 @@ class StreamBuilder:
         tmp = self.work / f".{name}.tmp"
         save_file(part, str(tmp))
         os.replace(tmp, self.work / name)
-        self.part_files.append({"name": name, "sha256": _sha256(self.work / name)})
+        self.part_files.append({"name": name, "sha256": sha256(self.work / name)})
         self._append(part, self.work / name)
         self.pending_k = self.pending_k[:, :, end - c :]
         self.pending_v = self.pending_v[:, :, end - c :]
@@ -595,7 +570,7 @@ class StreamBuilder:
             "commit_end": self.commit_end,
             "threshold": self.threshold,
             "parts": self.part_files,
-            "tensors": {"name": name, "sha256": _sha256(self.work / name)},
+            "tensors": {"name": name, "sha256": sha256(self.work / name)},
         }
         tmp = self.work / "state.json.tmp"
         tmp.write_text(json.dumps(state))
@@ -615,7 +590,7 @@ class StreamBuilder:
             state = json.loads(file.read_text())
             ok = state.get("version") == STATE_VERSION and state.get("store") == self.path.name
             files = [*state["parts"], state["tensors"]]
-            ok = ok and all(_sha256(self.work / f["name"]) == f["sha256"] for f in files)
+            ok = ok and all(sha256(self.work / f["name"]) == f["sha256"] for f in files)
             if not ok:
                 raise ValueError("checkpoint does not match")
             tensors = load_file(self.work / state["tensors"]["name"])
@@ -695,9 +670,7 @@ class StreamBuilder:
             {"mode": self.mode, "sinks": self.n_sinks},
         )
         offloaded = sum(self.store.totals.values()) * BASIS_DTYPE.itemsize
-        manifest["bytes"].update(
-            resident=_nbytes(resident), offloaded=offloaded, trace=_nbytes(trace)
-        )
+        manifest["bytes"].update(**tier_bytes(resident), offloaded=offloaded, trace=nbytes(trace))
         seg = Segmentation(
             self.roles, r["span_starts"].numpy(), r["span_ends"].numpy(), self.threshold
         )
@@ -707,7 +680,7 @@ class StreamBuilder:
         }
         manifest["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         manifest["stream"] = self.report()
-        _write_atomically(
+        write_atomically(
             self.path,
             {"resident.safetensors": resident, "trace.safetensors": trace},
             manifest,

@@ -39,8 +39,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .errors import SekvError
-from .router import segment_max
-from .sketch import sketch_logits, sketch_rows, span_mean_keys
+from .paths import sekv_home
+from .sketch import segment_max, sketch_logits, sketch_rows, span_mean_keys
 
 FORMAT = "sekv-zoom-router"
 FORMAT_VERSION = 3  # 3: sketch-only features (span mass estimate, sketch mean key; no summaries)
@@ -271,7 +271,7 @@ def load_router(path: Path, fingerprint: str | None = None, model_id: str = "") 
         trained_for = manifest.get("model", {}).get("id", "another model")
         raise SekvError(
             f"the router {path} was trained for {trained_for}, not {model_id or 'this model'}; "
-            "train one for this model with `sekv train`, or pass --router none"
+            "train one for this model with `sekv train`, or pass --router sketch"
         )
     net = ZoomNet(NetShape(**manifest["shape"]))
     with safe_open(str(path), framework="pt") as f:
@@ -282,13 +282,11 @@ def load_router(path: Path, fingerprint: str | None = None, model_id: str = "") 
 
 
 SHIPPED = Path(__file__).parent / "routers"  # trained routers shipped with the package
-TRAINING_FREE = ("none", "sketch", "summary", "oracle")
+TRAINING_FREE = "sketch"
 
 
 def user_router_path(model_id: str, fingerprint: str) -> Path:
     """Where `sekv train` writes a model's router by default (found by ``auto`` later)."""
-    from .paths import sekv_home
-
     name = "".join(c if c.isalnum() or c in "-._" else "-" for c in model_id).strip("-")
     return sekv_home() / "routers" / f"{name[:60]}-{fingerprint[:8]}.safetensors"
 
@@ -296,8 +294,6 @@ def user_router_path(model_id: str, fingerprint: str) -> Path:
 def shipped_router(fingerprint: str) -> Path | None:
     """The router trained for the model with ``fingerprint``: one the user trained (under
     $SEKV_HOME/routers) first, else one shipped with the package; None if neither."""
-    from .paths import sekv_home
-
     user = sorted((sekv_home() / "routers").glob("*.safetensors"))
     for path in [*user, *sorted(SHIPPED.glob("*.safetensors"))]:
         try:
@@ -312,10 +308,9 @@ def resolve_router(choice: str, fingerprint: str, model_id: str = "") -> RouterF
     """The trained router ``choice`` names, or None for training-free routing.
 
     ``auto``: a router trained for this model (the user's, else the shipped one), else none;
-    ``none`` (or a training-free router name): none; anything else: a router file path
-    (refused if trained for another model).
+    ``sketch``: none; anything else: a router file path (refused if trained for another model).
     """
-    if choice in TRAINING_FREE:
+    if choice == TRAINING_FREE:
         return None
     if choice == "auto":
         path = shipped_router(fingerprint)

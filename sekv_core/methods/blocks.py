@@ -20,42 +20,32 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 
-from ..attention import attention_switch, mixed_attention
+from ..attention import mixed_attention
+from ..backend import use_attention
 from ..basis import BASIS_DTYPE
+from ..config import DEFAULT_BUDGET, BlockSettings
 from ..decode import PositionedStep, greedy
 from ..errors import SekvError
 from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
 from ..router import Router
-from ..store import StoreInvalid, _sha256, _write_atomically, map_safetensors, store_key
+from ..format import map_safetensors, sha256, store_key, write_atomically
+from ..store import StoreInvalid
 from .base import Method, Progress
 from .full import prefill_cache
 
 NAME = "sekv-blocks"
 FORMAT, FORMAT_VERSION = "sekv-block-store", 1
 FILES = ("resident.safetensors", "blocks.safetensors")
-DEFAULT_BUDGET = 256
-
-
-@dataclass(frozen=True)
-class BlockSettings:
-    """What changes a block store's content (part of its key)."""
-
-    block_size: int = 16
-    sinks: int = 4  # document tokens kept resident after the prompt head (as SeKV's sinks)
-    prefill_chunk: int = 512
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "blocks", **asdict(self)}
 
 
 class BlockMemory:
@@ -188,8 +178,6 @@ def block_attention_forward(
     return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None  # (1, Tq, Hq, D)
 
 
-AttentionInterface.register(NAME, block_attention_forward)
-
 
 class BlockRetrieval(Method):
     name = "blocks"
@@ -200,7 +188,7 @@ class BlockRetrieval(Method):
     policy: BlockPolicy | None = None
 
     def prepare(self, progress: Progress | None = None) -> None:
-        settings = self.settings.extra.get("block_settings") or BlockSettings()
+        settings = self.settings.blocks
         key = store_key(self.loaded, self.document, self.context, settings)
         self.path = sekv_home() / "stores" / f"blocks-{key}"
         manifest = None
@@ -225,17 +213,17 @@ class BlockRetrieval(Method):
         self.memory_store = BlockMemory(self.path, manifest, self.loaded.device, self.loaded.dtype)
 
     def budget(self) -> int:
-        """Tokens loaded per (layer, KV head): what ``memory_ratio`` leaves, else ``budget``.
+        """Tokens loaded per (layer, KV head): what ``memory_share`` leaves, else ``budget``.
 
         Under a memory target the resident tier (sinks + representatives) is paid first; the
         rest buys loaded tokens at their fp16 K/V cost in every layer and head. At least one
         block is always loaded (a target below the resident tier is reported as measured).
         """
         s, mem = self.settings, self.memory_store
-        if s.memory_ratio is None:
+        if s.memory_share is None:
             return s.budget or DEFAULT_BUDGET
         spec = self.loaded.spec
-        target = s.memory_ratio * spec.kv_bytes(len(self.context), 2)
+        target = s.memory_share * spec.kv_bytes(len(self.context), 2)
         tokens = int((target - mem.resident_bytes()) // spec.kv_bytes(1, 2))
         return max(mem.block_size, tokens)
 
@@ -249,15 +237,14 @@ class BlockRetrieval(Method):
             model, local, start, device, block_memory=memory, block_policy=policy
         )
 
-        with attention_switch(model, NAME):
+        with use_attention(model, NAME, block_attention_forward):
             yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
 
     def memory(self) -> dict[str, int]:
         mem = self.memory_store
         resident = mem.resident_bytes()
         return {
-            "resident_bytes": resident + mem.peak_live_bytes,
-            "resident_fp16_bytes": resident + mem.peak_loaded_bytes,
+            "resident_bytes": resident + mem.peak_loaded_bytes,
             "resident_tier_bytes": resident,
             "representative_bytes": mem.representative_bytes(),
             "loaded_peak_bytes": mem.peak_loaded_bytes,
@@ -339,7 +326,7 @@ def build(
         "timings": {"build_s": round(time.perf_counter() - t0, 4)},
     }
     files = {"resident.safetensors": resident, "blocks.safetensors": {"kv": kv.flatten()}}
-    _write_atomically(path, files, manifest)
+    write_atomically(path, files, manifest)
 
 
 def verify(path: Path, loaded: LoadedModel, doc_sha256: str, settings: BlockSettings) -> dict:
@@ -363,6 +350,6 @@ def verify(path: Path, loaded: LoadedModel, doc_sha256: str, settings: BlockSett
         meta, file = manifest.get("files", {}).get(name, {}), path / name
         if not file.is_file() or file.stat().st_size != meta.get("bytes"):
             raise StoreInvalid(f"{name} missing or truncated")
-        if _sha256(file) != meta.get("sha256"):
+        if sha256(file) != meta.get("sha256"):
             raise StoreInvalid(f"{name} checksum mismatch (corrupt)")
     return manifest

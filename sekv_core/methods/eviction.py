@@ -28,9 +28,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 
-from ..attention import attention_switch
+from ..backend import use_attention
 from ..decode import PositionedStep, greedy
 from ..models import LoadedModel
 from ..prompt import stop_ids
@@ -39,7 +39,7 @@ from .full import truncate
 
 CAPTURE = "sekv_capture"
 SINK_DOC_TOKENS = 4  # document tokens after the prompt head that count as attention sinks
-DEFAULT_SHARE = 0.2  # context share kept when neither memory_ratio nor budget is set
+DEFAULT_SHARE = 0.2  # context share kept when neither memory_share nor budget is set
 ROW_ELEMENTS = 1 << 24  # logits computed at once by the capture attention (64 MiB at fp32)
 
 
@@ -114,12 +114,10 @@ def capture_attention_forward(
     return out.view(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None  # (1, Tq, Hq, D)
 
 
-AttentionInterface.register(CAPTURE, capture_attention_forward)
-
 
 def capture_attention(model: torch.nn.Module):
     """Route the model's attention through :func:`capture_attention_forward` inside the block."""
-    return attention_switch(model, CAPTURE)
+    return use_attention(model, CAPTURE, capture_attention_forward)
 
 
 @torch.inference_mode()
@@ -200,9 +198,9 @@ def gather_cache(config: Any, full: DynamicCache, keep: torch.Tensor) -> Dynamic
 
 
 def kept_tokens(settings: MethodSettings, length: int, sinks: int) -> int:
-    """Context tokens kept per (layer, KV head): ``memory_ratio`` x T, else ``budget``, else 20%."""
-    if settings.memory_ratio is not None:
-        k = round(settings.memory_ratio * length)
+    """Context tokens kept per (layer, KV head): ``memory_share`` x T, else ``budget``, else 20%."""
+    if settings.memory_share is not None:
+        k = round(settings.memory_share * length)
     elif settings.budget is not None:
         k = settings.budget
     else:
@@ -223,7 +221,6 @@ class EvictionMethod(Method):
     full: FullPrefill | None = None  # held only by question-aware methods
     cache: DynamicCache | None = None
     kept: torch.Tensor | None = None  # (L, H_kv, k) context indices of the last compression
-    kept_bytes: int = 0
 
     @abstractmethod
     def keep(self, stats: AttentionStats) -> torch.Tensor:
@@ -255,7 +252,6 @@ class EvictionMethod(Method):
             raise RuntimeError(f"{self.name} kept {tuple(keep.shape)} entries, not {expected}")
         self.kept = keep
         self.cache = gather_cache(self.loaded.model.config, full.cache, keep)
-        self.kept_bytes = sum(x.keys.nbytes + x.values.nbytes for x in self.cache.layers)
 
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         if self.question_aware:
@@ -276,8 +272,7 @@ class EvictionMethod(Method):
     def memory(self) -> dict[str, int]:
         spec, k = self.loaded.spec, self.kept_tokens
         out = {
-            "resident_bytes": self.kept_bytes or spec.kv_bytes(k, self.loaded.dtype.itemsize),
-            "resident_fp16_bytes": spec.kv_bytes(k, 2),
+            "resident_bytes": spec.kv_bytes(k, 2),
             "offloaded_bytes": 0,
         }
         if self.question_aware:  # the full prefill each question is scored against

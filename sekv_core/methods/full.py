@@ -1,4 +1,4 @@
-"""Full KV: the reference method. The whole context's K/V stay resident at model precision."""
+"""Full KV: the reference method. The whole context's K/V stay resident."""
 
 from __future__ import annotations
 
@@ -43,8 +43,7 @@ class FullKV(Method):
     def memory(self) -> dict[str, int]:
         spec, n = self.loaded.spec, len(self.context)
         return {
-            "resident_bytes": spec.kv_bytes(n, self.loaded.dtype.itemsize),
-            "resident_fp16_bytes": spec.kv_bytes(n, 2),
+            "resident_bytes": spec.kv_bytes(n, 2),
             "offloaded_bytes": 0,
         }
 

@@ -12,17 +12,18 @@ from typing import Any
 
 from transformers import DynamicCache
 
-from ..attention import ZoomPolicy, sekv_attention
+from ..attention import Observer, ZoomPolicy, sekv_attention
+from ..config import DEFAULT_BUDGET
 from ..decode import PositionedStep, greedy
+from ..ingest import open_or_build
 from ..prompt import stop_ids
 from ..rope import Rope
-from ..router import ROUTERS, MarginRouter, OracleRouter, TrainedRouter
-from ..store import SpanStore, StoreSettings, open_or_build
+from ..router import SketchRouter, TrainedRouter
+from ..store import SpanStore
 from ..zoom import SpanMemory
 from ..zoomnet import RouterFile, resolve_router
 from .base import Method, Progress
 
-DEFAULT_BUDGET = 256
 MIN_ZOOM = 32
 STARVED_SHARE = 0.05  # a zoom under this share of the span tokens routes with half the sketch
 PREVIEW_CHARS = 80
@@ -36,21 +37,19 @@ class SeKV(Method):
     spans: SpanMemory
     policy: ZoomPolicy | None = None
     cache_hit: bool = False
+    observer: Observer | None = None  # told of every routing decision (diagnostics)
 
     def prepare(self, progress: Progress | None = None) -> None:
-        store_settings = self.settings.extra.get("store_settings") or StoreSettings()
         self.store, self.cache_hit = open_or_build(
             self.loaded,
             self.document,
             self.context,
-            store_settings,
+            self.settings.store,
             progress,
             warn=self.settings.warn,
         )
         loaded = self.loaded
-        self.spans = SpanMemory(
-            self.store, Rope(loaded.model), loaded.device, loaded.dtype, self.settings.kv_bits
-        )
+        self.spans = SpanMemory(self.store, Rope(loaded.model), loaded.device, loaded.dtype)
         self.check_router_spans()
 
     def check_router_spans(self) -> None:
@@ -64,60 +63,30 @@ class SeKV(Method):
             self.settings.warn(
                 f"the trained router learned on {learned[0]}-{learned[1]}-token spans; this "
                 f"store's spans are {here[0]}-{here[1]} tokens: routing may be worse (train a "
-                "router on these spans with `sekv train`, or use --router none)"
+                "router on these spans with `sekv train`, or use --router sketch)"
             )
 
     def new_policy(self) -> ZoomPolicy:
-        s = self.settings
-        margin = s.extra.get("margin", ZoomPolicy.margin)
-        trained = self.trained_router()
+        s, trained = self.settings, self.trained_router()
         if trained is None:
-            router = ROUTERS["sketch" if s.router in ("none", "auto") else s.router]()
-            self.spans.rank_gate = None
-            oracle = OracleRouter() if s.measure_recall else None
-        else:  # a learned gate: absolute threshold; the oracle keeps its margin rule
-            router, margin = TrainedRouter(trained.net), None
-            self.spans.rank_gate = trained.net.rank.keep
-            oracle = MarginRouter(OracleRouter(), s.extra.get("margin", ZoomPolicy.margin))
-            oracle = oracle if s.measure_recall else None
-        # place what this answer reads on the device before the budget pays the resident tier
-        if s.use_summaries or router.name == "summary":
-            self.spans.place_summaries(values=s.use_summaries)
+            router, margin, gate = SketchRouter(), s.margin, None
+        else:  # a learned gate: absolute threshold
+            router, margin, gate = TrainedRouter(trained.net), None, trained.net.rank.keep
+        self.spans.rank_gate = gate
         return ZoomPolicy(
             router=router,
             budget=self.zoom_budget(),
             margin=margin,
-            use_summaries=s.use_summaries,
-            oracle=oracle,
-            neighbours=s.extra.get("neighbours", ZoomPolicy.neighbours),
-            near=self.near_share(),
+            neighbours=s.neighbours,
+            observer=self.observer,
         )
-
-    def near_share(self) -> float:
-        """The near spans' share of the zoom budget (:mod:`sekv_core.near`; 0 with summaries).
-
-        ``extra["near"]`` when set; otherwise what the trained router in use was trained with
-        (``sekv train --near``), 0 for training-free routing. Near spans bring answers closer
-        to full KV's (on 34 questions under 10 / 15 / 20% targets the training-free router
-        went from 19 / 21 / 20 to 21 / 24 / 25 correct, full KV 24) but weaken the copy of a
-        rare string the zoom holds (the integration needle's digits): docs/benchmarks.md,
-        tenth and eleventh passes.
-        """
-        s = self.settings
-        if s.use_summaries:
-            return 0.0
-        if s.extra.get("near") is not None:
-            return float(s.extra["near"])
-        trained = self.trained_router()
-        return float(trained.manifest["settings"].get("near", 0.0)) if trained else 0.0
 
     def router_choice(self) -> str:
         """The router setting in effect. ``auto`` routes a book (a streamed, bounded memory)
-        training-free: routers are trained on documents within the model's window, and on a
-        generated 10K-token book the shipped one answered 2 of 12 questions where the
-        training-free rule answered 4 (docs/benchmarks.md, ninth pass)."""
+        training-free: routers are trained on documents within the model's window, and on
+        generated books the shipped one answers fewer questions than the training-free rule."""
         choice = self.settings.router
-        return "none" if choice == "auto" and self.spans.bounded else choice
+        return "sketch" if choice == "auto" and self.spans.bounded else choice
 
     def trained_router(self) -> RouterFile | None:
         """The trained router in effect (:meth:`router_choice`; ``auto``: the user's or the
@@ -131,46 +100,34 @@ class SeKV(Method):
 
     def zoom_budget(self) -> int:
         """Tokens per (layer, KV head) to reconstruct: ``budget`` (default ``DEFAULT_BUDGET``),
-        or less where ``memory_ratio`` leaves less.
+        or less where ``memory_share`` leaves less.
 
-        A memory target caps the zoom; it is not a level to fill: under 15 / 20% targets 4K-token
-        documents zoomed ~480 / ~800 tokens and answers drifted to zoomed filler sentences,
-        where at 256 tokens the trained router answered as many of 34 questions as full KV
-        (docs/benchmarks.md, eleventh pass). Under a target, the resident tier is paid first;
-        the zoom gets the rest up to the budget, counted
-        as :meth:`SpanMemory.zoom_bytes` counts it (a zoomed token's K/V once in every layer's
-        pool, int8 + scale at 8 bits; while one layer's pool is rebuilt, that layer's old pool
-        and new reconstructions; one attention call's entries in the model dtype). When the
-        whole sketch would leave the zoom less than ``STARVED_SHARE`` of the span tokens, the
-        answer routes with the sketch's strongest half and spends all the rest on zooming, past
-        the default budget (measured:
-        half the sketch wins where the zoom starves, loses where it does not; 4K-token documents
-        under a 10% target zoom ~315 tokens routed by 16 dims instead of 64 routed by 32:
-        docs/benchmarks.md, fifth and sixth passes). A target below the resident tier still
-        zooms one span of ``MIN_ZOOM`` tokens (reported as measured).
+        A memory target caps the zoom; it is not a level to fill: zooming far more tokens than
+        the default budget makes answers drift to zoomed filler sentences. Under a target, the
+        resident tier is paid first; the zoom gets the rest up to the budget, counted as
+        :meth:`SpanMemory.zoom_bytes` counts it. When the whole sketch would leave the zoom
+        less than ``STARVED_SHARE`` of the span tokens, the answer routes with the sketch's
+        strongest half and spends all the rest on zooming (past the default budget, unless a
+        budget was asked for): half the sketch routes less sharply, but a starved zoom gains
+        more from the tokens. A target below the resident tier still zooms one span of
+        ``MIN_ZOOM`` tokens (reported as measured).
         """
         s, spans = self.settings, self.spans
         spans.place_sketch()
         cap = s.budget or DEFAULT_BUDGET
-        if s.memory_ratio is None:
+        if s.memory_share is None:
             return cap
-        target = s.memory_ratio * self.loaded.spec.kv_bytes(len(self.context), 2)
-        fixed, per_token = self.zoom_costs()
+        target = s.memory_share * self.loaded.spec.kv_bytes(len(self.context), 2)
+        fixed = spans.zoom_bytes(0)
+        per_token = (spans.zoom_bytes(1024) - fixed) / 1024
 
         def left() -> int:
             return int((target - spans.resident_bytes() - fixed) // per_token)
 
         if left() < STARVED_SHARE * spans.span_tokens:
             spans.place_sketch(spans.sketch_dims // 2)
-            cap = s.budget or left()  # half the sketch routes less sharply: all that is left
+            cap = s.budget or left()
         return max(MIN_ZOOM, min(cap, left()))
-
-    def zoom_costs(self) -> tuple[int, float]:
-        """Bytes an answer's zoom takes before its first token, and per token of budget (its
-        near spans' values included): :meth:`SpanMemory.zoom_bytes`."""
-        spans, summaries, near = self.spans, self.settings.use_summaries, self.near_share()
-        fixed = spans.zoom_bytes(0, summaries, near)
-        return fixed, (spans.zoom_bytes(1024, summaries, near) - fixed) / 1024
 
     def max_band(self) -> int:
         """Books: the most zoomed tokens per KV head (half of the window after the sinks)."""
@@ -203,7 +160,6 @@ class SeKV(Method):
         local = self.loaded.spec.kv_bytes(self.local_tokens, self.loaded.dtype.itemsize)
         return {
             "resident_bytes": resident + self.spans.peak_cached_bytes,
-            "resident_fp16_bytes": resident + self.spans.peak_cached_bytes,
             "resident_tier_bytes": resident,
             "zoom_peak_bytes": self.spans.peak_cached_bytes,
             "local_window_bytes": local,
@@ -214,7 +170,7 @@ class SeKV(Method):
         return {"path": str(self.store.path), "cache_hit": self.cache_hit}
 
     def routing(self) -> dict[str, Any]:
-        """Routing summary of the last answer (recall vs the oracle when measured)."""
+        """Routing summary of the last answer."""
         p = self.policy
         if p is None:
             return {}
@@ -225,20 +181,12 @@ class SeKV(Method):
             "sketch_dims": self.spans.routed_dims,
             "margin": p.margin,
             "neighbours": p.neighbours,
-            "near": p.near,
-            "summaries": p.use_summaries,
             "zoomed_tokens_max": t.zoomed_tokens_max,
             "reconstructions": self.spans.reconstructions,
             "mean_rank": {"k": self.spans.mean_rank("k"), "v": self.spans.mean_rank("v")},
             # share of (layer, KV head, span) triples zoomed at least once for the answer
-            "zoom_rate": round(float(t.zoomed.float().mean()), 4) if t.zoomed is not None else 0.0,
+            "zoom_rate": round(t.zoom_rate, 4),
         }
-        if p.oracle is not None:
-            out["recall_vs_oracle"] = round(t.recall_vs_oracle, 4)
-            if t.mass_captured is not None:  # the exact span attention the picks held
-                zoomed, oracle = t.mass_captured
-                out["mass_captured"] = round(zoomed, 4)
-                out["oracle_mass_captured"] = round(oracle, 4)
         return out
 
     def zoom_trace(self) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ class SeKVTrained(SeKV):
     name = "sekv-trained"
 
     def __init__(self, loaded, document, context, settings) -> None:
-        router = settings.router if settings.router not in ("none", "sketch") else "auto"
+        router = settings.router if settings.router != "sketch" else "auto"
         super().__init__(loaded, document, context, replace(settings, router=router))
 
     def router_choice(self) -> str:

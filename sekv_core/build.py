@@ -1,0 +1,103 @@
+"""One-shot build: a span store from one prefill of a context that fits the model window.
+
+Prefill (K, V, surprisal, query moments) -> segmentation -> per span a surprisal-weighted summary,
+low-rank bases of its pre-RoPE keys and values (offload tier) and its routing sketch rows
+(resident) -> the store's files, written atomically. Contexts beyond the window are streamed
+instead (:mod:`sekv_core.stream`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .basis import BASIS_DTYPE, factorize, gather_spans, one_thread, summarize
+from .config import StoreSettings
+from .documents import Document
+from .format import nbytes, rank_stats, store_manifest, tier_bytes, trace_tensors, write_atomically
+from .models import LoadedModel
+from .prefill import Progress, prefill
+from .prompt import Context
+from .rope import Rope
+from .segment import SPAN, n_sinks, segment
+from .sketch import quantize_sketch, sketch_basis, span_representatives
+
+
+def build_store(
+    path: Path,
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+    progress: Progress | None = None,
+) -> None:
+    """Prefill, segment, factorise and write a store atomically at ``path``."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    pre = prefill(loaded.model, context.ids, settings.prefill_chunk, progress)
+    timings["prefill_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    seg = segment(pre.surprisal, context.doc_start, settings.segment)
+    starts, ends = torch.from_numpy(seg.starts), torch.from_numpy(seg.ends)
+    lengths = ends - starts
+    fixed = torch.from_numpy(np.flatnonzero(seg.roles != SPAN))  # sinks + anchors, ascending
+    keys, values = pre.keys.float(), pre.values.float()  # (L, H, T, D) post-RoPE
+    rope = Rope(loaded.model)
+    keys_pre = rope.unrotate(keys, torch.arange(len(context)))  # bases compress pre-RoPE keys
+    k_blocks = gather_spans(keys_pre, starts, ends)  # (L, H, N, M, D)
+    v_blocks = gather_spans(values, starts, ends)
+    weights = gather_spans(torch.from_numpy(pre.surprisal)[:, None], starts, ends)[..., 0]
+    summary_pre, summary_v = summarize(k_blocks, v_blocks, weights, lengths)
+    summary_k = rope.rotate(summary_pre, (starts + ends - 1) // 2)  # at each span's centre
+    span_tokens = torch.from_numpy(np.flatnonzero(seg.roles == SPAN))  # spans in order
+    with one_thread():
+        span_keys = keys[:, :, span_tokens]
+        basis = sketch_basis(span_keys, pre.query_moment, settings.sketch_dim)
+        sketch = basis.project(span_keys)
+    timings["segment_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with one_thread():
+        kb = factorize(k_blocks, lengths, settings.key_energy)
+        vb = factorize(v_blocks, lengths, settings.value_energy)
+    timings["basis_s"] = time.perf_counter() - t0
+
+    quantized = quantize_sketch(sketch, settings.sketch_bits)
+    resident = {
+        "fixed_pos": fixed,
+        "fixed_k": keys[:, :, fixed].to(BASIS_DTYPE),
+        "fixed_v": values[:, :, fixed].to(BASIS_DTYPE),
+        "span_starts": starts,
+        "span_ends": ends,
+        "summary_k": summary_k.to(BASIS_DTYPE),
+        "summary_v": summary_v.to(BASIS_DTYPE),
+        "sketch_proj": basis.query_proj.to(BASIS_DTYPE),
+        "sketch_mean": basis.mean.to(BASIS_DTYPE),
+        **quantized,
+        "span_reps": span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], lengths),
+        **kb.tables("k"),
+        **vb.tables("v"),
+    }
+    offload = {"k_coef": kb.coef, "k_basis": kb.basis, "v_coef": vb.coef, "v_basis": vb.basis}
+    trace = trace_tensors(document, context, pre.surprisal, seg.roles)
+    positions = {"mode": "original", "sinks": n_sinks(len(context), context.doc_start, settings.segment)}
+    manifest = store_manifest(loaded, document, context, settings, positions)
+    manifest["bytes"].update(**tier_bytes(resident), offloaded=nbytes(offload), trace=nbytes(trace))
+    manifest["stats"] = {
+        **seg.stats(),
+        **rank_stats(kb.rank, kb.raw, vb.rank, vb.raw),
+    }
+    manifest["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    write_atomically(
+        path,
+        {
+            "resident.safetensors": resident,
+            "offload.safetensors": offload,
+            "trace.safetensors": trace,
+        },
+        manifest,
+    )

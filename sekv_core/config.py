@@ -1,0 +1,173 @@
+"""Typed settings: segmentation, the span store, streamed ingest, answering, block retrieval.
+
+Every setting has one name, used alike by the code, the CLI (``sekv bench --set KEY=VALUE``
+reaches any of them by its dotted path) and the JSON reports. Two units never mix:
+
+- ``budget`` counts *tokens* reconstructed per layer and KV head when zooming;
+- ``memory_share`` is a resident-memory target as a share of the document's full KV cache
+  counted in fp16 (the one unit of every memory share sekv reports).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from .errors import SekvError
+
+ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
+DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
+
+
+@dataclass(frozen=True)
+class SegmentSettings:
+    """Entropy segmentation (:mod:`sekv_core.segment`)."""
+
+    alpha: float = 1.0  # boundary threshold: mu + alpha * sigma of document surprisal
+    min_len: int = 4  # a peak opens a new span only after this many span tokens
+    max_len: int = 8  # spans are cut at this length at the latest
+    sinks: int = 4  # document tokens kept as attention sinks after the prompt head
+    anchor_cap: float = 0.01  # at most this share of document tokens become anchors
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """Streamed ingest of a context beyond the model window (:mod:`sekv_core.stream`).
+
+    Each chunk attends to the sinks, the previous ``window`` tokens at full resolution and
+    ``budget`` tokens per (layer, KV head) zoomed from the store built so far, routed by
+    ``route_queries`` of its queries.
+    """
+
+    window: int = 2048
+    budget: int = 512
+    route_queries: int = 16
+    always: bool = False  # stream even a context that fits the window (tests, comparisons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Everything that changes a span store's content (part of its key on disk)."""
+
+    segment: SegmentSettings = field(default_factory=SegmentSettings)
+    key_energy: float = 0.999  # spectrum share the key bases keep (lower loses a needle's digits)
+    value_energy: float = 0.999  # spectrum share the value bases keep
+    sketch_dim: int = 32  # routing sketch dims per span token (even: 4-bit pairs)
+    sketch_bits: int = 4  # its quantisation (4: two values per byte; 8: int8)
+    prefill_chunk: int = 512
+    stream: StreamSettings = field(default_factory=StreamSettings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_span_tokens(self, low: int, high: int) -> StoreSettings:
+        """These settings with spans of ``low``..``high`` tokens."""
+        return replace(self, segment=replace(self.segment, min_len=low, max_len=high))
+
+
+@dataclass(frozen=True)
+class BlockSettings:
+    """What changes a block store's content (:mod:`sekv_core.methods.blocks`; part of its key)."""
+
+    block_size: int = 16
+    sinks: int = 4  # document tokens kept resident after the prompt head (as SeKV's sinks)
+    prefill_chunk: int = 512
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "blocks", **asdict(self)}
+
+
+@dataclass
+class MethodSettings:
+    """How a method answers; each method reads the fields it understands.
+
+    budget : zoomed tokens per (layer, KV head); None: ``DEFAULT_BUDGET``, except that an answer
+        whose memory target starves the zoom takes all the target leaves.
+    memory_share : resident-memory target, a share of the fp16 full KV cache (the benchmarks
+        hold every method to it; each method turns it into its own knob).
+    router : ``sketch`` (training-free), ``auto`` (the router trained for the model if there is
+        one, else ``sketch``) or the path of a router file from ``sekv train``.
+    margin : a span is zoomed only within this many nats of the best span (training-free rule).
+    neighbours : a span scores the best of itself and this many spans on each side.
+    """
+
+    budget: int | None = None
+    memory_share: float | None = None
+    router: str = "sketch"
+    margin: float = 6.0
+    neighbours: int = 1
+    prefill_chunk: int = 512
+    store: StoreSettings = field(default_factory=StoreSettings)
+    blocks: BlockSettings = field(default_factory=BlockSettings)
+    warn: Callable[[str], None] | None = None  # told about stale stores being rebuilt
+
+
+def exceeds_window(window: int, context_tokens: int) -> bool:
+    """A context that leaves no room for a question in a ``window``-token model: a book."""
+    return context_tokens + ANSWER_RESERVE > window
+
+
+def override(settings: Any, assignments: Iterable[str]) -> Any:
+    """``settings`` (a dataclass) with ``KEY=VALUE`` assignments applied, KEY a dotted field path
+    (``neighbours=0``, ``store.segment.max_len=16``); values are parsed as the field's type.
+    Raises SekvError naming the assignment a user must fix."""
+    for text in assignments:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise SekvError(f"{text!r} is not KEY=VALUE (e.g. neighbours=0)")
+        settings = _assign(settings, key.strip().split("."), value.strip(), key.strip())
+    return settings
+
+
+def setting_names(settings: Any, prefix: str = "") -> list[str]:
+    """Every dotted setting path of a settings dataclass (what ``override`` accepts)."""
+    names = []
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if dataclasses.is_dataclass(value):
+            names += setting_names(value, f"{prefix}{f.name}.")
+        elif not callable(value) and f.name != "warn":
+            names.append(prefix + f.name)
+    return names
+
+
+def _assign(obj: Any, path: list[str], value: str, full: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
+    name = path[0]
+    if name not in fields or name == "warn":
+        known = ", ".join(setting_names(obj)) if fields else "none"
+        raise SekvError(f"unknown setting {full!r}; settings here: {known}")
+    current = getattr(obj, name)
+    if len(path) > 1:
+        return replace(obj, **{name: _assign(current, path[1:], value, full)})
+    if dataclasses.is_dataclass(current):
+        raise SekvError(f"{full!r} is a group of settings; set one of its fields")
+    hint = typing.get_type_hints(type(obj))[name]
+    return replace(obj, **{name: _parse(value, hint, full)})
+
+
+def _parse(value: str, hint: Any, full: str) -> Any:
+    kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if type(None) in kinds and value.lower() in ("none", "null", ""):
+        return None
+    for kind in (k for k in kinds if k is not type(None)):
+        try:
+            if kind is bool:
+                if value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                    return value.lower() in ("1", "true", "yes", "on")
+                continue
+            if kind in (int, float, str):
+                return kind(value)
+        except ValueError:
+            continue
+    raise SekvError(f"{full}={value!r}: expected {getattr(hint, '__name__', hint)}")

@@ -1,0 +1,236 @@
+"""The span store's on-disk format: file layout, key, manifest, checksums, atomic writes.
+
+One directory per (document, model, settings) under ``$SEKV_HOME/stores``; safetensors for
+tensors (never pickle):
+
+- ``resident.safetensors`` — what answering places on the device (K/V of sinks and anchors, the
+  routing sketch, span lengths and representatives) and the host-side index beside it (span
+  bounds, per-span rank/offset tables of the bases, span summaries);
+- ``offload.safetensors`` — the offload tier: flat fp16 low-rank factors of every span's keys and
+  values; memory-mapped, sliced per zoom, never read whole;
+- ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets);
+- ``manifest.json`` — format version, model id + fingerprint, tokenizer, settings, document,
+  positions (``original``, or ``bounded`` for books: keys pre-RoPE, see :mod:`sekv_core.zoom`),
+  sha256 + size of every file, bytes per tier, statistics. Written last.
+
+``bytes`` in the manifest: ``resident`` is the device tier as an answer holds it (sinks' and
+anchors' K/V as 8-bit rows, :mod:`sekv_core.kvquant`), the number ``sekv ask --json`` reports
+as ``resident_tier_bytes``; ``index`` the host-side rest of ``resident.safetensors``;
+``offloaded`` the offload tier; ``full_kv_fp16`` the reference every memory share divides by.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from .config import StoreSettings
+from .documents import Document, token_pages
+from .kvquant import KV_BITS, row_bytes
+from .models import LoadedModel
+from .prompt import Context
+
+FORMAT = "sekv-span-store"
+FORMAT_VERSION = 4  # 4: manifest bytes split into the device tier and the host index
+FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
+# resident tensors an answer places on the device (the rest is the host index)
+DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
+
+
+def store_key(loaded: LoadedModel, document: Document, context: Context, settings: Any) -> str:
+    """Directory name: hash of document, model fingerprint, prompt tokens, settings, format."""
+    h = hashlib.sha256()
+    for part in (
+        FORMAT,
+        str(FORMAT_VERSION),
+        document.sha256,
+        loaded.fingerprint,
+        json.dumps(settings.to_dict(), sort_keys=True),
+    ):
+        h.update(part.encode() + b"\0")
+    h.update(np.asarray(context.ids, dtype=np.int64).tobytes())
+    return f"{document.sha256[:12]}-{h.hexdigest()[:20]}"
+
+
+def tier_bytes(resident: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Bytes of the device tier as an answer holds it, and of the host index (the rest).
+
+    The device tier: sinks' and anchors' K and V as 8-bit rows, the routing sketch and its
+    directions at 2 bytes per number, each span's length (int64), each span token's span
+    (int64) and the spans' representative rows.
+    """
+    L, H, F, D = resident["fixed_k"].shape
+    spans = int(resident["span_starts"].numel())
+    span_tokens = int((resident["span_ends"] - resident["span_starts"]).sum())
+    device = 2 * L * H * F * row_bytes(D, KV_BITS) + 8 * (spans + span_tokens)
+    for name in DEVICE_TENSORS:
+        t = resident.get(name)
+        if t is not None:
+            device += t.numel() * (2 if t.is_floating_point() else t.element_size())
+    return {"resident": device, "index": nbytes(resident) - _stored(resident)}
+
+
+def _stored(resident: dict[str, torch.Tensor]) -> int:
+    """Bytes of the device tier's tensors as stored in the file (fp16 fixed K/V)."""
+    names = ("fixed_k", "fixed_v", *DEVICE_TENSORS)
+    return nbytes({n: resident[n] for n in names if n in resident})
+
+
+def store_manifest(
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+    positions: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest's fixed part (``bytes``, ``stats`` and ``timings`` are filled by builders)."""
+    spec = loaded.spec
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": {"id": loaded.model_id, "fingerprint": loaded.fingerprint, "spec": asdict(spec)},
+        "tokenizer": {
+            "class": type(loaded.tokenizer).__name__,
+            "vocab_size": len(loaded.tokenizer),
+        },
+        "settings": settings.to_dict(),
+        "document": {
+            "path": str(document.path),
+            "sha256": document.sha256,
+            "tokens": len(context) - context.doc_start,
+            "pages": document.pages,
+            "context_tokens": len(context),
+            "doc_start": context.doc_start,
+        },
+        "positions": positions,
+        "bytes": {
+            "full_kv_fp16": spec.kv_bytes(len(context), 2),
+            "full_kv_fp32": spec.kv_bytes(len(context), 4),
+        },
+    }
+
+
+def trace_tensors(
+    document: Document, context: Context, surprisal: np.ndarray, roles: np.ndarray
+) -> dict[str, torch.Tensor]:
+    """Token metadata for explanations: ids, surprisal, roles, pages, character offsets."""
+    doc_offsets = np.full((len(context), 2), -1, dtype=np.int32)
+    doc_offsets[context.doc_start :] = np.asarray(context.offsets, dtype=np.int32).reshape(-1, 2)
+    pages = np.ones(len(context), dtype=np.int32)
+    pages[context.doc_start :] = token_pages(document, context.offsets)
+    return {
+        "token_ids": torch.tensor(context.ids, dtype=torch.int64),
+        "surprisal": torch.from_numpy(np.asarray(surprisal, dtype=np.float32)),
+        "roles": torch.from_numpy(np.asarray(roles, dtype=np.int8)),
+        "pages": torch.from_numpy(pages),
+        "offsets": torch.from_numpy(doc_offsets),
+    }
+
+
+def rank_stats(
+    k_rank: torch.Tensor, k_raw: torch.Tensor, v_rank: torch.Tensor, v_raw: torch.Tensor
+) -> dict[str, Any]:
+    """Mean rank of the factorised (non-raw) spans, and the share stored raw."""
+
+    def mean(rank: torch.Tensor, raw: torch.Tensor) -> float | None:
+        return round(float(rank[~raw].float().mean()), 2) if (~raw).any() else None
+
+    return {
+        "key_rank_mean": mean(k_rank, k_raw),
+        "value_rank_mean": mean(v_rank, v_raw),
+        "raw_share": round(float(torch.cat([k_raw.flatten(), v_raw.flatten()]).float().mean()), 4)
+        if k_raw.numel()
+        else 0.0,
+    }
+
+
+def write_atomically(
+    path: Path,
+    files: dict[str, dict[str, torch.Tensor]],
+    manifest: dict,
+    writers: dict[str, Callable[[Path], None]] | None = None,
+) -> None:
+    """Write ``files`` (and the files ``writers`` write to the path they get) + the manifest
+    into a temporary sibling directory, then rename it to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        manifest["files"] = {}
+        for name in [*files, *(writers or {})]:
+            if name in files:
+                tensors = files[name]
+                save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
+            else:
+                writers[name](tmp / name)
+            manifest["files"][name] = {
+                "sha256": sha256(tmp / name),
+                "bytes": (tmp / name).stat().st_size,
+            }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        if path.exists():  # a stale or corrupt store being replaced
+            trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+            os.replace(path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def map_safetensors(path: Path, names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """Memory-map the 1-D tensors (``names``: only those) of a safetensors file as read-only
+    torch views (no copy)."""
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    dtypes = {
+        "F16": np.float16,
+        "F32": np.float32,
+        "I64": np.int64,
+        "I32": np.int32,
+        "I8": np.int8,
+        "U8": np.uint8,
+    }
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__" or (names is not None and name not in names):
+            continue
+        start, stop = meta["data_offsets"]
+        dtype = np.dtype(dtypes[meta["dtype"]])
+        count = (stop - start) // dtype.itemsize
+        if count == 0:
+            out[name] = torch.zeros(0, dtype=getattr(torch, dtype.name))
+            continue
+        array = np.memmap(
+            path, dtype=dtype, mode="r", offset=8 + header_len + start, shape=(count,)
+        )
+        with warnings.catch_warnings():  # read-only map: torch warns it is not writable
+            warnings.simplefilter("ignore")
+            out[name] = torch.from_numpy(array)
+    return out
+
+
+def nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

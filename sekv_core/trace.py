@@ -1,0 +1,100 @@
+"""The zoom trace: what the router did during one answer, kept on the device until read.
+
+Per span: in which (layer, KV head) it was zoomed, its best score against the threshold it had
+to reach, and the share of attention its reconstructed tokens received. One host copy per
+answer (:meth:`ZoomTrace.spans`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ZoomTrace:
+    """What the router did during one answer, accumulated on the device (no host syncs)."""
+
+    zoomed: torch.Tensor | None = None  # (L, H, N) bool: (layer, head) zoomed the span
+    best_margin: torch.Tensor | None = None  # (N,) best score - threshold when zoomed
+    best_score: torch.Tensor | None = None  # (N,) the score at that best margin
+    best_threshold: torch.Tensor | None = None  # (N,) the threshold at that best margin
+    tokens_max: torch.Tensor | None = None  # () most reconstructed tokens one (layer, head) used
+    mass: torch.Tensor | None = None  # (N + 1,) attention share of zoomed tokens (+ padding)
+    calls: int = 0  # attention calls that contributed to ``mass`` (layers x steps)
+
+    def record(
+        self,
+        layer: int,
+        num_layers: int,
+        zoom: torch.Tensor,
+        scores: torch.Tensor,
+        threshold: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> None:
+        """zoom, scores: (H, N); threshold: (H,)."""
+        H, N = zoom.shape
+        if self.zoomed is None:
+            self.zoomed = torch.zeros(num_layers, H, N, dtype=torch.bool, device=zoom.device)
+            self.best_margin = scores.new_full((N,), float("-inf"))
+            self.best_score, self.best_threshold = scores.new_zeros(N), scores.new_zeros(N)
+            self.tokens_max = lengths.new_zeros(())
+        self.zoomed[layer] |= zoom
+        margin = torch.where(zoom, scores - threshold[:, None], float("-inf"))  # (H, N)
+        best, head = margin.max(dim=0)  # (N,)
+        better = best > self.best_margin
+        self.best_margin = torch.where(better, best, self.best_margin)
+        self.best_score = torch.where(better, scores.gather(0, head[None])[0], self.best_score)
+        self.best_threshold = torch.where(better, threshold[head], self.best_threshold)
+        used = (zoom * lengths[None]).sum(dim=1).max()
+        self.tokens_max = torch.maximum(self.tokens_max, used)
+
+    def add_mass(self, owner: torch.Tensor, pool_mass: torch.Tensor, n_spans: int) -> None:
+        """Accumulate the attention share of zoomed tokens per span (stays on the device)."""
+        if self.mass is None:
+            self.mass = pool_mass.new_zeros(n_spans + 1)  # the last slot collects padding
+        self.mass.index_add_(0, owner.flatten() % (n_spans + 1), pool_mass.flatten())
+        self.calls += 1
+
+    def spans(self) -> list[dict]:
+        """Per zoomed span: layers, (layer, head) pairs, best score/threshold, attention share.
+
+        One host copy per answer.
+        """
+        if self.zoomed is None:
+            return []
+        layers = self.zoomed.any(dim=1).sum(dim=0)  # (N,)
+        heads = self.zoomed.sum(dim=(0, 1))  # (N,)
+        share = self.mass[:-1] / max(self.calls, 1) if self.mass is not None else heads * 0.0
+        rows = torch.stack(
+            [
+                layers.float(),
+                heads.float(),
+                self.best_score.float(),
+                self.best_threshold.float(),
+                share.float(),
+            ],
+            dim=1,
+        ).tolist()
+        return [
+            {
+                "span": n,
+                "layers": int(r[0]),
+                "heads": int(r[1]),
+                "score": r[2],
+                "threshold": r[3],
+                "attention": r[4],
+            }
+            for n, r in enumerate(rows)
+            if r[1] > 0
+        ]
+
+    @property
+    def zoomed_tokens_max(self) -> int:
+        return int(self.tokens_max) if self.tokens_max is not None else 0
+
+    @property
+    def zoom_rate(self) -> float:
+        """Share of (layer, KV head, span) triples zoomed at least once during the answer."""
+        return float(self.zoomed.float().mean()) if self.zoomed is not None else 0.0
