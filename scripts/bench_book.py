@@ -1,7 +1,7 @@
 """Book benchmark with the default model: streamed ingest and needles at length.
 
     python scripts/bench_book.py ingest --tokens 150000          # peak RSS, tokens/s 10/50/100%
-    python scripts/bench_book.py ingest --tokens 33000 --span-tokens 24,64   # other span lengths
+    python scripts/bench_book.py ingest --tokens 33000 --set store.segment.max_len=16  # settings
     python scripts/bench_book.py needles --lengths 16000,32000,64000,128000
     python scripts/bench_book.py needles --lengths 6000 --depths 0.1,0.5,0.9   # full KV fits
 
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sekv_core.bench.book import (  # noqa: E402
+from sekv_bench.book import (  # noqa: E402
     DEPTHS,
     LENGTHS,
     bench_book_ingest,
@@ -29,8 +29,9 @@ from sekv_core.bench.book import (  # noqa: E402
     planted_facts,
     write_book,
 )
+from sekv_core.config import DEFAULT_BUDGET, MethodSettings, override  # noqa: E402
+from sekv_core.errors import SekvError  # noqa: E402
 from sekv_core.models import load_model  # noqa: E402
-from sekv_core.store import StoreSettings  # noqa: E402
 
 
 def numbers(text: str, kind=int) -> tuple:
@@ -43,22 +44,31 @@ def main() -> None:
     ingest = sub.add_parser("ingest")
     ingest.add_argument("--tokens", type=int, default=150_000)
     ingest.add_argument("--book", type=Path, help="an existing book instead of a generated one")
-    ingest.add_argument("--span-tokens", help="MIN,MAX span lengths (default: the store's)")
+    ingest.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method setting by its dotted path (store.*: the store's), repeatable",
+    )
     needles = sub.add_parser("needles")
     needles.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     needles.add_argument("--depths", default=",".join(map(str, DEPTHS)))
-    needles.add_argument("--budget", type=int, default=256)
+    needles.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="zoom tokens")
     args = parser.parse_args()
+    try:  # before the model loads
+        settings = override(MethodSettings(), getattr(args, "sets", []))
+    except SekvError as exc:
+        parser.error(str(exc))
     loaded = load_model(None)
     if args.command == "ingest":
         with tempfile.TemporaryDirectory() as tmp:
             path = args.book or write_book(
                 loaded.tokenizer, Path(tmp) / "book.md", args.tokens, planted_facts(12)
             )
-            settings = StoreSettings()
-            if args.span_tokens:
-                settings = settings.with_span_tokens(*numbers(args.span_tokens))
-            print(json.dumps(bench_book_ingest(loaded, path, settings), indent=1), flush=True)
+            row = bench_book_ingest(loaded, path, settings.store)
+            print(json.dumps(row, indent=1), flush=True)
     else:
         rows = bench_book_needles(
             loaded,

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sekv_core.bench.book import planted_facts, write_book  # noqa: E402
+from sekv_bench.book import planted_facts, write_book  # noqa: E402
 from sekv_core.models import load_model  # noqa: E402
 
 

@@ -8,26 +8,18 @@ from pathlib import Path
 
 import typer
 
-from sekv_core.methods import METHODS, MethodSettings
+from sekv_core.config import MethodSettings
+from sekv_core.methods import METHODS
 
 from .common import (
     JSON_OPTION,
-    KV_BITS_OPTION,
     MODEL_OPTION,
-    NEAR_OPTION,
+    ROUTER_OPTION,
     handle_errors,
     open_session,
     print_json,
     stream_text,
     warn,
-)
-
-ROUTER_OPTION = typer.Option(
-    "auto",
-    "--router",
-    help="sekv routing: auto (the default: the router trained for the model — yours from "
-    "`sekv train`, else the one shipped — or training-free routing when there is none), none "
-    "(training-free), or a router file from `sekv train`.",
 )
 
 
@@ -43,23 +35,14 @@ def ask(
         min=1,
         help="Tokens reconstructed per layer and KV head when zooming (sekv; default 256).",
     ),
-    summaries: bool = typer.Option(
-        False, "--summaries", help="Let non-zoomed spans join attention as summaries (sekv)."
-    ),
     router: str = ROUTER_OPTION,
-    near: float | None = NEAR_OPTION,
-    kv_bits: int = KV_BITS_OPTION,
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
     json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
     start = time.perf_counter()
-    settings = MethodSettings(
-        budget=budget, use_summaries=summaries, router=router, kv_bits=kv_bits, warn=warn
-    )
-    if near is not None:
-        settings.extra["near"] = near
+    settings = MethodSettings(budget=budget, router=router, warn=warn)
     session, load_s = open_session(file, model, method, settings)
     result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)
     result.timings["load_s"] = round(load_s, 4)

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import typer
 
-from sekv_core.methods import METHODS, MethodSettings
+from sekv_core.config import MethodSettings
+from sekv_core.methods import METHODS
 
-from .ask import ROUTER_OPTION
 from .common import (
-    KV_BITS_OPTION,
     MODEL_OPTION,
-    NEAR_OPTION,
+    ROUTER_OPTION,
     err,
     handle_errors,
     open_session,
@@ -35,14 +34,10 @@ def chat(
     method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
     budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
     router: str = ROUTER_OPTION,
-    near: float | None = NEAR_OPTION,
-    kv_bits: int = KV_BITS_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
-    settings = MethodSettings(budget=budget, router=router, kv_bits=kv_bits, warn=warn)
-    if near is not None:
-        settings.extra["near"] = near
+    settings = MethodSettings(budget=budget, router=router, warn=warn)
     session, _ = open_session(file, model, method, settings)
     document = session.document
     try:

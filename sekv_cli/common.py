@@ -30,21 +30,15 @@ MODEL_OPTION = typer.Option(
     None, "--model", "-m", help="Hugging Face id or local directory (default: embedded SmolLM2)."
 )
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON object on stdout.")
-
-
-def _kv_bits(value: int) -> int:
-    if value not in (8, 16):
-        raise typer.BadParameter(f"{value} is not 8 or 16", param_hint="--kv-bits")
-    return value
-
-
-KV_BITS_OPTION = typer.Option(
-    8,
-    "--kv-bits",
-    callback=_kv_bits,
-    help="sekv: token-level K/V on the device (zoomed spans, sinks, anchors) as 8-bit rows "
-    "with a scale each (~1.9x the zoomed tokens per byte) or 16-bit (fp16).",
+ROUTER_OPTION = typer.Option(
+    "auto",
+    "--router",
+    help="sekv routing: auto (the router trained for the model — yours from `sekv train`, else "
+    "the one shipped — or the training-free rule where there is none, and for books), sketch "
+    "(training-free), or a router file from `sekv train`.",
 )
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -132,8 +126,8 @@ def open_store(file, model: str | None):
 
     from sekv_core.documents import load_document
     from sekv_core.engine import check_window
+    from sekv_core.ingest import open_or_build
     from sekv_core.prompt import chat_template, encode_context
-    from sekv_core.store import open_or_build
 
     start = time.perf_counter()
     document = load_document(file)
@@ -177,14 +171,3 @@ def stream_text(delta: str) -> None:
     """Write an answer's text as it is decoded."""
     sys.stdout.write(delta)
     sys.stdout.flush()
-
-
-NEAR_OPTION = typer.Option(
-    None,
-    "--near",
-    min=0.0,
-    metavar="SHARE",
-    help="sekv: the best-scoring spans the zoom leaves out, SHARE x the zoom budget's tokens, "
-    "join attention as one entry at span resolution (default: off; 3 is the share measured, "
-    "docs/benchmarks.md, tenth pass).",
-)

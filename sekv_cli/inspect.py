@@ -13,7 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sekv_core.errors import SekvError
-from sekv_core.html_report import INK, SCALE, render_html, scale_top
+from sekv_core.html_report import render_html, scale_top
+from sekv_core.html_style import INK, SCALE
 from sekv_core.report import build_report
 
 from .common import (

@@ -34,19 +34,11 @@ def train(
         help="Distil along the full-KV model's own answer, up to this many tokens "
         "(0: the planted fact's answer).",
     ),
-    near: float = typer.Option(
-        0.0,
-        "--near",
-        min=0.0,
-        metavar="SHARE",
-        help="Train with near spans in the softmax (SHARE x the zoom budget's tokens, as "
-        "`sekv ask --near` takes them); the router then answers with them by default.",
-    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Train the zoom gate, threshold and rank gate on generated documents (CPU is fine)."""
-    from sekv_core.train.loop import TrainSettings
     from sekv_core.train.loop import train as run
+    from sekv_core.train.settings import TrainSettings
     from sekv_core.zoomnet import user_router_path
 
     parts = doc_tokens.split(",")
@@ -65,7 +57,6 @@ def train(
         lr=lr,
         doc_tokens=(low, high),
         answer_tokens=answer_tokens,
-        near=near,
     )
     with Progress(
         TextColumn("Training"),

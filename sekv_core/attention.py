@@ -55,7 +55,7 @@ class ZoomPolicy:
     track_mass: bool = True  # record the attention share of zoomed spans (off: a fused kernel)
     prefilter_spans: int = PREFILTER_SPANS  # above this many spans, the router scores ...
     prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
-    # their representative tokens): see SpanMemory.candidates
+    # their representative tokens): see sekv_core.prefilter.candidates
     neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
     observer: Observer | None = None  # told of every decision (diagnostics)
 

@@ -84,7 +84,10 @@ def build_store(
     }
     offload = {"k_coef": kb.coef, "k_basis": kb.basis, "v_coef": vb.coef, "v_basis": vb.basis}
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
-    positions = {"mode": "original", "sinks": n_sinks(len(context), context.doc_start, settings.segment)}
+    positions = {
+        "mode": "original",
+        "sinks": n_sinks(len(context), context.doc_start, settings.segment),
+    }
     manifest = store_manifest(loaded, document, context, settings, positions)
     manifest["bytes"].update(**tier_bytes(resident), offloaded=nbytes(offload), trace=nbytes(trace))
     manifest["stats"] = {

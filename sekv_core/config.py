@@ -126,7 +126,26 @@ def override(settings: Any, assignments: Iterable[str]) -> Any:
         if not sep or not key.strip():
             raise SekvError(f"{text!r} is not KEY=VALUE (e.g. neighbours=0)")
         settings = _assign(settings, key.strip().split("."), value.strip(), key.strip())
+    store = getattr(settings, "store", settings)
+    if isinstance(store, StoreSettings):
+        check_store(store)
     return settings
+
+
+def check_store(settings: StoreSettings) -> None:
+    """Raise SekvError naming the first store setting a user must fix."""
+    seg = settings.segment
+    if not 1 <= seg.min_len <= seg.max_len:
+        raise SekvError(
+            f"span lengths need 1 <= min_len <= max_len, not {seg.min_len}, {seg.max_len}"
+        )
+    for name in ("key_energy", "value_energy"):
+        if not 0 < getattr(settings, name) <= 1:
+            raise SekvError(f"store.{name} is a spectrum share in (0, 1]")
+    if settings.sketch_dim < 2 or settings.sketch_dim % 2:
+        raise SekvError("store.sketch_dim must be even (4-bit rows pack two dims per byte)")
+    if settings.sketch_bits not in (4, 8):
+        raise SekvError("store.sketch_bits is 4 or 8")
 
 
 def setting_names(settings: Any, prefix: str = "") -> list[str]:

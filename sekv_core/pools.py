@@ -52,16 +52,15 @@ class ZoomPool:
 def build_pool(memory: SpanMemory, layer: int, zoom: torch.Tensor) -> ZoomPool:
     """Reconstructed tokens of the spans each KV head zoomed, padded to a common length.
 
-    zoom : (H, N) bool. Returns the pool: K, V (H, P, D) as Rows, each head's
-    tokens in document order, and owner (H, P), the span of each pooled token, -1 on
-    padding. A layer whose picks did not change since its last call gets the same pool
-    back; otherwise the tokens of spans the layer's last pool already held are copied from it (on the device)
-    and only the newly zoomed (span, head) pairs are reconstructed, all in one batch. The
-    pool is the layer's only copy of its reconstructions: a zoomed token costs its K/V once
-    (``token_bytes``; plus, while one layer's pool is rebuilt, that layer's old pool and
+    zoom : (H, N) bool. Returns the pool: K, V (H, P, D) as Rows, each head's tokens in
+    document order, and owner (H, P), the span of each pooled token, -1 on padding. A layer
+    whose picks did not change since its last call gets the same pool back; otherwise the
+    tokens of spans its last pool held are copied from it (on the device) and only the newly
+    zoomed (span, head) pairs are reconstructed, all in one batch. A zoomed token costs its K/V
+    once (``token_bytes``; plus, while one layer's pool is rebuilt, that layer's old pool and
     new reconstructions, and the memory entries attention reads in the model dtype: see
-    :meth:`SpanMemory.zoom_bytes`). Bounded memories place each head's pool in document order right
-    before ``pool_end``.
+    :meth:`SpanMemory.zoom_bytes`). Bounded memories place each head's pool in document order
+    right before ``pool_end``.
     """
     H, D = memory.num_kv_heads, memory.head_dim
     last = memory.pools.get(layer)

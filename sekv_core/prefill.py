@@ -42,7 +42,6 @@ def _attention_with_moments(module, query, key, value, attention_mask, **kwargs)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """-log p(target) in nats for logits (T, V) and realised tokens (T,)."""
     pred = logits.float()

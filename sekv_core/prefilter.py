@@ -31,6 +31,7 @@ def representative_scores(memory: SpanMemory, layer: int, q: torch.Tensor) -> to
     best = sketch_logits(memory, layer, q, rows).amax(dim=(1, 2))  # (H, N * k)
     return best.view(H, memory.n_spans, -1).amax(dim=-1)
 
+
 def candidates(
     memory: SpanMemory,
     layer: int,

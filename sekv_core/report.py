@@ -11,15 +11,13 @@ texts of the document tokens gives back ``document.text`` exactly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .documents import Document
 from .segment import ANCHOR, SINK
-
-if TYPE_CHECKING:  # only a type here; importing the store pulls in the whole engine
-    from .store import SpanStore
+from .store import SpanStore
 
 ROLE_NAMES = {SINK: "sink", ANCHOR: "anchor", 2: "span"}
 PREVIEW_CHARS = 60

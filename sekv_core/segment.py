@@ -128,7 +128,13 @@ def forced_cut(h: np.ndarray, start: int, settings: SegmentSettings) -> int:
 
 
 def span_cuts(
-    h: np.ndarray, start: int, stop: int, threshold: float, settings: SegmentSettings, total: int, final: bool
+    h: np.ndarray,
+    start: int,
+    stop: int,
+    threshold: float,
+    settings: SegmentSettings,
+    total: int,
+    final: bool,
 ) -> list[int]:
     """Span openers from ``start`` as :func:`segment` places them.
 

@@ -213,3 +213,63 @@ def segment_max(values: torch.Tensor, segment_ids: torch.Tensor, n: int) -> torc
     out = values.new_full((values.shape[0], n), float("-inf"))
     index = segment_ids[None].expand_as(values)
     return out.scatter_reduce(1, index, values, reduce="amax", include_self=True)
+
+
+def requantize_sketch(levels: torch.Tensor, ratio: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer sketch levels (L, H, S, R) moved to a larger scale: multiplied by ``ratio``
+    (L, H, R), old scale / new scale, and rounded (see :func:`quantize_sketch`)."""
+    top = 2 ** (bits - 1) - 1
+    return (levels * ratio[:, :, None]).round().clamp(-top, top)
+
+
+def pack_sketch(levels: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer levels (..., R) in [-7, 7] / [-127, 127] -> the sketch's stored form (as
+    :func:`quantize_sketch` packs them)."""
+    if bits == 8:
+        return levels.to(torch.int8)
+    u = (levels + 8).to(torch.uint8)
+    return u[..., 0::2] | (u[..., 1::2] << 4)
+
+
+def sketch_dtype(bits: int) -> torch.dtype:
+    """The stored sketch's dtype: int8 at 8 bits, uint8 (two 4-bit values per byte) at 4."""
+    return torch.int8 if bits == 8 else torch.uint8
+
+
+def widen_sketch_scale(
+    rows: torch.Tensor | None, scale: torch.Tensor, needed: torch.Tensor, headroom: float, bits: int
+) -> torch.Tensor:
+    """The scale (L, H, R) of a sketch that must also hold values of scale ``needed``: where that
+    exceeds ``scale``, ``needed`` x ``headroom``, as stored (fp16). The rows (L, H, S, cols)
+    quantised at ``scale`` (None: none yet) are requantised to it in place, only the (layer,
+    head) pairs whose scale grew."""
+    grown = torch.where(needed > scale, needed * headroom, scale)
+    grown = grown.to(BASIS_DTYPE).float()  # representable as stored
+    if rows is not None:
+        ratio = (scale / grown).to(rows.device)  # (L, H, R) <= 1
+        layer, head = torch.nonzero((ratio < 1).any(dim=-1), as_tuple=True)
+        levels = dequantize_sketch(rows[layer, head], scale.shape[-1], torch.float32)  # (n, S, R)
+        again = requantize_sketch(levels[None], ratio[layer, head][None], bits)[0]
+        rows[layer, head] = pack_sketch(again, bits)
+    return grown
+
+
+def sketch_state(basis: SketchBasis | None, moments: QueryMoments) -> dict[str, torch.Tensor]:
+    """Tensors that checkpoint a sketch being built: its basis once fixed, else the moments of
+    the queries seen so far (see :func:`sketch_from_state`)."""
+    if basis is None:
+        return moments.state()
+    return {
+        "sketch_query": basis.query_proj,
+        "sketch_key": basis.key_proj,
+        "sketch_mean": basis.mean,
+    }
+
+
+def sketch_from_state(tensors: dict[str, torch.Tensor]) -> tuple[SketchBasis | None, QueryMoments]:
+    """The (basis, query moments) that :func:`sketch_state` checkpointed (no moments once the
+    basis is fixed)."""
+    if "sketch_query" in tensors:
+        t = tensors
+        return SketchBasis(t["sketch_query"], t["sketch_key"], t["sketch_mean"]), QueryMoments()
+    return None, QueryMoments.from_state(tensors)

@@ -160,7 +160,8 @@ class SpanMemory:
         return self.reconstructor.reconstruct(self, layer, spans, heads)
 
     def zoom_pool(self, layer: int, zoom: torch.Tensor) -> ZoomPool:
-        """The layer's pool for the picks ``zoom`` (H, N) bool (:func:`sekv_core.pools.build_pool`)."""
+        """The layer's pool for the picks ``zoom`` (H, N) bool
+        (:func:`sekv_core.pools.build_pool`)."""
         return build_pool(self, layer, zoom)
 
     def entry_bytes(self, pooled: int) -> int:

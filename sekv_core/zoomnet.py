@@ -7,16 +7,15 @@ Both are tiny and sit beside the frozen base model (the only parameters ``sekv t
     z = a * (m_S - max m) + e * (n_S - max n) + c * (W q) . (W k_S) * scale
         + b * log|S| - tau
 
-reads only the resident tier the training-free router reads (the 4-bit sketch; no span summary is
-placed on the device): m_S is the sketch's estimate of the span's max logit, n_S the log-sum-exp
-of its tokens' estimated logits (the span's estimated attention mass), "max" the best value over
-the decision's queries, the head group and the spans (the reference the training-free rule
-measures its margin from), k_S the span's mean key as the sketch reconstructs it, W projects the
-query and k_S into one ``dim``-sized routing space (a learned low-rank form: one matrix per layer
-and query head, so the parameters stay < 0.05% of the default model), c weighs that term, b the
-log|S| prior, and tau is the learned zoom threshold. A span is zoomed when z > 0. At
-initialisation (a=1, e=0, c=0, b=0, tau=-6) this is exactly the training-free router's rule
-"within 6 nats of the best span", so training starts from the heuristic.
+reads only the resident tier the training-free router reads (the 4-bit sketch): m_S is the sketch's
+estimate of the span's max logit, n_S the log-sum-exp of its tokens' estimated logits (the span's
+estimated attention mass), "max" the best value over the decision's queries, the head group and the
+spans (the reference the training-free rule measures its margin from), k_S the span's mean key as
+the sketch reconstructs it, W projects the query and k_S into one ``dim``-sized routing space (a
+learned low-rank form: one matrix per layer and query head, so the parameters stay < 0.05% of the
+default model), c weighs that term, b the log|S| prior, and tau is the learned zoom threshold. A
+span is zoomed when z > 0. At initialisation (a=1, e=0, c=0, b=0, tau=-6) this is exactly the
+training-free router's rule "within 6 nats of the best span", so training starts from the heuristic.
 
 **Rank gate.** A span's stored factor ``coef = U diag(sigma)`` has singular values sigma_1 >= …;
 each gets a gate g_i = sigmoid(w . [log(sigma_i / sigma_1), energy share before i, i / D] + c)
@@ -43,7 +42,7 @@ from .paths import sekv_home
 from .sketch import segment_max, sketch_logits, sketch_rows, span_mean_keys
 
 FORMAT = "sekv-zoom-router"
-FORMAT_VERSION = 3  # 3: sketch-only features (span mass estimate, sketch mean key; no summaries)
+FORMAT_VERSION = 3  # 3: features read from the sketch alone (span mass estimate, mean key)
 INIT_MARGIN = 6.0  # the training-free threshold the gate starts from (nats below the best span)
 
 

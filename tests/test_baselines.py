@@ -55,7 +55,7 @@ def per_kv_head(probs: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("cls", BASELINES, ids=lambda c: c.name)
 def test_cache_holds_exactly_the_kept_tokens(tiny_loaded, cls):
-    method, questions = setup(tiny_loaded, cls, memory_ratio=0.3)
+    method, questions = setup(tiny_loaded, cls, memory_share=0.3)
     list(method.generate(questions[0], 4))  # question-aware methods compress per question
     spec, T = tiny_loaded.spec, len(method.context)
     k = round(0.3 * T)
@@ -70,8 +70,8 @@ def test_cache_holds_exactly_the_kept_tokens(tiny_loaded, cls):
         assert torch.equal(kept.values[0], src.values[0, torch.arange(len(idx))[:, None], idx])
     memory = method.memory()
     held = sum(x.keys.nbytes + x.values.nbytes for x in method.cache.layers)
-    assert memory["resident_bytes"] == held == spec.kv_bytes(k, tiny_loaded.dtype.itemsize)
-    assert memory["resident_fp16_bytes"] == spec.kv_bytes(k, 2)
+    assert held == spec.kv_bytes(k, tiny_loaded.dtype.itemsize)
+    assert memory["resident_bytes"] == spec.kv_bytes(k, 2)  # counted in fp16
     assert memory["offloaded_bytes"] == 0
 
 
@@ -86,7 +86,7 @@ def test_streaming_keeps_sinks_and_recent_window(tiny_loaded):
 
 
 def test_captured_attention_matches_eager_and_h2o_keeps_heavy_hitters(tiny_loaded):
-    method, questions = setup(tiny_loaded, H2O, memory_ratio=0.3)
+    method, questions = setup(tiny_loaded, H2O, memory_share=0.3)
     model, spec, ids = tiny_loaded.model, tiny_loaded.spec, method.context.ids
     full = shared_prefill(tiny_loaded, ids, CHUNK)
     T = len(ids)
@@ -114,7 +114,7 @@ def test_captured_attention_matches_eager_and_h2o_keeps_heavy_hitters(tiny_loade
 
 @pytest.mark.parametrize("cls", BASELINES, ids=lambda c: c.name)
 def test_keeping_everything_reproduces_full_kv(tiny_loaded, cls):
-    method, questions = setup(tiny_loaded, cls, memory_ratio=1.0)
+    method, questions = setup(tiny_loaded, cls, memory_share=1.0)
     full = FullKV(tiny_loaded, None, method.context, MethodSettings(prefill_chunk=CHUNK))
     full.prepare()
     for q in questions:
@@ -184,7 +184,7 @@ def test_session_end_to_end_and_repeated_questions(tiny_loaded, cls, tmp_path, m
     monkeypatch.setitem(engine.METHODS, cls.name, cls)
     path = tmp_path / "items.md"
     path.write_text(DOC)
-    session = Session(tiny_loaded, load_document(path), cls.name, MethodSettings(memory_ratio=0.25))
+    session = Session(tiny_loaded, load_document(path), cls.name, MethodSettings(memory_share=0.25))
     first = session.ask(QUESTIONS[0], max_new_tokens=8)
     session.ask(QUESTIONS[1], max_new_tokens=8)
     again = session.ask(QUESTIONS[0], max_new_tokens=8)
@@ -192,7 +192,7 @@ def test_session_end_to_end_and_repeated_questions(tiny_loaded, cls, tmp_path, m
     assert again.answer == first.answer and again.tokens_generated == first.tokens_generated
     k = round(0.25 * len(session.context))
     assert first.routing == {"kept_tokens": k, "policy": cls.name}
-    assert first.memory["resident_fp16_bytes"] == tiny_loaded.spec.kv_bytes(k, 2)
+    assert first.memory["resident_bytes"] == tiny_loaded.spec.kv_bytes(k, 2)
 
 
 def test_one_prefill_per_document(tiny_loaded):
@@ -202,7 +202,7 @@ def test_one_prefill_per_document(tiny_loaded):
     tpl = chat_template(tok)
     ctx = encode_context(tok, tpl, DOC)
     for cls, ratio in ((StreamingLLM, 0.1), (H2O, 0.2), (SnapKV, 0.5)):
-        settings = MethodSettings(memory_ratio=ratio, prefill_chunk=CHUNK)
+        settings = MethodSettings(memory_share=ratio, prefill_chunk=CHUNK)
         cls(tiny_loaded, None, ctx, settings).prepare(lambda done, total: calls.append(done))
     T = len(ctx)
     assert calls == [*range(CHUNK, T, CHUNK), T, T, T]  # chunked once, then reused twice

@@ -1,4 +1,4 @@
-"""`sekv bench` suite: task generators, the scorer, the goal check, and the runner end to end."""
+"""`sekv bench suite`: task generators, the scorer, the goal check, and the runner end to end."""
 
 from __future__ import annotations
 
@@ -9,17 +9,18 @@ import pytest
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
+from sekv_bench.report import goal
+from sekv_bench.rows import upgrade
+from sekv_bench.score import is_correct, score
+from sekv_bench.tasks import GENERATED, count_tokens, make_sample, qa_samples, spread
 from sekv_cli.main import app
-from sekv_core.bench.score import is_correct, score
-from sekv_core.bench.suite import goal
-from sekv_core.bench.tasks import GENERATED, count_tokens, make_sample, qa_samples, spread
 from sekv_core.errors import SekvError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 ROW_KEYS = {
-    "sample", "task", "method", "budget", "length", "target_length", "depth", "seed",
-    "question", "expected", "mode", "score", "correct", "answer", "resident_ratio",
-    "store_ratio", "ingest_s", "first_token_s", "decode_tps", "routing",
+    "sample", "task", "method", "memory_share", "length", "target_length", "depth", "seed",
+    "question", "expected", "mode", "score", "correct", "answer", "resident_share",
+    "store_share", "ingest_s", "first_token_s", "decode_tps", "routing",
 }  # fmt: skip
 
 
@@ -112,10 +113,10 @@ def test_scorer_on_hand_made_cases():
 
 
 def test_goal_lists_where_sekv_falls_short():
-    def rows(method, budget, task, scores, resident):
+    def rows(method, share, task, scores, resident):
         return [
-            {"method": method, "budget": budget, "task": task, "score": s, "correct": s == 1,
-             "resident_ratio": resident, "store_ratio": 0.0, "ingest_s": 1.0,
+            {"method": method, "memory_share": share, "task": task, "score": s,
+             "correct": s == 1, "resident_share": resident, "store_share": 0.0, "ingest_s": 1.0,
              "cache_hit": False, "first_token_s": 0.1, "decode_tps": 10.0}
             for s in scores
         ]  # fmt: skip
@@ -145,31 +146,43 @@ def run(*args):
 def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path, sekv_home):
     out = tmp_path / "bench"
     result = run(
-        "--methods", "full,sekv", "--tasks", "needle", "--lengths", "300", "--depths", "0.5",
-        "--budgets", "0.2,0.5", "--max-new-tokens", "3", "--model", tiny_model_dirs["llama"],
-        "--span-tokens", "4,8", "--neighbours", "2", "--out", out, "--json",
+        "suite", "--methods", "full,sekv", "--tasks", "needle", "--lengths", "300",
+        "--depths", "0.5", "--memory", "0.2,0.5", "--max-new-tokens", "3",
+        "--model", tiny_model_dirs["llama"], "--set", "store.segment.min_len=4",
+        "--set", "store.segment.max_len=8", "--set", "neighbours=2", "--recall",
+        "--out", out, "--json",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["config"]["span_tokens"] == [4, 8] and summary["config"]["neighbours"] == 2
+    assert summary["config"]["settings"] == [
+        "store.segment.min_len=4", "store.segment.max_len=8", "neighbours=2",
+    ]  # fmt: skip
+    assert summary["config"]["memory_shares"] == [0.2, 0.5] and summary["config"]["recall"]
     (manifest,) = (sekv_home / "stores").glob("*/manifest.json")  # SeKV's store, built once
     segment = json.loads(manifest.read_text())["settings"]["segment"]
     assert (segment["min_len"], segment["max_len"]) == (4, 8)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == summary["rows"] == 3  # full once + sekv at two budgets
-    assert {(r["method"], r["budget"]) for r in rows} == {
+    assert len(rows) == summary["rows"] == 3  # full once + sekv at two memory shares
+    assert {(r["method"], r["memory_share"]) for r in rows} == {
         ("full", None),
         ("sekv", 0.2),
         ("sekv", 0.5),
     }
     for r in rows:
         assert ROW_KEYS <= set(r) and r["task"] == "needle" and r["depth"] == 0.5
-        assert 0 < r["length"] <= 300 and r["resident_ratio"] > 0
-    assert next(r for r in rows if r["method"] == "full")["resident_ratio"] == 1.0
-    assert {r["routing"]["neighbours"] for r in rows if r["method"] == "sekv"} == {2}
-    assert [(c["method"], c["budget"]) for c in summary["by_budget"]] == [
+        assert 0 < r["length"] <= 300 and r["resident_share"] > 0
+        assert "budget" not in r and "resident_ratio" not in r
+    assert next(r for r in rows if r["method"] == "full")["resident_share"] == 1.0
+    sekv = [r["routing"] for r in rows if r["method"] == "sekv"]
+    assert {r["neighbours"] for r in sekv} == {2}
+    for routing in sekv:  # --recall: the probe's figures beside the answer's own
+        assert 0.0 <= routing["recall_vs_oracle"] <= 1.0
+        assert 0.0 < routing["mass_captured"] <= 1.0 + 1e-5
+        assert 0.0 < routing["oracle_mass_captured"] <= 1.0 + 1e-5
+    assert [(c["method"], c["memory_share"]) for c in summary["by_memory_share"]] == [
         ("full", None), ("sekv", 0.2), ("sekv", 0.5),
     ]  # fmt: skip
+    assert all(c["recall_vs_oracle"] is not None for c in summary["by_memory_share"][1:])
     assert {c["task"] for c in summary["cells"]} == {"needle"}
     assert json.loads((out / "summary.json").read_text()) == summary
     table = (out / "results.md").read_text()
@@ -182,9 +195,9 @@ def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path, sekv_home):
     # a second run (another method) merged with the first into one report
     other = tmp_path / "bench2"
     second = run(
-        "--methods", "streaming", "--tasks", "needle", "--lengths", "300", "--depths", "0.5",
-        "--budgets", "0.2", "--max-new-tokens", "3", "--model", tiny_model_dirs["llama"],
-        "--out", other, "--json",
+        "suite", "--methods", "streaming", "--tasks", "needle", "--lengths", "300",
+        "--depths", "0.5", "--memory", "0.2", "--max-new-tokens", "3",
+        "--model", tiny_model_dirs["llama"], "--out", other, "--json",
     )  # fmt: skip
     assert second.exit_code == 0, second.output
     merged = run("report", out, other, "--out", tmp_path / "merged", "--json")
@@ -196,19 +209,71 @@ def test_suite_end_to_end_through_the_cli(tiny_model_dirs, tmp_path, sekv_home):
     assert missing.exit_code == 1 and "not a finished" in missing.output
 
 
+def test_report_merges_runs_written_with_the_old_keys(tmp_path):
+    """Runs written before the names were unified (``budget``, ``resident_ratio``,
+    ``store_ratio``) merge with today's."""
+    new = {
+        "sample": "needle-300-d50-s1", "task": "needle", "method": "sekv", "memory_share": 0.2,
+        "target_length": 300, "depth": 0.5, "seed": 1, "score": 1.0, "correct": True,
+        "resident_share": 0.18, "store_share": 0.5, "ingest_s": 1.0, "cache_hit": False,
+        "first_token_s": 0.1, "decode_tps": 10.0, "routing": {"budget": 128},
+    }  # fmt: skip
+    old = {k: v for k, v in new.items() if k not in ("memory_share", "resident_share")}
+    old |= {"method": "h2o", "budget": 0.2, "resident_ratio": 0.2, "store_ratio": 0.0}
+    del old["store_share"]
+    assert upgrade(old)["memory_share"] == 0.2 and upgrade(new) == new
+    for name, row, errors in (
+        ("new", new, []),
+        ("old", old, [{"sample": "x", "method": "h2o", "budget": 0.1, "error": "refused"}]),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text(json.dumps(row) + "\n")
+        summary = {"model": "tiny", "errors": errors}
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    merged = run("report", tmp_path / "new", tmp_path / "old", "--out", tmp_path / "m", "--json")
+    assert merged.exit_code == 0, merged.output
+    summary = json.loads(merged.stdout)
+    assert summary["config"]["memory_shares"] == [0.2]
+    by = {c["method"]: c for c in summary["by_memory_share"]}
+    assert by["h2o"]["memory_share"] == 0.2 and by["h2o"]["resident_share"] == 0.2
+    assert by["sekv"]["resident_share"] == 0.18 and by["h2o"]["store_share"] == 0.0
+    assert [c["rival"] for c in summary["goal"]["checks"]] == ["h2o@0.2"]
+    assert "h2o@0.1: refused" in (tmp_path / "m" / "results.md").read_text()
+
+
 def test_suite_names_unknown_methods_and_tasks(tmp_path):
-    result = run("--methods", "full,nope", "--out", tmp_path)
+    result = run("suite", "--methods", "full,nope", "--out", tmp_path)
     assert result.exit_code == 1
     assert result.stderr.strip().startswith("Error: unknown method 'nope'; choose from ")
     assert "full" in result.stderr
-    result = run("--tasks", "needle,haiku", "--out", tmp_path)
+    result = run("suite", "--tasks", "needle,haiku", "--out", tmp_path)
     assert result.exit_code == 1 and "unknown task 'haiku'" in result.stderr
-    assert run("--depths", "0.5,x").exit_code == 2  # usage error
+    assert run("suite", "--depths", "0.5,x").exit_code == 2  # usage error
+    shared = run("suite", "--set", "memory_share=0.3", "--out", tmp_path)
+    assert shared.exit_code == 1 and "--memory" in shared.stderr
     assert not (tmp_path / "results.jsonl").exists()
 
 
-def test_subcommands_still_answer():
-    result = run("--help")
-    assert result.exit_code == 0
-    assert all(name in result.stdout for name in ("needle", "qa", "ingest", "--budgets"))
-    assert run("needle", "--help").exit_code == 0
+@pytest.mark.parametrize("command", ["suite", "fidelity", "needle", "qa", "ingest"])
+def test_a_bad_setting_is_a_usage_error_naming_it(command, tmp_path):
+    args = [] if command in ("suite", "fidelity", "needle") else [tmp_path / "doc.md"]
+    bogus = run(command, *args, "--set", "bogus=1")
+    assert bogus.exit_code == 2 and "bogus" in bogus.output and "--set" in bogus.output
+    bad_value = run(command, *args, "--set", "store.segment.max_len=long")
+    assert bad_value.exit_code == 2 and "store.segment.max_len" in bad_value.output
+    assert run(command, *args, "--set", "neighbours").exit_code == 2  # not KEY=VALUE
+
+
+def test_plain_bench_prints_help_and_the_subcommands_answer():
+    plain = run()
+    assert plain.exit_code == 0
+    assert all(name in plain.stdout for name in ("suite", "fidelity", "needle", "qa", "ingest"))
+    assert "report" in plain.stdout and "Usage" in plain.stdout
+    suite = run("suite", "--help")
+    assert suite.exit_code == 0
+    assert all(o in suite.stdout for o in ("--memory", "--set", "--recall", "--router"))
+    assert "--budgets" not in suite.stdout
+    needle = run("needle", "--help")
+    assert needle.exit_code == 0 and "--budget" in needle.stdout and "--memory" not in needle.stdout
+    for gone in ("--near", "--kv-bits", "--summaries", "--span-tokens", "--neighbours"):
+        assert gone not in suite.stdout + needle.stdout

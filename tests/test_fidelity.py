@@ -7,8 +7,8 @@ import json
 import torch
 from typer.testing import CliRunner
 
+from sekv_bench.fidelity import compare
 from sekv_cli.main import app
-from sekv_core.bench.fidelity import compare
 from sekv_core.decode import forced
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
@@ -52,7 +52,7 @@ def test_fidelity_bench_end_to_end_through_the_cli(tiny_model_dirs, tmp_path):
         app,
         [
             "bench", "fidelity", "--methods", "sekv,streaming", "--tasks", "needle",
-            "--lengths", "300", "--depths", "0.5", "--budgets", "0.1,1.0",
+            "--lengths", "300", "--depths", "0.5", "--memory", "0.1,1.0",
             "--answer-tokens", "4", "--model", str(tiny_model_dirs["llama"]),
             "--out", str(out), "--json",
         ],
@@ -60,14 +60,14 @@ def test_fidelity_bench_end_to_end_through_the_cli(tiny_model_dirs, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {(r["method"], r["budget"]) for r in rows} == {
+    assert {(r["method"], r["memory_share"]) for r in rows} == {
         ("sekv", 0.1), ("sekv", 1.0), ("streaming", 0.1), ("streaming", 1.0),
     }  # fmt: skip
-    by = {(c["method"], c["budget"]): c for c in summary["configs"]}
+    by = {(c["method"], c["memory_share"]): c for c in summary["configs"]}
     # a window of the whole document is full KV; a 10% window forgets most of it
     assert by["streaming", 1.0]["top1_agreement"] == 1.0
     assert by["streaming", 1.0]["kl_per_token"] < 1e-5 < by["streaming", 0.1]["kl_per_token"]
-    assert all(0 < r["resident_ratio"] for r in rows)
+    assert all(0 < r["resident_share"] for r in rows)
     assert "| sekv | 0.10 |" in (out / "fidelity.md").read_text()
     refused = CliRunner().invoke(
         app, ["bench", "fidelity", "--methods", "full", "--model", str(tiny_model_dirs["llama"])]
@@ -79,37 +79,32 @@ def test_every_span_zoomed_follows_full_kv_as_closely_as_the_store_allows(
     tiny_model_dirs, tmp_path
 ):
     """--every-span: no memory target, every span zoomed; a lossless store (every singular value
-    kept) held at 16 bits is full KV, a coarse one is not (the store options and --kv-bits reach
-    the method)."""
+    kept) follows full KV up to the 8-bit rounding of its rows, a coarse one does not (--set
+    reaches the store's settings)."""
 
-    def run(energy: str, spans: str = "8,32") -> dict:
+    def run(energy: str, spans: tuple[int, int] = (8, 32)) -> dict:
+        low, high = spans
         result = CliRunner().invoke(
             app,
             [
                 "bench", "fidelity", "--methods", "sekv", "--tasks", "needle", "--lengths",
                 "300", "--depths", "0.5", "--answer-tokens", "4", "--every-span",
-                "--key-energy", energy, "--value-energy", energy, "--kv-bits", "16",
-                "--span-tokens", spans, "--model", str(tiny_model_dirs["llama"]),
-                "--out", str(tmp_path / f"{energy}-{spans}"), "--json",
+                "--set", f"store.key_energy={energy}", "--set", f"store.value_energy={energy}",
+                "--set", f"store.segment.min_len={low}", "--set", f"store.segment.max_len={high}",
+                "--model", str(tiny_model_dirs["llama"]),
+                "--out", str(tmp_path / f"{energy}-{low}-{high}"), "--json",
             ],
         )  # fmt: skip
         assert result.exit_code == 0, result.output
         summary = json.loads(result.stdout)
-        assert summary["kv_bits"] == 16
-        low, high = (int(x) for x in spans.split(","))
-        segment = summary["store"]["segment"]
-        assert (segment["min_len"], segment["max_len"]) == (low, high)
-        assert summary["store"]["key_energy"] == float(energy)
+        store = summary["settings"]["store"]
+        assert (store["segment"]["min_len"], store["segment"]["max_len"]) == (low, high)
+        assert store["key_energy"] == float(energy) and summary["every_span"]
         (config,) = summary["configs"]
-        assert config["budget"] is None
+        assert config["memory_share"] is None
         return config
 
-    odd = CliRunner().invoke(app, ["bench", "fidelity", "--sketch-dim", "15"])
-    assert odd.exit_code != 0 and "even" in odd.output
-    for bad in ("8,4", "0,4", "4"):
-        usage = CliRunner().invoke(app, ["bench", "fidelity", "--span-tokens", bad])
-        assert usage.exit_code != 0 and "MIN" in usage.output
     lossless, coarse = run("1.0"), run("0.3")
-    assert run("1.0", "2,4")["top1_agreement"] == 1.0  # short spans: still lossless
+    assert run("1.0", (2, 4))["top1_agreement"] == 1.0  # short spans: still lossless
     assert lossless["top1_agreement"] == 1.0 and lossless["kl_per_token"] < 1e-3
     assert coarse["kl_per_token"] > 10 * max(lossless["kl_per_token"], 1e-5)

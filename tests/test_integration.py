@@ -53,7 +53,7 @@ def test_cli_ask_on_sample_doc(default_model, shared_home):
 def test_sekv_finds_a_planted_needle(default_model, tmp_path):
     """A needle fact mid-document is answered from the span store, with the needle's span zoomed
     and resident memory (incl. the zoom peak) at most 20% of the full KV cache."""
-    from sekv_core.bench.haystack import NEEDLES, haystack
+    from sekv_bench.haystack import NEEDLES, haystack
     from sekv_core.methods import MethodSettings
 
     needle = NEEDLES[2]

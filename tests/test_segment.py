@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from sekv_core.segment import ANCHOR, SINK, SPAN, SegmentSettings, segment
+from sekv_core.config import SegmentSettings
+from sekv_core.segment import ANCHOR, SINK, SPAN, segment
 
 SETTINGS = [
     SegmentSettings(),

@@ -5,23 +5,21 @@ import math
 import torch
 from safetensors.torch import load_file
 
-from sekv_core import attention
+from sekv_core.backend import use_attention
+from sekv_core.config import BlockSettings, SegmentSettings, StoreSettings
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
-from sekv_core.methods import METHODS, MethodSettings, SeKV
+from sekv_core.methods import METHODS, MethodSettings, SeKV, static
 from sekv_core.methods.blocks import (
     NAME,
     BlockPolicy,
     BlockRetrieval,
-    BlockSettings,
     QuestRouter,
-    attention_switch,
+    block_attention_forward,
 )
 from sekv_core.methods.full import FullKV
 from sekv_core.methods.static import StaticSemantic
 from sekv_core.prompt import chat_template, encode_context, encode_question
-from sekv_core.segment import SegmentSettings
-from sekv_core.store import StoreSettings
 
 TEXT = " ".join(
     f"Item {i} is kept in room {i * 7 % 31} of the {['north', 'east'][i % 2]} wing."
@@ -35,8 +33,8 @@ def make(cls, loaded, tmp_path, **settings):
     path.write_text(TEXT)
     document = load_document(path)
     ctx = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
-    extra = {"store_settings": STORE, **settings.pop("extra", {})}
-    method = cls(loaded, document, ctx, MethodSettings(extra=extra, **settings))
+    settings.setdefault("store", STORE)
+    method = cls(loaded, document, ctx, MethodSettings(**settings))
     method.prepare()
     return method
 
@@ -68,7 +66,7 @@ def block_logits(method, q_ids, blocks, router=None):
     memory.clear()
     policy = BlockPolicy(router or QuestRouter(), blocks)
     pos = torch.arange(len(q_ids))[None] + len(method.context)
-    with torch.inference_mode(), attention_switch(model, NAME):
+    with torch.inference_mode(), use_attention(model, NAME, block_attention_forward):
         out = model(
             input_ids=torch.tensor([q_ids]),
             position_ids=pos,
@@ -82,19 +80,17 @@ def block_logits(method, q_ids, blocks, router=None):
 
 
 def test_static_never_reconstructs_and_counts_what_it_reads(tiny_loaded, tmp_path):
-    method = make(StaticSemantic, tiny_loaded, tmp_path, memory_ratio=0.2)
+    method = make(StaticSemantic, tiny_loaded, tmp_path, memory_share=0.2)
     answer = list(method.generate(question(tiny_loaded), 6))
     assert len(answer) > 0
     spans = method.spans
     assert spans.reconstructions == 0
     assert method.store._offload is None  # the offload tier was never even mapped
-    assert not method.policy.trace.zoomed.any()
-    assert method.policy.use_summaries and method.zoom_trace() == []
+    assert method.zoom_trace() == []
     mem = method.memory()
     fixed = [*spans.fixed[0].tensors(), *spans.fixed[1].tensors()]  # int8 rows + scales
-    read = nbytes(*fixed, spans.summary_k, spans.summary_v)
-    assert mem["resident_bytes"] == read + nbytes(spans.lengths, spans.log_len)
-    assert mem["resident_fp16_bytes"] == read + 8 * spans.n_spans + 2 * spans.n_spans
+    read = nbytes(*fixed, method.summary_k, method.summary_v)  # fp16 summaries
+    assert mem["resident_bytes"] == read + 8 * spans.n_spans + 2 * spans.n_spans  # fp16 count
     assert mem["offloaded_bytes"] == 0
     assert mem["resident_bytes"] < spans.resident_bytes()  # the sketch is not counted
     assert method.routing()["reconstructions"] == 0
@@ -104,13 +100,13 @@ def test_static_attends_summaries_with_log_len(tiny_loaded, tmp_path, monkeypatc
     """Every attention call: one softmax over fixed + all summaries (+ log|S|) + local."""
     method = make(StaticSemantic, tiny_loaded, tmp_path)
     captured = {}
-    real = attention.mixed_attention
+    real = static.mixed_attention
 
     def spy(q, k_local, v_local, k_mem, v_mem, bias, scaling, **options):
         captured.setdefault("first", (k_mem.shape[1], bias.clone()))
         return real(q, k_local, v_local, k_mem, v_mem, bias, scaling, **options)
 
-    monkeypatch.setattr(attention, "mixed_attention", spy)
+    monkeypatch.setattr(static, "mixed_attention", spy)
     list(method.generate(question(tiny_loaded), 1))
     entries, bias = captured["first"]
     spans = method.spans
@@ -180,7 +176,7 @@ def test_blocks_small_budget_loads_exactly_the_top_quest_blocks(tiny_loaded, tmp
 
 
 def test_blocks_memory_accounting(tiny_loaded, tmp_path):
-    method = make(BlockRetrieval, tiny_loaded, tmp_path, memory_ratio=0.5)
+    method = make(BlockRetrieval, tiny_loaded, tmp_path, memory_share=0.5)
     memory, spec = method.memory_store, tiny_loaded.spec
     L, H, B, S, D = (
         memory.num_layers,
@@ -202,9 +198,8 @@ def test_blocks_memory_accounting(tiny_loaded, tmp_path):
     loaded = L * H * k * S * 2 * D * 2  # every layer holds k blocks per head, fp16
     assert mem["offloaded_bytes"] == L * H * B * S * 2 * D * 2
     assert mem["representative_bytes"] == reps
-    assert mem["resident_fp16_bytes"] == sinks + reps + loaded
-    assert mem["resident_fp16_bytes"] <= 0.5 * spec.kv_bytes(n, 2)
-    assert mem["resident_bytes"] > mem["resident_fp16_bytes"]  # + the fp32 working copy
+    assert mem["resident_bytes"] == sinks + reps + loaded
+    assert mem["resident_bytes"] <= 0.5 * spec.kv_bytes(n, 2)
     assert method.routing()["blocks_per_head"] == k
     # decoding mostly reuses loaded blocks: fewer reads than (5 steps x layers x heads x k)
     assert L * H * k <= method.routing()["blocks_read"] < 5 * L * H * k
@@ -219,7 +214,7 @@ def test_block_store_is_reused_and_a_corrupt_one_rebuilt(tiny_loaded, tmp_path):
     warnings = []
     fixed = make(BlockRetrieval, tiny_loaded, tmp_path, warn=warnings.append)
     assert not fixed.store_info()["cache_hit"] and "truncated" in warnings[0]
-    other = make(BlockRetrieval, tiny_loaded, tmp_path, extra={"block_settings": BlockSettings(8)})
+    other = make(BlockRetrieval, tiny_loaded, tmp_path, blocks=BlockSettings(8))
     assert other.path != first.path and other.memory_store.block_size == 8
 
 
@@ -229,13 +224,14 @@ def test_both_run_end_to_end_through_a_session(tiny_loaded, tmp_path, monkeypatc
     path = tmp_path / "doc.md"
     path.write_text(TEXT)
     document = load_document(path)
-    settings = MethodSettings(memory_ratio=0.3, extra={"store_settings": STORE})
+    settings = MethodSettings(memory_share=0.3, store=STORE)
     for name in ("static", "blocks"):
         session = Session(tiny_loaded, document, name, settings)
         answer = session.ask("Where is item 4 kept?", max_new_tokens=5)
         assert answer.method == name and answer.tokens_generated > 0
         assert answer.memory["resident_bytes"] > 0 and answer.store["path"]
         assert answer.routing and isinstance(answer.to_json()["zoom"], list)
-        assert answer.memory["resident_fp16_bytes"] < answer.memory["full_kv_bytes_fp16"]
+        assert answer.memory["resident_bytes"] < answer.memory["full_kv_bytes"]
+        assert answer.memory["resident_share"] < 1
     sekv = Session(tiny_loaded, document, SeKV.name, settings)  # static shares SeKV's store
     assert sekv.method.store_info()["cache_hit"]

@@ -8,10 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from sekv_core.config import StoreSettings
 from sekv_core.documents import load_document
+from sekv_core.format import FILES, FORMAT_VERSION
+from sekv_core.ingest import open_or_build
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
-from sekv_core.store import FILES, FORMAT_VERSION, StoreSettings, load_store, open_or_build
+from sekv_core.store import load_store
 
 TEXT = "\n\n".join(
     f"Section {i}. The {w} vault on floor {i % 9} holds crate {i * 37 % 101} of copper."
@@ -90,19 +93,20 @@ def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv
     doc.write_text(TEXT)
     script = textwrap.dedent(f"""
         import os, signal
-        import sekv_core.store as store
-        real = store.save_file
+        import sekv_core.format as fmt
+        import sekv_core.ingest as ingest
+        real = fmt.save_file
         def save_then_die(tensors, path):
             real(tensors, path)
             os.kill(os.getpid(), signal.SIGKILL)  # after the first file, mid-store
-        store.save_file = save_then_die
+        fmt.save_file = save_then_die
         from sekv_core.documents import load_document
         from sekv_core.models import load_model
         from sekv_core.prompt import chat_template, encode_context
         loaded = load_model({str(tiny_model_dirs["llama"])!r}, device="cpu")
         document = load_document({str(doc)!r})
         ctx = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
-        store.open_or_build(loaded, document, ctx)
+        ingest.open_or_build(loaded, document, ctx)
     """)
     env = dict(os.environ, SEKV_HOME=str(sekv_home))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
@@ -121,10 +125,10 @@ def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv
 
 
 def test_interrupted_write_cleans_up(tiny_loaded, tmp_path, sekv_home, monkeypatch):
-    import sekv_core.store as store_mod
+    import sekv_core.format as fmt
 
     document, context = prepare(tiny_loaded, tmp_path)
-    real, calls = store_mod.save_file, []
+    real, calls = fmt.save_file, []
 
     def flaky(tensors, path):
         calls.append(path)
@@ -132,7 +136,7 @@ def test_interrupted_write_cleans_up(tiny_loaded, tmp_path, sekv_home, monkeypat
             raise KeyboardInterrupt
         real(tensors, path)
 
-    monkeypatch.setattr(store_mod, "save_file", flaky)
+    monkeypatch.setattr(fmt, "save_file", flaky)
     with pytest.raises(KeyboardInterrupt):
         open_or_build(tiny_loaded, document, context)
     assert list((sekv_home / "stores").iterdir()) == []
@@ -145,8 +149,8 @@ def test_unwritable_home_is_an_actionable_error(tiny_loaded, tmp_path, monkeypat
     home.write_text("not a directory")  # $SEKV_HOME/stores cannot be created under a file
     monkeypatch.setenv("SEKV_HOME", str(tmp_path / "ok"))
     document, context = prepare(tiny_loaded, tmp_path)
-    import sekv_core.store as store_mod
+    import sekv_core.ingest as ingest
 
-    monkeypatch.setattr(store_mod, "sekv_home", lambda: home)
+    monkeypatch.setattr(ingest, "sekv_home", lambda: home)
     with pytest.raises(SekvError, match="set SEKV_HOME to a writable directory"):
         open_or_build(tiny_loaded, document, context)

@@ -19,16 +19,19 @@ from safetensors.torch import load_file
 import sekv_core.stream as stream_mod
 from sekv_core.attention import ZoomPolicy, sekv_attention
 from sekv_core.basis import reconstruct
+from sekv_core.config import SegmentSettings, StoreSettings, StreamSettings
 from sekv_core.documents import Document, token_pages
 from sekv_core.engine import Session
 from sekv_core.errors import SekvError
+from sekv_core.format import FILES
+from sekv_core.ingest import open_or_build
 from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.models import load_model
+from sekv_core.prefilter import SpanSubset, candidates, representative_scores
 from sekv_core.prompt import chat_template, encode_context, encode_question
-from sekv_core.router import ROUTERS, SketchRouter
-from sekv_core.segment import ANCHOR, SINK, SPAN, SegmentSettings
+from sekv_core.router import SketchRouter
+from sekv_core.segment import ANCHOR, SINK, SPAN
 from sekv_core.sketch import dequantize_sketch
-from sekv_core.store import FILES, StoreSettings, StreamSettings, open_or_build
 
 WINDOW = 512
 SEGMENT = SegmentSettings(min_len=8, max_len=32)
@@ -184,9 +187,9 @@ def test_everything_zoomed_answers_as_full_attention_within_the_window(small, tm
     answers = []
     for always in (False, True):
         settings = StoreSettings(**lossless, stream=StreamSettings(window=1024, always=always))
-        method = SeKV(small, doc, ctx, MethodSettings(extra={"store_settings": settings}))
+        method = SeKV(small, doc, ctx, MethodSettings(store=settings))
         method.prepare()
-        policy = ZoomPolicy(router=ROUTERS["sketch"](), budget=10**6, margin=math.inf)
+        policy = ZoomPolicy(router=SketchRouter(), budget=10**6, margin=math.inf)
         method.spans.clear()
         with torch.inference_mode(), sekv_attention(small.model):
             got = small.model(
@@ -197,7 +200,7 @@ def test_everything_zoomed_answers_as_full_attention_within_the_window(small, tm
             ).logits[0]
         assert torch.allclose(got, ref, atol=2e-3, rtol=0), (got - ref).abs().max()
         method.settings.budget = 10**6
-        method.settings.extra["margin"] = math.inf
+        method.settings.margin = math.inf
         answers.append(list(method.generate(q_ids, 8)))
     assert answers[0] == answers[1]
 
@@ -223,7 +226,7 @@ def test_a_book_never_uses_positions_beyond_the_window(small, tmp_path):
     assert len(ctx) > 2 * WINDOW
     seen = record_positions(small.model)
     try:
-        settings = MethodSettings(budget=64, extra={"store_settings": BOOK})
+        settings = MethodSettings(budget=64, store=BOOK)
         session = Session(small, doc, "sekv", settings)
         answer = session.ask("Which crate is on floor 4?", max_new_tokens=6)
     finally:
@@ -329,7 +332,7 @@ def test_memory_held_while_streaming_does_not_grow_with_length(small, tmp_path):
 def test_page_citations_stay_right_across_chunks(small, tmp_path):
     doc = document(tmp_path, text_of(30), pages=10)
     ctx = context_of(small, doc)
-    settings = MethodSettings(budget=48, extra={"store_settings": BOOK, "margin": math.inf})
+    settings = MethodSettings(budget=48, store=BOOK, margin=math.inf)
     session = Session(small, doc, "sekv", settings)
     store = session.method.store
     expected = [1] * ctx.doc_start + token_pages(doc, ctx.offsets)
@@ -348,7 +351,7 @@ def test_prefilter_scores_candidates_exactly(small, tmp_path, monkeypatch):
     highest-surprisal ones) score among the best; the candidates keep their exact scores."""
     monkeypatch.setattr(stream_mod, "STREAM_PREFILTER_SPANS", 8)  # streamed chunks prefilter
     doc = document(tmp_path, text_of(24))
-    settings = MethodSettings(budget=16, extra={"store_settings": BOOK})
+    settings = MethodSettings(budget=16, store=BOOK)
     session = Session(small, doc, "sekv", settings)
     memory, store = session.method.spans, session.method.store
     assert memory.span_reps is not None and memory.n_spans > 8
@@ -364,10 +367,10 @@ def test_prefilter_scores_candidates_exactly(small, tmp_path, monkeypatch):
     q = torch.randn(H, 2, 3, D)
     for layer in range(memory.num_layers):
         exact = SketchRouter().scores(memory, layer, q, 1.0)  # (H, N)
-        assert (memory.representative_scores(layer, q) <= exact + 1e-4).all()
-        index = memory.candidates(layer, q, budget=16, keep=4, min_spans=8)
+        assert (representative_scores(memory, layer, q) <= exact + 1e-4).all()
+        index = candidates(memory, layer, q, budget=16, keep=4, min_spans=8)
         assert 4 <= len(index) < memory.n_spans
-        sub = SketchRouter().scores(memory.subset(layer, index), layer, q, 1.0)
+        sub = SketchRouter().scores(SpanSubset(memory, layer, index), layer, q, 1.0)
         assert torch.allclose(sub, exact[:, index], atol=1e-4)
     answer = session.ask("Which crate is on floor 4?", max_new_tokens=4)
     assert answer.routing["zoomed_tokens_max"] <= 16

@@ -7,18 +7,14 @@ import copy
 import pytest
 import torch
 
+from sekv_core.config import StoreSettings
 from sekv_core.errors import SekvError
-from sekv_core.store import StoreSettings
-from sekv_core.train.loop import (
-    TrainSettings,
-    held_out_score,
-    losses,
-    prepare,
-    rank_losses,
-    student_forward,
-    zoom_targets,
-)
-from sekv_core.train.signals import answer_steps, step_decisions
+from sekv_core.train.evaluate import held_out_score
+from sekv_core.train.examples import prepare
+from sekv_core.train.losses import losses, rank_losses
+from sekv_core.train.settings import TrainSettings
+from sekv_core.train.student import answer_steps, step_decisions, student_forward
+from sekv_core.train.teacher import zoom_targets
 from sekv_core.zoomnet import (
     NetShape,
     ZoomNet,
@@ -181,7 +177,7 @@ def test_router_file_round_trip_and_model_check(tmp_path, prepared):
     for k, v in net.state_dict().items():
         assert torch.equal(v, back.net.state_dict()[k])
     assert resolve_router(str(path), loaded.fingerprint).net is not None
-    assert resolve_router("none", loaded.fingerprint) is None
+    assert resolve_router("sketch", loaded.fingerprint) is None
     with pytest.raises(SekvError, match="trained for tiny"):
         load_router(path, "another-fingerprint", "other-model")
     (tmp_path / "bad.safetensors").write_bytes(b"not a router")
@@ -250,9 +246,9 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     # (a streamed, bounded memory) routes training-free, unless sekv-trained is asked for
     import shutil
 
+    from sekv_core.config import MethodSettings
     from sekv_core.documents import load_document
     from sekv_core.engine import Session
-    from sekv_core.methods import MethodSettings
     from sekv_core.models import load_model
 
     (sekv_home / "routers").mkdir(parents=True, exist_ok=True)
@@ -262,27 +258,7 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
         + ["--max-new-tokens", "2"],
     )  # fmt: skip
     assert by_default.exit_code == 0 and '"router": "trained"' in by_default.output
-    # near spans: off unless asked for, with either router (`--near` on the CLI)
-    assert '"near": 0.0' in by_default.output
-    near_cli = runner.invoke(
-        app, ["ask", str(doc), "Who is the keeper?", "--model", model, "--json"]
-        + ["--max-new-tokens", "2", "--router", "none", "--near", "3"],
-    )  # fmt: skip
-    assert near_cli.exit_code == 0 and '"near": 3.0' in near_cli.output, near_cli.output
     loaded = load_model(model)
-    for router, extra, near in (("none", {}, 0.0), ("auto", {}, 0.0), ("auto", {"near": 2}, 2)):
-        settings = MethodSettings(router=router, extra=extra)
-        session = Session(loaded, load_document(doc), "sekv", settings)
-        assert session.ask("Who is the keeper?", 2).routing["near"] == near, (router, extra)
-    # a router trained with near spans (`sekv train --near`) answers with them unless told not to
-    trained_near = tmp_path / "near.safetensors"
-    args_near = [*args[:-1], str(trained_near), "--steps", "1", "--near", "2"]
-    assert runner.invoke(app, args_near).exit_code == 0
-    assert load_router(trained_near).manifest["settings"]["near"] == 2.0
-    for extra, near in (({}, 2.0), ({"near": 0}, 0.0)):
-        settings = MethodSettings(router=str(trained_near), extra=extra)
-        session = Session(loaded, load_document(doc), "sekv", settings)
-        assert session.ask("Who is the keeper?", 2).routing["near"] == near, extra
     book = tmp_path / "book.txt"  # beyond the tiny model's 2048-token window
     book.write_text("The keeper is named Orla. The lamp is lit at dusk. " * 220)
     for method, routed in (("sekv", "sketch"), ("sekv-trained", "trained")):
@@ -343,7 +319,7 @@ def test_sketch_spans_match_the_sketch_token_by_token(prepared):
         assert torch.allclose(spans.mean_keys(through), mapped, atol=1e-4)
 
 
-def test_untrained_gate_is_the_training_free_rule_and_reads_no_summaries(prepared):
+def test_untrained_gate_is_the_training_free_rule_and_places_nothing_more(prepared):
     """At initialisation the gate scores every span as the training-free router does (its max
     estimated logit over the decision's queries, relative to the best span, + the margin): when
     answering (one decision) and in training (one per step, from that step's queries only).
@@ -371,7 +347,7 @@ def test_untrained_gate_is_the_training_free_rule_and_reads_no_summaries(prepare
             free = SketchRouter().scores(memory, layer, q[:, :, steps == step], D**-0.5)
             want = free - free.amax(1, keepdim=True) + INIT_MARGIN
             assert torch.allclose(best[:, step], want, atol=1e-4)
-    assert memory.resident_bytes() == before  # no summaries were placed
+    assert memory.resident_bytes() == before  # nothing beyond the training-free tier
 
 
 def test_training_distils_along_the_full_kv_models_own_answer(prepared, tmp_path):
@@ -381,7 +357,7 @@ def test_training_distils_along_the_full_kv_models_own_answer(prepared, tmp_path
     from sekv_core.engine import Session
     from sekv_core.methods.full import prefill_cache
     from sekv_core.prompt import chat_template, encode_context, encode_question
-    from sekv_core.train.loop import teacher_answer
+    from sekv_core.train.teacher import teacher_answer
 
     loaded = prepared[0]
     path = tmp_path / "doc.txt"
@@ -401,7 +377,7 @@ def test_training_distils_along_the_full_kv_models_own_answer(prepared, tmp_path
 def test_spectra_are_the_stored_factors_column_norms(prepared):
     """The rank gate's inputs, read in one batch per kind: every factorised (kind, layer, head,
     span) in that order, sigma = the column norms of its stored coefficients, 0-padded."""
-    from sekv_core.train.loop import spectra
+    from sekv_core.train.examples import spectra
 
     _, docs, _, _ = prepared
     memory = docs[0].memory
@@ -425,48 +401,3 @@ def test_spectra_are_the_stored_factors_column_norms(prepared):
     got = zip(kinds.tolist(), layers.tolist(), heads.tolist(), strict=True)
     assert [w[:3] for w in want] == list(got)
     assert torch.allclose(sigmas, torch.stack([w[3] for w in want]))
-
-
-def test_student_takes_near_spans_as_answering_does(prepared):
-    """`sekv train --near`: the student's near-span weights are answering's near entry — the
-    same spans (the best-ranked ones the zoom left out), the same mass and mean value."""
-    from sekv_core.attention import NEIGHBOURS, widen
-    from sekv_core.near import near_count, near_entry, near_spans
-    from sekv_core.train.signals import StudentContext, near_weights
-    from sekv_core.zoomnet import sketch_spans
-
-    loaded, docs, *_ = prepared
-    memory = docs[0].memory
-    memory.place_sketch()
-    H, D, N = memory.num_kv_heads, memory.head_dim, memory.n_spans
-    G = loaded.model.config.num_attention_heads // H
-    torch.manual_seed(0)
-    q, layer, scaling = torch.randn(H, G, 3, D), 1, D**-0.5
-    best = torch.randn(H, 1, N)  # one decision (the question's) per KV head
-    hard = torch.rand(H, 1, N) < 0.3
-    budget = int(3 * memory.mean_span_length)
-    steps = torch.zeros(3, dtype=torch.long)
-    ctx = StudentContext(memory, None, [], [], memory.sketch_span, budget, steps, near=1.0)
-    top = torch.zeros(H, G, 3, 1)
-    weights = near_weights(ctx, best, hard, sketch_spans(memory, layer, q, scaling).log_mass, top)
-    held = weights[:, 0, 0] > 0  # (H, N) the student's near spans
-    count = near_count(1.0, budget, memory.mean_span_length)
-    assert count >= 2 and (held.sum(1) == count).all() and not (held & hard[:, 0]).any()
-    index, valid = near_spans(widen(best[:, 0], NEIGHBOURS), hard[:, 0], count)
-    assert valid.all() and all(
-        set(index[h].tolist()) == set(held[h].nonzero()[:, 0].tolist()) for h in range(H)
-    )
-    logit, value = near_entry(memory, layer, q, scaling, index, valid)
-    assert torch.allclose(weights.sum(-1).log(), logit, atol=1e-4)
-    mixed = torch.einsum("hgtn,hnd->hgtd", weights, memory.summary_v[layer].float())
-    assert torch.allclose(mixed / weights.sum(-1, keepdim=True), value.float(), atol=1e-3)
-    assert (
-        near_weights(
-            StudentContext(memory, None, [], [], memory.sketch_span, budget, steps),
-            best,
-            hard,
-            top,
-            top,
-        )
-        is None
-    )

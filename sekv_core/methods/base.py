@@ -22,6 +22,7 @@ class Method(ABC):
     """
 
     name: ClassVar[str]
+    follows_memory_share: ClassVar[bool] = True  # resident memory follows ``memory_share``
     step: PositionedStep | None = None  # the last answer's decoding step (methods that use one)
 
     @property

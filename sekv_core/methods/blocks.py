@@ -34,11 +34,11 @@ from ..basis import BASIS_DTYPE
 from ..config import DEFAULT_BUDGET, BlockSettings
 from ..decode import PositionedStep, greedy
 from ..errors import SekvError
+from ..format import map_safetensors, sha256, store_key, write_atomically
 from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
 from ..router import Router
-from ..format import map_safetensors, sha256, store_key, write_atomically
 from ..store import StoreInvalid
 from .base import Method, Progress
 from .full import prefill_cache
@@ -176,7 +176,6 @@ def block_attention_forward(
     bias = torch.cat([bias.new_zeros(Hkv, sink_k.shape[1]), bias], dim=1)
     out, _ = mixed_attention(q, key[0], value[0], k_mem, v_mem, bias, scaling)
     return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None  # (1, Tq, Hq, D)
-
 
 
 class BlockRetrieval(Method):

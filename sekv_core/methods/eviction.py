@@ -114,7 +114,6 @@ def capture_attention_forward(
     return out.view(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None  # (1, Tq, Hq, D)
 
 
-
 def capture_attention(model: torch.nn.Module):
     """Route the model's attention through :func:`capture_attention_forward` inside the block."""
     return use_attention(model, CAPTURE, capture_attention_forward)

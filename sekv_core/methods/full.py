@@ -26,7 +26,7 @@ def answer_over(loaded, cache: DynamicCache, question_ids: list[int], max_new_to
 
 class FullKV(Method):
     name = "full"
-    budgeted = False  # its memory does not follow a budget (the bench runs it once)
+    follows_memory_share = False  # it holds the whole cache (the bench runs it once)
 
     cache: DynamicCache | None = None
 

@@ -118,8 +118,7 @@ class SeKV(Method):
         if s.memory_share is None:
             return cap
         target = s.memory_share * self.loaded.spec.kv_bytes(len(self.context), 2)
-        fixed = spans.zoom_bytes(0)
-        per_token = (spans.zoom_bytes(1024) - fixed) / 1024
+        fixed, per_token = self.zoom_costs()
 
         def left() -> int:
             return int((target - spans.resident_bytes() - fixed) // per_token)
@@ -128,6 +127,12 @@ class SeKV(Method):
             spans.place_sketch(spans.sketch_dims // 2)
             cap = s.budget or left()
         return max(MIN_ZOOM, min(cap, left()))
+
+    def zoom_costs(self) -> tuple[int, float]:
+        """Bytes an answer's zoom takes before its first token, and per token of budget
+        (:meth:`SpanMemory.zoom_bytes`)."""
+        fixed = self.spans.zoom_bytes(0)
+        return fixed, (self.spans.zoom_bytes(1024) - fixed) / 1024
 
     def max_band(self) -> int:
         """Books: the most zoomed tokens per KV head (half of the window after the sinks)."""

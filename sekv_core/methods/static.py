@@ -59,7 +59,7 @@ def static_attention_forward(
 
 class StaticSemantic(SeKV):
     name = "static"
-    budgeted = False  # its memory does not follow a budget (the bench runs it once)
+    follows_memory_share = False  # its memory is fixed by the segmentation
     reads_books = False  # its attention has no bounded-position path
 
     answered: bool = False

@@ -1,7 +1,7 @@
 """Report-style training documents: a titled organisation's report in numbered sections, with
 headings, prose, bullet lists and look-up facts (names, numbers with units, dates, named things).
 
-The topical filler of :mod:`sekv_core.train.data` is one long run of similar sentences; the
+The topical filler of :mod:`sekv_core.train.prose` is one long run of similar sentences; the
 documents people ask sekv about are handbooks and reports, whose attention patterns differ
 (headings, lists, many distinct facts close together). This generator gives the router that
 shape without touching the benchmark's documents: every word list here is its own and the facts
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from .data import FIRST, LAST, Fact, TrainDoc
+from .facts import FIRST, LAST, Fact, TrainDoc
 
 ORGS = [
     ("Fenwick Valley Water Board", "water"),

@@ -1,8 +1,9 @@
 """The suite's PNG plots (matplotlib, drawn off-screen: no display or pyplot state needed).
 
-- :func:`accuracy_vs_memory`: accuracy against measured resident ratio, one line per method
-  across budgets (unbudgeted methods such as full KV are single points);
-- :func:`needle_heatmap`: needle accuracy over depth × length, one panel per method and budget.
+- :func:`accuracy_vs_memory`: accuracy against the measured resident share, one line per method
+  across memory shares (methods that follow none, such as full KV, are single points);
+- :func:`needle_heatmap`: needle accuracy over depth × length, one panel per method and memory
+  share.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def accuracy_vs_memory(by_budget: list[dict[str, Any]], path: Path) -> bool:
-    """Plot rows of ``{method, budget, accuracy, resident_ratio}``; False if there is nothing."""
+def accuracy_vs_memory(by_share: list[dict[str, Any]], path: Path) -> bool:
+    """Plot rows of ``{method, accuracy, resident_share}``; False if there is nothing."""
     points: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in by_budget:
-        if r["accuracy"] is not None and (r["resident_ratio"] or 0) > 0:  # log axis
-            points[r["method"]].append((r["resident_ratio"], r["accuracy"]))
+    for r in by_share:
+        if r["accuracy"] is not None and (r["resident_share"] or 0) > 0:  # log axis
+            points[r["method"]].append((r["resident_share"], r["accuracy"]))
     if not points:
         return False
     fig = _figure(7, 4.5)
@@ -31,10 +32,10 @@ def accuracy_vs_memory(by_budget: list[dict[str, Any]], path: Path) -> bool:
     for method, xy in points.items():
         xy.sort()
         xs, ys = zip(*xy, strict=True)
-        single = len(xy) == 1  # an unbudgeted method (full KV): one point
+        single = len(xy) == 1  # a method that follows no share (full KV): one point
         style = dict(marker="*", markersize=14, linestyle="none") if single else dict(marker="o")
         ax.plot(xs, ys, label=method, **style)
-    _ratio_axis(ax, [x for xy in points.values() for x, _ in xy])
+    _share_axis(ax, [x for xy in points.values() for x, _ in xy])
     ax.set_xlabel("resident memory / full KV cache (fp16), measured")
     ax.set_ylabel("accuracy (string match)")
     ax.set_ylim(-0.05, 1.05)
@@ -45,12 +46,12 @@ def accuracy_vs_memory(by_budget: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def _ratio_axis(ax, ratios: list[float]) -> None:
-    """A log x axis of ratios with percent ticks (budgets of a few % and full KV at 100%)."""
+def _share_axis(ax, shares: list[float]) -> None:
+    """A log x axis of shares with percent ticks (targets of a few % and full KV at 100%)."""
     from matplotlib.ticker import FixedLocator, NullFormatter, PercentFormatter
 
     ax.set_xscale("log")
-    lo, hi = min(ratios) / 1.3, max(ratios) * 1.3
+    lo, hi = min(shares) / 1.3, max(shares) * 1.3
     ticks = [t * 10**e for e in range(-3, 2) for t in (1, 2, 5)]
     ax.set_xlim(lo, hi)
     ax.xaxis.set_major_locator(FixedLocator([t for t in ticks if lo <= t <= hi] or [lo, hi]))
@@ -66,18 +67,19 @@ def needle_heatmap(rows: list[dict[str, Any]], path: Path) -> bool:
     depths = sorted({r["depth"] for r in needle})
     lengths = sorted({r["target_length"] for r in needle})
     methods = list(dict.fromkeys(r["method"] for r in needle))
-    budgets = list(dict.fromkeys(r["budget"] for r in needle if r["budget"] is not None))
-    cols = max(1, len(budgets))
+    shares = list(dict.fromkeys(r["memory_share"] for r in needle))
+    shares = [s for s in shares if s is not None]
+    cols = max(1, len(shares))
     scores: dict[tuple, list[float]] = defaultdict(list)
     for r in needle:
-        scores[(r["method"], r["budget"], r["depth"], r["target_length"])].append(r["score"])
+        scores[(r["method"], r["memory_share"], r["depth"], r["target_length"])].append(r["score"])
     fig = _figure(
         1.2 + cols * (1 + 0.7 * len(lengths)), 0.6 + len(methods) * (1 + 0.4 * len(depths))
     )
     axes = fig.subplots(len(methods), cols, squeeze=False)
     image = None
     for i, method in enumerate(methods):
-        runs = [b for b in budgets if (method, b) in {(k[0], k[1]) for k in scores}] or [None]
+        runs = [b for b in shares if (method, b) in {(k[0], k[1]) for k in scores}] or [None]
         for j in range(cols):
             ax = axes[i][j]
             if j >= len(runs):

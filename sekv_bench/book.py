@@ -14,20 +14,22 @@ import json
 import random
 import resource
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..documents import load_document
-from ..engine import Session
-from ..methods import MethodSettings
-from ..models import LoadedModel
-from ..prompt import chat_template, encode_context
-from ..store import ANSWER_RESERVE, StoreSettings, open_or_build
-from . import resident_share
+from sekv_core.config import DEFAULT_BUDGET, MethodSettings, StoreSettings, exceeds_window
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.ingest import open_or_build
+from sekv_core.models import LoadedModel
+from sekv_core.prompt import chat_template, encode_context
+
 from .haystack import NEEDLES, Needle, sentence
+from .rows import resident_share
 
 TOPICS = [
     "harbour works",
@@ -172,8 +174,8 @@ def bench_book_ingest(
         "window_peak_bytes": m.get("stream", {}).get("peak_window_bytes"),
         "resident_bytes": b["resident"],
         "offloaded_bytes": b["offloaded"],
-        "full_kv_fp16_bytes": b["full_kv_fp16"],
-        "resident_ratio": round(b["resident"] / b["full_kv_fp16"], 4),
+        "full_kv_bytes": b["full_kv_fp16"],
+        "resident_share": round(b["resident"] / b["full_kv_fp16"], 4),
         "anchors_pct": stats["anchors_pct"],
         "spans": stats["spans"],
         "timings": m["timings"],
@@ -184,15 +186,13 @@ def bench_book_needles(
     loaded: LoadedModel,
     lengths: tuple[int, ...] = LENGTHS,
     depths: tuple[float, ...] = DEPTHS,
-    budget: int = 256,
+    budget: int = DEFAULT_BUDGET,
     max_new_tokens: int = 24,
     workdir: Path | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Per length: one book with a needle at each depth, three questions; full KV where the
     context fits the model window (else ``None``)."""
-    import tempfile
-
     rows = []
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         for length in lengths:
@@ -202,7 +202,7 @@ def bench_book_needles(
             t0 = time.perf_counter()
             session = Session(loaded, doc, "sekv", MethodSettings(budget=budget))
             ingest_s = time.perf_counter() - t0
-            fits = len(session.context) + ANSWER_RESERVE <= loaded.spec.window
+            fits = not exceeds_window(loaded.spec.window, len(session.context))
             full = Session(loaded, doc, "full") if fits else None
             for fact in facts:
                 answer = session.ask(fact.question, max_new_tokens)
@@ -218,7 +218,7 @@ def bench_book_needles(
                     ),
                     "peak_rss_bytes": peak_rss_bytes(),
                     "answer_s": answer.timings["answer_s"],
-                    "resident_ratio": resident_share(answer.memory, 4),
+                    "resident_share": resident_share(answer.memory, 4),
                     "full_ok": None,
                 }
                 if full is not None:

@@ -1,9 +1,9 @@
 """Needle-in-a-haystack grid: SeKV vs full KV, measured side by side in one run.
 
 For each haystack length and needle depth: both methods answer the needle question; reported per
-cell are correctness, SeKV's resident bytes (incl. zoom peak) / full-KV bytes, routing recall vs
-the oracle router at the same budget, time to first token on a *repeat* question (store loaded
-from disk vs full-KV re-prefill), and decode speed.
+cell are correctness, SeKV's resident share (bytes incl. zoom peak / fp16 full-KV bytes), routing
+recall vs the oracle router at the same zoom budget, time to first token on a *repeat* question
+(store loaded from disk vs full-KV re-prefill), and decode speed.
 """
 
 from __future__ import annotations
@@ -11,15 +11,18 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..documents import load_document
-from ..engine import Session
-from ..methods import MethodSettings
-from ..models import LoadedModel
-from . import resident_share
+from sekv_core.config import MethodSettings
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.models import LoadedModel
+
+from .diagnostics import ask_probed, attach_probe
 from .haystack import NEEDLES, haystack
+from .rows import resident_share
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
@@ -31,11 +34,15 @@ def bench_needle(
     budget: int = 128,
     needle: int = 2,
     recall: bool = True,
-    summaries: bool = False,
     max_new_tokens: int = 24,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    settings: MethodSettings | None = None,
 ) -> list[dict[str, Any]]:
+    """One row per (length, depth): both methods answer the needle question. SeKV runs from
+    ``settings`` with a zoom ``budget`` (tokens per layer and KV head); ``recall``: its routing
+    is held against the oracle router (:mod:`.diagnostics`)."""
     nd = NEEDLES[needle]
+    settings = replace(settings or MethodSettings(), budget=budget)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in lengths:
@@ -44,13 +51,11 @@ def bench_needle(
                 path.write_text(haystack(loaded.tokenizer, n, depth, nd, seed=n))
                 doc = load_document(path)
                 full = Session(loaded, doc, "full").ask(nd.question, max_new_tokens)
-                settings = MethodSettings(
-                    budget=budget, measure_recall=recall, use_summaries=summaries
-                )
                 Session(loaded, doc, "sekv", settings)  # ingest: builds the store once
                 t0 = time.perf_counter()  # a repeat question: the store is loaded from disk
                 session = Session(loaded, doc, "sekv", settings)
-                sekv = session.ask(nd.question, max_new_tokens)
+                probe = attach_probe(session) if recall else None
+                sekv = ask_probed(session, nd.question, max_new_tokens, probe)
                 sekv_ttft = (
                     time.perf_counter()
                     - t0
@@ -65,7 +70,7 @@ def bench_needle(
                         "full_ok": nd.answer in full.answer,
                         "sekv_ok": nd.answer in sekv.answer,
                         "needle_in_top10_zoom": needle_zoomed,
-                        "resident_ratio": resident_share(sekv.memory, 4),
+                        "resident_share": resident_share(sekv.memory, 4),
                         "recall_vs_oracle": sekv.routing.get("recall_vs_oracle"),
                         "mass_captured": sekv.routing.get("mass_captured"),
                         "ttft_full_s": full.timings["first_token_s"],
@@ -76,6 +81,8 @@ def bench_needle(
                         "sekv_answer": sekv.answer[:80],
                     }
                 )
+                if progress:
+                    progress(rows[-1])
     return rows
 
 
@@ -90,7 +97,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cells": len(rows),
         "full_accuracy": mean("full_ok"),
         "sekv_accuracy": mean("sekv_ok"),
-        "resident_ratio_mean": mean("resident_ratio"),
+        "resident_share_mean": mean("resident_share"),
         "recall_vs_oracle_mean": mean("recall_vs_oracle"),
         "mass_captured_mean": mean("mass_captured"),
         "ttft_ratio_mean": mean("ttft_ratio"),

@@ -10,7 +10,7 @@ every step we compare its next-token distribution with full KV's:
 - **identical answers**: share of questions where every token agrees (the method, decoding freely,
   would have written full KV's answer).
 
-Samples are the suite's (:mod:`sekv_core.bench.suite`): generated tasks and the sample documents'
+Samples are the suite's (:mod:`.suite`): generated tasks and the sample documents'
 questions. Every row reports the resident memory as measured (share of fp16 full KV).
 """
 
@@ -18,22 +18,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..attention import ZoomPolicy
-from ..decode import forced
-from ..documents import load_document
-from ..engine import Session
-from ..errors import SekvError
-from ..methods import MethodSettings
-from ..models import LoadedModel
-from ..store import StoreSettings
-from . import resident_share
-from .suite import SuiteConfig, budgeted, build_samples, config_label, group
+from sekv_core.decode import forced
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.errors import SekvError
+from sekv_core.models import LoadedModel
+
+from .rows import config_label, group, resident_share
+from .suite import SuiteConfig, build_samples, run_settings, sample_path
 
 DEFAULT_ANSWER_TOKENS = 24
 EVERY_SPAN = 1 << 30  # a zoom budget (tokens per layer and KV head) no document reaches
@@ -44,64 +42,56 @@ def run_fidelity(
     config: SuiteConfig,
     out: Path,
     answer_tokens: int = DEFAULT_ANSWER_TOKENS,
-    settings: MethodSettings | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     every_span: bool = False,
 ) -> dict[str, Any]:
-    """Every (method, budget) against full KV on every sample question; writes ``out``'s
-    results.jsonl, summary.json and fidelity.md and returns the summary. ``sekv-trained`` routes
-    with ``config.trained_router`` (auto: the router trained for the model), ``sekv``
-    training-free. ``every_span``: no memory target, SeKV zooms every span (the ceiling its
-    store sets: what reconstruction alone loses); other methods keep the whole cache."""
+    """Every (method, memory share) against full KV on every sample question; writes ``out``'s
+    results.jsonl, summary.json and fidelity.md and returns the summary. Runs start from
+    ``config``'s settings; ``sekv-trained`` routes with ``config.trained_router`` (auto: the
+    router trained for the model), ``sekv`` training-free. ``every_span``: no memory target,
+    SeKV zooms every span (the ceiling its store sets: what reconstruction alone loses); other
+    methods keep the whole cache."""
     if "full" in config.methods:
         raise SekvError(
             "full KV is the reference of the fidelity benchmark; drop it from --methods"
         )
     config.check(loaded.spec.window)
-    base = settings or MethodSettings()
+    base = config.method_settings()
     if every_span:
         base = replace(base, budget=EVERY_SPAN)
     out = Path(out)
     (out / "samples").mkdir(parents=True, exist_ok=True)
-    configs = [
-        (method, budget)
-        for method in config.methods
-        for budget in (config.budgets if budgeted(method) and not every_span else [None])
-    ]
+    runs = [(m, None) for m in config.methods] if every_span else config.runs()
     rows: list[dict[str, Any]] = []
     with (out / "results.jsonl").open("w") as sink:
         for sample in build_samples(config, loaded.tokenizer):
-            path = sample.source
-            if path is None:
-                path = out / "samples" / f"{sample.name}.txt"
-                path.write_text(sample.text)
-            document = load_document(path)
-            reference = Session(loaded, document, "full", replace(base, memory_ratio=None))
+            document = load_document(sample_path(sample, out))
+            reference = Session(loaded, document, "full", base)
             refs = []
             for q in sample.questions:
                 with forced() as record:
                     reference.ask(q.question, answer_tokens)
                 logprobs = torch.stack(record.logprobs)  # (n, V) incl. a final stop token
                 refs.append((q.question, logprobs.argmax(-1).tolist(), logprobs))
-            for method, budget in configs:
-                chosen = replace(base, memory_ratio=budget)
-                if method == "sekv-trained":
-                    chosen = replace(chosen, router=config.trained_router)
-                session = Session(loaded, document, method, chosen)
+            for method, share in runs:
+                session = Session(
+                    loaded,
+                    document,
+                    method,
+                    run_settings(base, method, share, config.trained_router),
+                )
                 for question, ids, ref in refs:
                     with forced(ids) as record:
                         answer = session.ask(question, len(ids))
-                    row = compare(ref, torch.stack(record.logprobs), ids)
-                    mem = answer.memory
                     row = {
                         "sample": sample.name,
                         "task": sample.task,
                         "length": session.doc_tokens,
                         "method": method,
-                        "budget": budget,
+                        "memory_share": share,
                         "question": question,
-                        **row,
-                        "resident_ratio": resident_share(mem),
+                        **compare(ref, torch.stack(record.logprobs), ids),
+                        "resident_share": resident_share(answer.memory),
                         "routing": answer.routing,
                     }
                     sink.write(json.dumps(row) + "\n")
@@ -112,10 +102,7 @@ def run_fidelity(
     summary = {
         "answer_tokens": answer_tokens,
         "every_span": every_span,
-        "kv_bits": base.kv_bits,
-        "store": (base.extra.get("store_settings") or StoreSettings()).to_dict(),
-        "neighbours": base.extra.get("neighbours", ZoomPolicy.neighbours),
-        "near": base.extra.get("near"),  # None: the method's default (SeKV.near_share)
+        "settings": {k: v for k, v in asdict(base).items() if k != "warn"},
         "trained_router": config.trained_router if "sekv-trained" in config.methods else None,
         "configs": summarize(rows),
     }
@@ -139,15 +126,16 @@ def compare(reference: torch.Tensor, got: torch.Tensor, ids: list[int]) -> dict[
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per (method, budget): agreement, KL per token, identical answers, resident."""
+    """One line per (method, memory share): agreement, KL per token, identical answers,
+    resident share."""
     out = []
-    for (method, budget), part in group(rows).items():
+    for (method, share), part in group(rows).items():
         tokens = sum(r["tokens"] for r in part)
         out.append(
             {
                 "method": method,
-                "budget": budget,
-                "label": config_label(method, budget),
+                "memory_share": share,
+                "label": config_label(method, share),
                 "questions": len(part),
                 "tokens": tokens,
                 "top1_agreement": round(sum(r["agree"] for r in part) / tokens, 4),
@@ -155,7 +143,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "identical_answers": round(
                     sum(r["first_miss"] is None for r in part) / len(part), 4
                 ),
-                "resident_ratio": round(sum(r["resident_ratio"] for r in part) / len(part), 4),
+                "resident_share": round(sum(r["resident_share"] for r in part) / len(part), 4),
             }
         )
     return out
@@ -166,15 +154,15 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Fidelity to full KV along full KV's own answers (up to {summary['answer_tokens']} "
         "tokens, teacher-forced).",
         "",
-        "| method | budget | questions | top-1 agreement | KL nats/token | identical answers "
+        "| method | memory | questions | top-1 agreement | KL nats/token | identical answers "
         "| resident |",
         "|---|---|---|---|---|---|---|",
     ]
     for c in summary["configs"]:
-        budget = "–" if c["budget"] is None else f"{c['budget']:.2f}"
+        share = "–" if c["memory_share"] is None else f"{c['memory_share']:.2f}"
         lines.append(
-            f"| {c['method']} | {budget} | {c['questions']} | {c['top1_agreement']:.3f} "
+            f"| {c['method']} | {share} | {c['questions']} | {c['top1_agreement']:.3f} "
             f"| {c['kl_per_token']:.3f} | {c['identical_answers']:.2f} "
-            f"| {c['resident_ratio']:.1%} |"
+            f"| {c['resident_share']:.1%} |"
         )
     return "\n".join(lines) + "\n"

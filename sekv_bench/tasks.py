@@ -23,13 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..documents import load_document
-from ..errors import SekvError
+from sekv_core.documents import load_document
+from sekv_core.errors import SekvError
+
 from .haystack import filler, plant
 
 GENERATED = ("needle", "multikey", "multivalue", "vartrack")
 TASKS = (*GENERATED, "qa")
-SAMPLE_DOCS = Path(__file__).resolve().parents[2] / "sample_docs"
+SAMPLE_DOCS = Path(__file__).resolve().parents[1] / "sample_docs"  # beside the package
 
 KEYS = [
     "the Saltmarsh observatory",

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..documents import load_document
-from ..engine import Session
-from ..errors import SekvError
-from ..methods import MethodSettings
-from ..models import LoadedModel
-from . import resident_share
+from sekv_core.config import MethodSettings
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.errors import SekvError
+from sekv_core.models import LoadedModel
+
+from .rows import resident_share
 
 
 def bench_qa(
@@ -42,7 +43,7 @@ def bench_qa(
                     "correct": sum(hits),
                     "questions": len(items),
                     "hits": "".join("1" if h else "0" for h in hits),
-                    "resident_ratio": resident_share(memory, 4),
+                    "resident_share": resident_share(memory, 4),
                 }
             )
     return rows

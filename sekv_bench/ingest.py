@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..documents import load_document
-from ..engine import check_window
-from ..methods.full import prefill_cache
-from ..models import LoadedModel
-from ..prompt import chat_template, encode_context
-from ..store import StoreSettings, open_or_build
+from sekv_core.config import StoreSettings
+from sekv_core.documents import load_document
+from sekv_core.engine import check_window
+from sekv_core.ingest import open_or_build
+from sekv_core.methods.full import prefill_cache
+from sekv_core.models import LoadedModel
+from sekv_core.prompt import chat_template, encode_context
 
 
 def bench_ingest(
@@ -47,8 +48,8 @@ def bench_ingest(
                 "span_len_p50": stats["span_len"]["p50"],
                 "key_rank_mean": stats["key_rank_mean"],
                 "value_rank_mean": stats["value_rank_mean"],
-                "resident_ratio": round(b["resident"] / b["full_kv_fp16"], 4),
-                "stored_ratio": round(b["offloaded"] / b["full_kv_fp16"], 4),
+                "resident_share": round(b["resident"] / b["full_kv_fp16"], 4),
+                "store_share": round(b["offloaded"] / b["full_kv_fp16"], 4),
                 "full_prefill_s": round(full_s, 3),
                 "ingest_s": round(ingest_s, 3),
                 "ingest_ratio": round(ingest_s / full_s, 3),

@@ -1,0 +1,281 @@
+"""The store under construction: the spans a streamed build committed so far, part by part.
+
+:class:`PartialStore` looks like a :class:`~sekv_core.store.SpanStore` to
+:class:`~sekv_core.zoom.SpanMemory`, so each chunk of the stream zooms into what the chunks before
+it committed: its resident tables grow with every part (the routing sketch requantised to one
+scale per direction), its offload tier stays in the part files (:mod:`sekv_core.parts`) and is
+read back range by range. When the stream ends it assembles the finished store's tensors and
+writes its offload file from the parts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from bisect import bisect_right
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .basis import BASIS_DTYPE
+from .config import StoreSettings
+from .format import map_safetensors
+from .parts import OFFLOAD, read_tensors, write_part
+from .sketch import (
+    SketchBasis,
+    dequantize_sketch,
+    pack_sketch,
+    requantize_sketch,
+    sketch_dtype,
+    widen_sketch_scale,
+)
+
+HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
+OPEN_PARTS = 32  # part files kept open
+TABLES = tuple(f"{kind}_{t}" for kind in "kv" for t in ("rank", "raw", "coef_off", "basis_off"))
+# what a resumed build reads back from each part (not the bases, summaries or anchors' K/V)
+REPLAYED = (
+    *TABLES,
+    "span_starts",
+    "span_ends",
+    "span_reps",
+    "sketch",
+    "sketch_scale",
+    "anchor_pos",
+)
+FIXED = ("anchor_pos", "anchor_k", "anchor_v", "summary_k", "summary_v")  # read when finished
+
+
+class Grow:
+    """A tensor growing along dimension ``dim`` (capacity x1.5); ``value`` is its content."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim, self.buf, self.n = dim, None, 0
+
+    def extend(self, t: torch.Tensor) -> None:
+        add = t.shape[self.dim]
+        if self.buf is None or self.n + add > self.buf.shape[self.dim]:
+            shape = list(t.shape)
+            shape[self.dim] = max(self.n + add, int(1.5 * self.n), 16)
+            buf = t.new_empty(shape)
+            if self.buf is not None:
+                buf.narrow(self.dim, 0, self.n).copy_(self.value)
+            self.buf = buf
+        self.buf.narrow(self.dim, self.n, add).copy_(t)
+        self.n += add
+
+    @property
+    def value(self) -> torch.Tensor:
+        return self.buf.narrow(self.dim, 0, self.n)
+
+
+class PartialStore:
+    """The spans committed so far, shaped as a :class:`~sekv_core.store.SpanStore` for
+    :class:`~sekv_core.zoom.SpanMemory`: a resident dict grown part by part (routing tables and
+    sketch on ``device``, at ``keep`` precision), the offload tier in the part files of ``work``.
+
+    Zoom reads go through ``os.pread`` (not memory maps: pages a map touched would stay in the
+    process's resident set, part after part).
+    """
+
+    def __init__(
+        self,
+        work: Path,
+        manifest: dict[str, Any],
+        settings: StoreSettings,
+        device: torch.device,
+        keep: torch.dtype,
+    ) -> None:
+        self.work, self.manifest, self.resident = work, manifest, {}
+        self.bits, self.dim = settings.sketch_bits, settings.sketch_dim
+        self.device, self.keep = device, keep
+        self.files: list[dict[str, Any]] = []  # name and sha256 of each part, in order
+        self.paths: list[Path] = []
+        self.bases: dict[str, list[int]] = {name: [] for name in OFFLOAD}
+        self.totals = dict.fromkeys(OFFLOAD, 0)
+        self.grow = {name: Grow(2) for name in ("sketch", *TABLES)}
+        self.grow.update(span_starts=Grow(0), span_ends=Grow(0), span_reps=Grow(0))
+        self.sketch_scale: torch.Tensor | None = None  # (L, H, R) float32, grows rarely
+        self.anchors = 0  # anchors committed so far
+        self._open: OrderedDict[int, tuple[int, dict[str, int]]] = OrderedDict()
+
+    def start(self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor) -> None:
+        """No spans yet: the sinks (positions; K (L, H, n, D) as the store keeps them; V)."""
+        L, H, D = sink_k.shape[0], sink_k.shape[1], sink_k.shape[3]
+        R, bits, dev, keep = self.dim, self.bits, self.device, self.keep
+        empty = torch.zeros(L, H, 0, D, dtype=keep, device=dev)
+        self.resident.update(
+            fixed_pos=sinks,
+            fixed_k=sink_k.to(keep),
+            fixed_v=sink_v.to(keep),
+            summary_k=empty,
+            summary_v=empty,
+            sketch_proj=torch.zeros(L, H, D, R, dtype=keep, device=dev),
+            sketch_mean=torch.zeros(L, H, D, dtype=keep, device=dev),
+            sketch=torch.zeros(L, H, 0, R // 2 if bits == 4 else R, dtype=sketch_dtype(bits)),
+            sketch_scale=torch.ones(L, H, R, dtype=keep, device=dev),
+            span_starts=torch.zeros(0, dtype=torch.int64),
+            span_ends=torch.zeros(0, dtype=torch.int64),
+            span_reps=torch.zeros(0, 4, dtype=torch.int64, device=dev),
+            **{name: torch.zeros(L, H, 0, dtype=_table_dtype(name)) for name in TABLES},
+        )
+        self.resident["sketch"] = self.resident["sketch"].to(dev)
+
+    def place_sketch_basis(self, basis: SketchBasis) -> None:
+        """The sketch's query side on the device (routers read it from the resident tier)."""
+        self.resident["sketch_proj"] = basis.query_proj.to(self.device, self.keep)
+        self.resident["sketch_mean"] = basis.mean.to(self.device, self.keep)
+
+    def commit(self, part: dict[str, torch.Tensor]) -> None:
+        """Write ``part`` as the next part file and append its spans."""
+        meta = write_part(self.work, len(self.files), part)
+        self.files.append(meta)
+        self.append(part, self.work / meta["name"])
+
+    def replay(self, meta: dict[str, Any]) -> None:
+        """Append a part a verified checkpoint lists (``meta``: its name and checksum), reading
+        back its resident tables and the sizes of its offload buffers only."""
+        self.files.append(meta)
+        path = self.work / meta["name"]
+        self.append(read_tensors(path, REPLAYED, OFFLOAD), path)
+
+    def append(self, part: dict[str, Any], path: Path) -> None:
+        """Add the spans of the part file ``path`` (its tensors ``part``; replayed parts give
+        the offload buffers by their sizes) to the resident tables."""
+        sizes = {n: part[n] if isinstance(part[n], int) else part[n].numel() for n in OFFLOAD}
+        self.paths.append(path)
+        base = dict(self.totals)  # global offset of each of the part's flat buffers
+        for name in OFFLOAD:
+            self.bases[name].append(base[name])
+            self.totals[name] += sizes[name]
+        for kind in "kv":
+            for table in ("coef_off", "basis_off"):
+                name = f"{kind}_{table}"
+                self.grow[name].extend(part[name] + base[f"{kind}_{table[:-4]}"])
+            for table in ("rank", "raw"):
+                self.grow[f"{kind}_{table}"].extend(part[f"{kind}_{table}"])
+        self.grow["span_starts"].extend(part["span_starts"])
+        self.grow["span_ends"].extend(part["span_ends"])
+        self.anchors += int(part["anchor_pos"].numel())
+        self._append_sketch(part["sketch"], part["sketch_scale"].float(), part["span_reps"])
+        r = self.resident
+        for name, g in self.grow.items():
+            if g.buf is not None:
+                r[name] = g.value
+        r["sketch_scale"] = self.sketch_scale.to(self.device, self.keep)
+
+    def _append_sketch(self, packed: torch.Tensor, scale: torch.Tensor, reps: torch.Tensor) -> None:
+        """Requantise a part's sketch (own scale) to the store's one; grow the latter when a
+        part exceeds it (by HEADROOM more, requantising what is stored: rare)."""
+        g = self.grow["sketch"]
+        if self.sketch_scale is None:
+            self.sketch_scale = scale
+        elif (scale > self.sketch_scale).any():
+            stored = g.value if g.buf is not None else None
+            self.sketch_scale = widen_sketch_scale(
+                stored, self.sketch_scale, scale, HEADROOM, self.bits
+            )
+        levels = dequantize_sketch(packed, self.dim, torch.float32)
+        levels = requantize_sketch(levels, scale / self.sketch_scale, self.bits)
+        rows = g.n
+        g.extend(pack_sketch(levels, self.bits).to(self.device))  # on the resident device
+        self.grow["span_reps"].extend((reps + rows).to(self.device))
+
+    def offload_slice(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if stop <= start:
+            return torch.zeros(0, dtype=BASIS_DTYPE)
+        part = bisect_right(self.bases[name], start) - 1
+        fd, data = self._file(part)
+        size = BASIS_DTYPE.itemsize
+        raw = os.pread(
+            fd, (stop - start) * size, data[name] + (start - self.bases[name][part]) * size
+        )
+        return torch.frombuffer(bytearray(raw), dtype=BASIS_DTYPE)
+
+    def offload_ranges(self, name: str, starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
+        """Elements [starts[i], stops[i]) for every i, one after another (a read per range)."""
+        pairs = zip(starts.tolist(), stops.tolist(), strict=True)
+        parts = [self.offload_slice(name, a, b) for a, b in pairs]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=BASIS_DTYPE)
+
+    def _file(self, part: int) -> tuple[int, dict[str, int]]:
+        """An open descriptor of a part and the byte offset of each offload buffer in it."""
+        if part in self._open:
+            self._open.move_to_end(part)
+            return self._open[part]
+        fd = os.open(self.paths[part], os.O_RDONLY)
+        header_len = int.from_bytes(os.pread(fd, 8, 0), "little")
+        header = json.loads(os.pread(fd, header_len, 8))
+        data = {n: 8 + header_len + header[n]["data_offsets"][0] for n in OFFLOAD}
+        self._open[part] = (fd, data)
+        while len(self._open) > OPEN_PARTS:
+            os.close(self._open.popitem(last=False)[1][0])
+        return fd, data
+
+    def close(self) -> None:
+        for fd, _ in self._open.values():
+            os.close(fd)
+        self._open.clear()
+
+    def finished(
+        self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The finished store's resident tensors (CPU): the sinks (positions, K (L, H, n, D) as
+        the store keeps them, V), then every part's anchors and summaries, and the tables."""
+        pieces: dict[str, list[torch.Tensor]] = {n: [] for n in FIXED}
+        for meta in self.files:
+            part = read_tensors(self.work / meta["name"], FIXED)
+            for name in pieces:
+                pieces[name].append(part[name])
+        L, H, D = sink_k.shape[0], sink_k.shape[1], sink_k.shape[3]
+        empty = torch.zeros(L, H, 0, D, dtype=BASIS_DTYPE)
+        r = {name: self.resident[name].cpu() for name in self.grow}  # (empty: no parts)
+        resident = {
+            "fixed_pos": torch.cat([sinks, *pieces["anchor_pos"]]),
+            "fixed_k": torch.cat([sink_k.to(BASIS_DTYPE), *pieces["anchor_k"]], 2),
+            "fixed_v": torch.cat([sink_v.cpu().to(BASIS_DTYPE), *pieces["anchor_v"]], 2),
+            "summary_k": torch.cat([empty, *pieces["summary_k"]], 2),
+            "summary_v": torch.cat([empty, *pieces["summary_v"]], 2),
+            "sketch_proj": self.resident["sketch_proj"].cpu().to(BASIS_DTYPE),
+            "sketch_mean": self.resident["sketch_mean"].cpu().to(BASIS_DTYPE),
+            "sketch_scale": self.resident["sketch_scale"].cpu().to(BASIS_DTYPE),
+            **r,
+        }
+        resident["k_raw"] = resident["k_raw"].to(torch.uint8)
+        resident["v_raw"] = resident["v_raw"].to(torch.uint8)
+        return resident
+
+    def offloaded_bytes(self) -> int:
+        """Bytes of the offload tier (every part's bases and coefficients)."""
+        return sum(self.totals.values()) * BASIS_DTYPE.itemsize
+
+    def write_offload(self, out: Path) -> None:
+        """offload.safetensors: every part's flat buffers, concatenated in part order.
+
+        The safetensors header is written by hand: ``save_file`` takes every tensor in memory,
+        and the offload tier (bases and coefficients) is the bulk of a book's store, which a
+        streamed build never holds at once. Each buffer is copied from the memory map of one
+        part after another instead: the file is assembled in the memory of one part's buffer.
+        """
+        header, offset = {}, 0
+        for name in OFFLOAD:
+            size = self.totals[name] * BASIS_DTYPE.itemsize
+            count, span = self.totals[name], [offset, offset + size]
+            header[name] = {"dtype": "F16", "shape": [count], "data_offsets": span}
+            offset += size
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(out, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little"))
+            f.write(raw)
+            for name in OFFLOAD:
+                for path in self.paths:
+                    f.write(map_safetensors(path, (name,))[name].numpy().tobytes())
+
+
+def _table_dtype(name: str) -> torch.dtype:
+    if name.endswith("_raw"):
+        return torch.uint8
+    return torch.int32 if name.endswith("_rank") else torch.int64

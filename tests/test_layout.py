@@ -1,0 +1,97 @@
+"""The package's shape: the engine's imports point one way (no cycles), none is hidden in a
+function, and the engine imports neither the CLI nor the benchmark harness."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = "sekv_core"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> tuple[set[str], list[tuple[int, str]]]:
+    """(modules imported at module level, [(line, module) imported inside a function])."""
+    tree = ast.parse(path.read_text())
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    top, inner = set(), []
+
+    def resolve(node: ast.ImportFrom | ast.Import) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        base = node.module or ""
+        if node.level:
+            parent = package.split(".")
+            parent = parent[: len(parent) - node.level + 1]
+            base = ".".join([*parent, base] if base else parent)
+        return [f"{base}.{a.name}" for a in node.names] + [base]
+
+    def walk(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # annotations only: not a runtime dependency
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                for target in resolve(child):
+                    if in_function:
+                        inner.append((child.lineno, target))
+                    else:
+                        top.add(target)
+            walk(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    walk(tree, False)
+    return top, inner
+
+
+def engine_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in (ROOT / ENGINE).rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        top, inner = imports(path)  # an import in a function is a dependency all the same
+        graph[name] = {t for t in top | {t for _, t in inner} if t in files and t != name}
+    return graph
+
+
+def test_engine_imports_have_no_cycle():
+    graph = engine_graph()
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_no_engine_import_is_hidden_in_a_function():
+    hidden = [
+        f"{p.relative_to(ROOT)}:{line} imports {target}"
+        for p in (ROOT / ENGINE).rglob("*.py")
+        for line, target in imports(p)[1]
+        if target.startswith(ENGINE)
+    ]
+    assert hidden == []
+
+
+def test_the_engine_imports_neither_the_cli_nor_the_benchmarks():
+    outside = [
+        f"{p.relative_to(ROOT)} imports {t}"
+        for p in (ROOT / ENGINE).rglob("*.py")
+        for t in set(imports(p)[0]) | {t for _, t in imports(p)[1]}
+        if t.split(".")[0] in ("sekv_cli", "sekv_bench")
+    ]
+    assert outside == []
