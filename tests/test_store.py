@@ -154,3 +154,19 @@ def test_unwritable_home_is_an_actionable_error(tiny_loaded, tmp_path, monkeypat
     monkeypatch.setattr(ingest, "sekv_home", lambda: home)
     with pytest.raises(SekvError, match="set SEKV_HOME to a writable directory"):
         open_or_build(tiny_loaded, document, context)
+
+
+def test_the_manifest_counts_the_device_tier_as_answers_hold_it(tiny_loaded, tmp_path):
+    """``bytes.resident`` (what ingest and inspect report) is the resident tier an answer
+    places on the device, byte for byte; the host index is the rest of resident.safetensors."""
+    from sekv_core.format import nbytes
+    from sekv_core.rope import Rope
+    from sekv_core.zoom import SpanMemory
+
+    document, context = prepare(tiny_loaded, tmp_path)
+    store, _ = open_or_build(tiny_loaded, document, context)
+    memory = SpanMemory(store, Rope(tiny_loaded.model), tiny_loaded.device, tiny_loaded.dtype)
+    assert store.bytes["resident"] == memory.resident_bytes()
+    stored = load_file(store.path / "resident.safetensors")
+    assert 0 < store.bytes["index"] < nbytes(stored)
+    assert store.bytes["resident"] < store.bytes["full_kv_fp16"]

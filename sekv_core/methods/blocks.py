@@ -247,9 +247,7 @@ class BlockRetrieval(Method):
             "resident_tier_bytes": resident,
             "representative_bytes": mem.representative_bytes(),
             "loaded_peak_bytes": mem.peak_loaded_bytes,
-            "local_window_bytes": self.loaded.spec.kv_bytes(
-                self.local_tokens, self.loaded.dtype.itemsize
-            ),
+            "local_window_bytes": self.loaded.spec.kv_bytes(self.local_tokens, 2),
             "offloaded_bytes": mem.blocks.numel() * mem.blocks.element_size(),
         }
 

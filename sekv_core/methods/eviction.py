@@ -275,7 +275,7 @@ class EvictionMethod(Method):
             "offloaded_bytes": 0,
         }
         if self.question_aware:  # the full prefill each question is scored against
-            out["scoring_kv_bytes"] = spec.kv_bytes(len(self.context), self.loaded.dtype.itemsize)
+            out["scoring_kv_bytes"] = spec.kv_bytes(len(self.context), 2)
         return out
 
     def routing(self) -> dict[str, Any]:

@@ -162,7 +162,7 @@ class SeKV(Method):
 
     def memory(self) -> dict[str, int]:
         resident = self.spans.resident_bytes()
-        local = self.loaded.spec.kv_bytes(self.local_tokens, self.loaded.dtype.itemsize)
+        local = self.loaded.spec.kv_bytes(self.local_tokens, 2)
         return {
             "resident_bytes": resident + self.spans.peak_cached_bytes,
             "resident_tier_bytes": resident,
