@@ -31,20 +31,21 @@ from sekv_core.prompt import chat_template, encode_context
 from .haystack import NEEDLES, Needle, sentence
 from .rows import resident_share
 
-TOPICS = [
-    "harbour works",
-    "water supply",
-    "school buildings",
-    "coastal defence",
-    "public transport",
-    "parks and gardens",
-    "the town archive",
-    "road maintenance",
-    "the fishing fleet",
-    "street lighting",
-    "the market hall",
-    "flood protection",
-]
+# each topic with words for it that share none of its own (paraphrased questions use them)
+TOPICS = {
+    "harbour works": "dock building",
+    "water supply": "mains and taps",
+    "school buildings": "classroom premises",
+    "coastal defence": "shoreline protection",
+    "public transport": "buses and trams",
+    "parks and gardens": "green spaces",
+    "the town archive": "historical records",
+    "road maintenance": "street repairs",
+    "the fishing fleet": "trawlers",
+    "street lighting": "lamp posts",
+    "the market hall": "indoor bazaar",
+    "flood protection": "high-tide barriers",
+}
 PLACES = ["Carrick Bay", "Elmstead", "Port Avel", "Marrow Fen", "Linley", "Saltcote", "Wenholm"]
 FIRST = ["Agnes", "Tomasz", "Rhiannon", "Kwame", "Ilse", "Desmond", "Yara", "Piotr", "Maeve"]
 LAST = ["Hallorann", "Okonjo", "Vasquez", "Lindqvist", "Brennock", "Achterberg", "Szabo"]
@@ -54,20 +55,27 @@ LENGTHS = (16_000, 32_000, 64_000, 128_000)
 
 @dataclass(frozen=True)
 class Fact:
-    """A planted fact and its question; ``depth`` is its relative position in the book."""
+    """A planted fact and its question; ``depth`` is its relative position in the book.
+
+    ``paraphrase`` asks the same in other words: it shares only the place name with the fact
+    sentence, and every place is named throughout the book, so lexical retrieval is not handed
+    the answer."""
 
     fact: str
     question: str
     answer: str
     depth: float
+    paraphrase: str = ""
 
 
 def planted_facts(count: int, seed: int = 0) -> list[Fact]:
     """``count`` distinct facts (names, codes, numbers) spread evenly over the book."""
     rng = random.Random(seed)
     out = []
+    topics = list(TOPICS)
     for i in range(count):
-        place, topic = PLACES[i % len(PLACES)], TOPICS[i % len(TOPICS)]
+        place, topic = PLACES[i % len(PLACES)], topics[i % len(topics)]
+        other = TOPICS[topic]
         depth = (i + 0.5) / count
         kind = i % 3
         if kind == 0:
@@ -77,6 +85,7 @@ def planted_facts(count: int, seed: int = 0) -> list[Fact]:
                 f"Who is the officer responsible for {topic} in {place}?",
                 name,
                 depth,
+                f"Which official looks after {other} at {place}?",
             )
         elif kind == 1:
             code = f"{rng.choice('KLMRTV')}{rng.choice('AEIOU')}-{rng.randrange(1000, 9999)}"
@@ -85,6 +94,7 @@ def planted_facts(count: int, seed: int = 0) -> list[Fact]:
                 f"What is the file reference of the {topic} survey for {place}?",
                 code,
                 depth,
+                f"Under which record number is the study of {other} at {place} kept?",
             )
         else:
             number = rng.randrange(120, 980)
@@ -93,6 +103,7 @@ def planted_facts(count: int, seed: int = 0) -> list[Fact]:
                 f"At how many thousand crowns was the {topic} budget of {place} set?",
                 str(number),
                 depth,
+                f"How much money did {place} allot to {other}?",
             )
         out.append(fact)
     return out
@@ -110,8 +121,10 @@ def make_book(tokenizer, tokens: int, facts: list[Fact], seed: int = 0) -> str:
     rng = random.Random(seed)
     paragraphs: list[str] = []
     count = 0
-    while count < tokens:
-        para = " ".join(sentence(rng) for _ in range(5))
+    while count < tokens:  # each paragraph also names a place (so place names are common)
+        local = sentence(rng)
+        local = f"In {rng.choice(PLACES)}, {local[0].lower()}{local[1:]}"
+        para = " ".join([*(sentence(rng) for _ in range(4)), local])
         paragraphs.append(para)
         count += len(tokenizer(para, add_special_tokens=False)["input_ids"]) + 2
     for fact in sorted(facts, key=lambda f: -f.depth):  # deepest first: indices stay valid
@@ -124,7 +137,7 @@ def make_book(tokenizer, tokens: int, facts: list[Fact], seed: int = 0) -> str:
         section = i // per_section
         if section % per_chapter == 0:
             chapter = section // per_chapter + 1
-            topic = TOPICS[(chapter - 1) % len(TOPICS)]
+            topic = list(TOPICS)[(chapter - 1) % len(TOPICS)]
             out.append(f"# Chapter {chapter}: {topic.capitalize()}")
         out.append(f"## Section {chapter}.{section % per_chapter + 1}")
         out.extend(paragraphs[i : i + per_section])
@@ -134,7 +147,12 @@ def make_book(tokenizer, tokens: int, facts: list[Fact], seed: int = 0) -> str:
 def write_book(tokenizer, out: Path, tokens: int, facts: list[Fact], seed: int = 0) -> Path:
     """Write the book to ``out`` (.md) and its ground truth to ``out`` with .qa.json."""
     out.write_text(make_book(tokenizer, tokens, facts, seed))
-    truth = [{"question": f.question, "answer": f.answer, "depth": f.depth} for f in facts]
+    truth = [
+        {"question": q, "answer": f.answer, "depth": f.depth}
+        for f in facts
+        for q in (f.question, f.paraphrase)
+        if q
+    ]
     out.with_suffix(".qa.json").write_text(json.dumps(truth, indent=1) + "\n")
     return out
 

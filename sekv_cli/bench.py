@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sekv_bench.books import bench_books
 from sekv_bench.fidelity import run_fidelity
 from sekv_bench.ingest import bench_ingest
 from sekv_bench.needle import bench_needle, summarize_rows
@@ -289,3 +290,47 @@ def qa_bench(
         print_json({"qa": rows})
         return
     print_rows("ground-truth QA (answer string contained in the answer)", rows)
+
+
+@bench_app.command("books")
+@handle_errors
+def books_bench(
+    lengths: str = typer.Option("16000,32000,64000", help="Book lengths in tokens."),
+    seeds: str = typer.Option("1", help="Seeds of the generated books, comma-separated."),
+    methods: str = typer.Option("sekv,retrieve,truncate", help="Methods, comma-separated."),
+    facts: int = typer.Option(6, min=1, help="Facts planted per book (each asked twice)."),
+    budget: int | None = typer.Option(None, "--budget", min=1, help=BUDGET_HELP),
+    max_new_tokens: int = typer.Option(32, min=1, help="Longest answer, in tokens."),
+    sets: list[str] = SET_OPTION,
+    model: str | None = MODEL_OPTION,
+    out: Path = typer.Option(Path("sekv-books"), help="Directory for books and results."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Books beyond the window: SeKV vs BM25 retrieval vs truncation, exact-word and
+    paraphrased questions about facts planted across each book."""
+    chosen = comma_list(methods, str, "--methods")
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown:
+        raise typer.BadParameter(f"choose from {', '.join(METHODS)}", param_hint="--methods")
+    settings = checked_settings(sets)
+    if budget is not None:
+        settings = replace(settings, budget=budget)
+    rows = bench_books(
+        load_model_quietly(model),
+        comma_list(lengths, int, "--lengths"),
+        comma_list(seeds, int, "--seeds"),
+        chosen,
+        out,
+        facts,
+        settings,
+        max_new_tokens,
+        on_row=lambda r: err.print(
+            f"{r['tokens']:,} tokens {r['method']} {r['kind']} depth {r['depth']}: "
+            f"{'ok' if r['correct'] else 'miss'} ({r['answer'][:50]!r})",
+            highlight=False,
+        ),
+    )
+    if json_out:
+        print_json({"books": rows})
+        return
+    typer.echo((out / "results.md").read_text(), nl=False)

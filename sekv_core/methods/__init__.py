@@ -10,6 +10,7 @@ from .sekv_trained import SeKVTrained
 from .snapkv import SnapKV
 from .static import StaticSemantic
 from .streaming import StreamingLLM
+from .window import Retrieve, Truncate
 
 METHODS: dict[str, type[Method]] = {
     m.name: m
@@ -23,12 +24,16 @@ METHODS: dict[str, type[Method]] = {
         ChunkKV,
         StaticSemantic,
         BlockRetrieval,
+        Retrieve,
+        Truncate,
     )
 }
 
 __all__ = [
     "METHODS",
     "BlockRetrieval",
+    "Retrieve",
+    "Truncate",
     "StaticSemantic",
     "Method",
     "MethodSettings",

@@ -1,0 +1,150 @@
+"""What a user does without SeKV when a document exceeds the window: read part of it with full KV.
+
+Two baselines, both answered with the model's ordinary full KV cache over a context that fits
+the window (the question and the answer's room kept free):
+
+- ``truncate``: the document's first window's worth of tokens, prefilled once;
+- ``retrieve``: the document cut into passages (runs of sentences of about ``PASSAGE_TOKENS``
+  tokens), ranked against each question by BM25 (``rank_bm25``), the best ones joined in
+  document order until the window is full; prefilled per question (the passages depend on it).
+
+Both read books; their resident memory is the KV cache of the context they read, counted in
+fp16 like every method's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from rank_bm25 import BM25Okapi
+from transformers import DynamicCache
+
+from ..prompt import chat_template, encode_context
+from .base import Method, Progress
+from .full import answer_over, prefill_cache, truncate
+
+ANSWER_ROOM = 256  # window tokens kept for the question and the answer
+PASSAGE_TOKENS = 96  # a passage ends at the first sentence end past this many tokens ...
+PASSAGE_MAX = 192  # ... or here at the latest
+WORD = re.compile(r"\w+")
+
+
+def words(text: str) -> list[str]:
+    """BM25 terms: lower-cased words."""
+    return WORD.findall(text.lower())
+
+
+class WindowMethod(Method):
+    """Full KV over a context that fits the window; subclasses choose the text it holds."""
+
+    reads_books = True  # it reads any document: only part of it reaches the model
+    follows_memory_share = False  # its memory is the window it fills
+
+    cache: DynamicCache | None = None
+    held_tokens: int = 0  # context tokens the last answer's cache held
+
+    @property
+    def room(self) -> int:
+        """Document tokens that fit beside the prompt head, the question and the answer."""
+        return max(0, self.loaded.spec.window - self.context.doc_start - ANSWER_ROOM)
+
+    def question_position(self) -> int:
+        """Where the question starts: after the longest context this method builds."""
+        return min(len(self.context), self.context.doc_start + self.room)
+
+    def read(self, text: str, progress: Progress | None = None) -> int:
+        """Prefill ``text`` (a part of the document) as the context; returns its length."""
+        template = chat_template(self.loaded.tokenizer)
+        context = encode_context(self.loaded.tokenizer, template, text)
+        ids = context.ids[: self.question_position()]
+        chunk = self.settings.prefill_chunk
+        self.cache = prefill_cache(self.loaded.model, ids, chunk, progress)
+        self.held_tokens = len(ids)
+        return len(ids)
+
+    def memory(self) -> dict[str, int]:
+        return {
+            "resident_bytes": self.loaded.spec.kv_bytes(self.held_tokens, 2),
+            "offloaded_bytes": 0,
+        }
+
+
+class Truncate(WindowMethod):
+    """The document's first window's worth of tokens."""
+
+    name = "truncate"
+
+    def prepare(self, progress: Progress | None = None) -> None:
+        end = self.question_position() - self.context.doc_start  # document tokens kept
+        offsets = self.context.offsets
+        cut = offsets[end - 1][1] if 0 < end <= len(offsets) else 0
+        self.read(self.document.text[:cut], progress)
+
+    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+        assert self.cache is not None, "prepare() first"
+        truncate(self.cache, self.held_tokens)  # every question starts from the kept text
+        yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
+
+    def routing(self) -> dict[str, Any]:
+        return {"kept_tokens": self.held_tokens - self.context.doc_start}
+
+
+class Retrieve(WindowMethod):
+    """BM25 passages for each question, in document order, filling the window."""
+
+    name = "retrieve"
+
+    passages: list[tuple[int, int]]  # (first, end) document token index of each passage
+    chosen: list[int]
+
+    def prepare(self, progress: Progress | None = None) -> None:
+        text, offsets = self.document.text, self.context.offsets
+        self.passages = cut_passages(text, offsets)
+        self.texts = [text[offsets[a][0] : offsets[b - 1][1]] for a, b in self.passages]
+        self.index = BM25Okapi([words(t) for t in self.texts])
+        self.template = chat_template(self.loaded.tokenizer)
+        self.chosen = []
+        if progress:
+            progress(len(self.context), len(self.context))
+
+    def question_text(self, question_ids: list[int]) -> str:
+        """The question as the user wrote it (the template around it removed)."""
+        text = self.loaded.tokenizer.decode(question_ids)
+        return text.removeprefix(self.template.middle).removesuffix(self.template.tail)
+
+    def select(self, question: str) -> list[int]:
+        """Passages by BM25 score while they fit the window, returned in document order."""
+        scores = self.index.get_scores(words(question))
+        left, chosen = self.room, []
+        for i in sorted(range(len(scores)), key=lambda i: (-scores[i], i)):
+            size = self.passages[i][1] - self.passages[i][0]
+            if size <= left:
+                chosen.append(i)
+                left -= size
+        return sorted(chosen)
+
+    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+        self.chosen = self.select(self.question_text(question_ids))
+        self.read("\n\n".join(self.texts[i] for i in self.chosen))
+        yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
+
+    def routing(self) -> dict[str, Any]:
+        return {"passages": len(self.passages), "retrieved": len(self.chosen)}
+
+
+def cut_passages(text: str, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Document token ranges of about PASSAGE_TOKENS tokens, each ending at a sentence end or
+    paragraph break where one comes in time (at PASSAGE_MAX tokens otherwise)."""
+    passages, start = [], 0
+    for i, (_, end) in enumerate(offsets):
+        size = i + 1 - start
+        after = text[end : end + 1]
+        at_end = text[end - 1 : end] in ".!?" and (after == "" or after.isspace())
+        if size >= PASSAGE_MAX or (size >= PASSAGE_TOKENS and (at_end or "\n" in after)):
+            passages.append((start, i + 1))
+            start = i + 1
+    if start < len(offsets):
+        passages.append((start, len(offsets)))
+    return passages
