@@ -33,7 +33,8 @@ def ask(
         None,
         "--budget",
         min=1,
-        help="Tokens reconstructed per layer and KV head when zooming (sekv; default 256).",
+        help="Tokens reconstructed per layer and KV head when zooming (sekv; default 256; "
+        "a book reads this many tokens of passages, default 512).",
     ),
     router: str = ROUTER_OPTION,
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),

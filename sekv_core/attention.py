@@ -58,6 +58,10 @@ class ZoomPolicy:
     # their representative tokens): see sekv_core.prefilter.candidates
     neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
     observer: Observer | None = None  # told of every decision (diagnostics)
+    # books: the passages every layer and KV head reads (N,) bool, and the question's scores
+    # that chose them (N,): no routing per step (sekv_core.passages)
+    pinned: torch.Tensor | None = None
+    pinned_scores: torch.Tensor | None = None
 
 
 @dataclass
@@ -216,6 +220,8 @@ def route(
     Hkv, N = q.shape[0], memory.n_spans
     if N == 0:
         return torch.zeros(Hkv, 0, dtype=torch.bool, device=q.device)
+    if policy.pinned is not None:
+        return _pinned(memory, policy, layer, q, scaling)
     if policy.route_queries is not None and q.shape[2] > policy.route_queries:
         pick = torch.linspace(q.shape[2] - 1, 0, policy.route_queries).round().long()
         q = q[:, :, pick.flip(0).to(q.device)]  # evenly spaced, the last query included
@@ -224,6 +230,22 @@ def route(
     )
     scores = widen(_scores(policy.router, memory, index, layer, q, scaling), policy.neighbours)
     zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)
+    policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
+    if policy.observer is not None:
+        policy.observer(policy, memory, layer, q, scaling, zoom)
+    return zoom
+
+
+def _pinned(
+    memory: SpanMemory, policy: ZoomPolicy, layer: int, q: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """The pinned passages for every KV head, recorded like a routing decision (score: the
+    question's attention; threshold: the least of the pinned spans')."""
+    Hkv = q.shape[0]
+    zoom = policy.pinned.expand(Hkv, -1)
+    scores = policy.pinned_scores.expand(Hkv, -1)
+    floor = torch.where(policy.pinned, policy.pinned_scores, float("inf")).min()
+    threshold = floor.expand(Hkv)  # no host sync (inf when nothing is pinned: nothing zoomed)
     policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
     if policy.observer is not None:
         policy.observer(policy, memory, layer, q, scaling, zoom)

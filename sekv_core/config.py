@@ -99,6 +99,9 @@ class MethodSettings:
         one, else ``sketch``) or the path of a router file from ``sekv train``.
     margin : a span is zoomed only within this many nats of the best span (training-free rule).
     neighbours : a span scores the best of itself and this many spans on each side.
+    passages : books (beyond the window): tokens of whole-sentence passages every layer reads
+        for the answer, chosen by the question's attention (:mod:`sekv_core.passages`); a
+        ``budget`` given sets it too.
     """
 
     budget: int | None = None
@@ -106,6 +109,7 @@ class MethodSettings:
     router: str = "sketch"
     margin: float = 6.0
     neighbours: int = 1
+    passages: int = 512
     prefill_chunk: int = 512
     store: StoreSettings = field(default_factory=StoreSettings)
     blocks: BlockSettings = field(default_factory=BlockSettings)

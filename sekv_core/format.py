@@ -44,7 +44,7 @@ from .models import LoadedModel
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 4  # 4: manifest bytes split into the device tier and the host index
+FORMAT_VERSION = 5  # 5: books keep no anchors (4: manifest bytes split device / host)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")

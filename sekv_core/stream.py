@@ -14,8 +14,9 @@ chunk, the zoom cache and the resident routing tier (sketch, tables); the bases 
 
 Positions: a context beyond the window gets a *bounded* store (pre-RoPE keys everywhere) and
 chunks see the layout of :mod:`sekv_core.zoom` — sinks at 0.., zoomed tokens packed before the
-waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the window. A
-context that fits (``stream.always``) keeps original positions throughout.
+waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the window.
+A book keeps no anchors (their boundary tokens stay in their spans). A context that fits
+(``stream.always``) keeps original positions and anchors throughout.
 
 Resume: after a chunk (at most every ``checkpoint_s`` seconds) the stream's state is checkpointed
 beside the parts; a rerun verifies it, replays the parts and continues, or starts over. The
@@ -27,7 +28,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +291,11 @@ class StreamBuilder:
     def _spans(self, final: bool, limit: int) -> tuple[list, list[int], int] | None:
         """:func:`~sekv_core.parts.part_spans` of the waiting tokens up to ``limit``."""
         seg, sinks = self.settings.segment, self.layout.sinks
+        if self.layout.bounded:
+            # a book keeps no anchors: bounded positions would put them all at one place,
+            # outside their sentences, where every chunk and answer attends to them — they
+            # stay in their spans and are read with their passage
+            seg = replace(seg, anchor_cap=0.0)
         return part_spans(self.state, final, limit, seg, sinks, self.doc_start, self.store.anchors)
 
     def _resume(self, warn: Callable[[str], None] | None) -> bool:

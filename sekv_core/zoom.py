@@ -9,11 +9,13 @@ Positions (RoPE). A store whose context fits the model window keeps every token 
 position (``bounded`` False). A book's store is *bounded* (keys kept pre-RoPE, rotated at use):
 
     sinks                         their own positions 0 .. n_sinks - 1
-    anchors                       position 0 (one fixed place, InfLLM style)
+    anchors                       none (a book's boundary tokens stay in their spans;
+                                  a store that still holds some puts them at position 0)
     zoomed spans' tokens          packed per KV head in document order, ending at pool_end - 1
     local tokens                  pool_end, pool_end + 1, ... (question/answer, or streamed chunk)
 
 so every RoPE distance stays below ``pool_end`` + local length, whatever the document's length.
+A book's answer reads the same passages in every layer and head (:mod:`sekv_core.passages`).
 Routers score bounded memories in the same frame (the sketch is pre-RoPE).
 """
 

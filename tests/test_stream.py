@@ -397,3 +397,31 @@ def test_cli_ingests_and_answers_a_book_that_full_kv_refuses(small, tmp_path):
     assert json.loads(result.stdout)["store"]["cache_hit"]  # the ingested store is reused
     result = runner.invoke(app, ["ask", str(book), "Which?", "--model", model, "--method", "full"])
     assert result.exit_code == 1 and "reads at most" in result.stderr
+
+
+def test_a_book_keeps_no_anchors_and_answers_from_whole_sentence_passages(small, tmp_path):
+    doc = document(tmp_path, text_of(40))
+    settings = MethodSettings(store=BOOK, passages=96)
+    session = Session(small, doc, "sekv", settings)
+    store, method = session.method.store, session.method
+    # boundary tokens stay in their spans: nothing is pinned at one position but the sinks
+    assert store.manifest["stats"]["anchors"] == 0
+    assert method.spans.fixed_tokens == store.manifest["positions"]["sinks"]
+    answer = session.ask("Which crate is on floor 4?", max_new_tokens=4)
+    policy = method.policy
+    pinned, scores = policy.pinned.cpu(), policy.pinned_scores.cpu()
+    # the question's most attended span is read, with its whole sentence, within the budget
+    best = int(scores.argmax())
+    assert scores[best] > 0 and pinned[best]
+    sentences = method.span_sentences()
+    assert pinned[sentences == sentences[best]].all()
+    tokens = int(method.spans.lengths.cpu()[pinned].sum())
+    assert 0 < tokens <= 96 and answer.routing["passages"] == {
+        "spans": int(pinned.sum()),
+        "tokens": tokens,
+    }
+    # every layer and KV head read the same passages, and nothing else
+    zoomed = policy.trace.zoomed.cpu()
+    assert (zoomed == pinned[None, None]).all()
+    assert {z["span"] for z in answer.zoom} == set(pinned.nonzero()[:, 0].tolist())
+    assert method.max_position < WINDOW

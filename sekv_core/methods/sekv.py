@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from transformers import DynamicCache
 
+from .. import passages
 from ..attention import Observer, ZoomPolicy, sekv_attention
 from ..config import DEFAULT_BUDGET
 from ..decode import PositionedStep, greedy
@@ -147,18 +149,64 @@ class SeKV(Method):
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         model, device, spans = self.loaded.model, self.loaded.device, self.spans
         self.policy = policy = self.new_policy()
+        spans.clear()  # a new answer: no pools, fresh counters
         if spans.bounded:  # a book: zoomed tokens are packed right before the question
             policy.budget = min(policy.budget, self.max_band())
-            start = spans.pool_end = spans.n_sinks + policy.budget
-        else:
-            start = len(self.context)  # local tokens continue after the document's positions
-        spans.clear()  # a new answer: no pools, fresh counters
-        local = DynamicCache(config=model.config)
-        self.step = step = PositionedStep(
-            model, local, start, device, sekv_memory=spans, sekv_policy=policy
-        )
+            spans.pool_end = spans.n_sinks + policy.budget
         with sekv_attention(model):  # switched once per answer (the switch walks all modules)
+            if spans.bounded:
+                self.pin_passages(question_ids)
+                start = spans.pool_end
+            else:
+                start = len(self.context)  # local tokens continue after the document's
+            local = DynamicCache(config=model.config)
+            self.step = step = PositionedStep(
+                model, local, start, device, sekv_memory=spans, sekv_policy=self.policy
+            )
             yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
+
+    def pin_passages(self, question_ids: list[int]) -> None:
+        """Books, two-stage routing (:mod:`sekv_core.passages`): read the question once with
+        per-layer routing, rank spans by the attention its tokens paid them, and pin the
+        passages around the best for every layer and KV head of the answer."""
+        model, spans, first = self.loaded.model, self.spans, self.policy
+        assert first is not None
+        ask = PositionedStep(
+            model,
+            DynamicCache(config=model.config),
+            spans.pool_end,
+            self.loaded.device,
+            sekv_memory=spans,
+            sekv_policy=first,
+        )
+        ask(torch.tensor([question_ids], dtype=torch.long))
+        mass = first.trace.mass
+        scores = mass[:-1] if mass is not None else spans.lengths.new_zeros(spans.n_spans).float()
+        # a budget asked for is the passages' size too: tokens every layer and KV head reads
+        budget = min(self.settings.budget or self.settings.passages, self.max_band())
+        if self.settings.memory_share is not None:
+            budget = min(budget, first.budget)  # what the memory target leaves the zoom
+        chosen = passages.choose(scores, self.span_sentences(), spans.lengths, budget)
+        tokens = int(spans.lengths[chosen.to(spans.lengths.device)].sum())
+        spans.pools.clear()  # the first stage's pools go; the answer reads the passages only
+        spans.pool_end = spans.n_sinks + tokens
+        self.policy = ZoomPolicy(
+            router=first.router,
+            budget=tokens,
+            margin=first.margin,
+            neighbours=first.neighbours,
+            observer=self.observer,
+            pinned=chosen.to(scores.device),
+            pinned_scores=scores.float(),
+        )
+
+    def span_sentences(self) -> torch.Tensor:
+        """(N,) sentence index of each span (:func:`sekv_core.passages.span_sentences`)."""
+        if getattr(self, "_sentences", None) is None:
+            offsets = self.store.trace["offsets"]
+            first_chars = offsets[self.spans.starts.long(), 0].numpy()
+            self._sentences = passages.span_sentences(self.document.text, first_chars)
+        return self._sentences
 
     def memory(self) -> dict[str, int]:
         resident = self.spans.resident_bytes()
@@ -192,6 +240,8 @@ class SeKV(Method):
             # share of (layer, KV head, span) triples zoomed at least once for the answer
             "zoom_rate": round(t.zoom_rate, 4),
         }
+        if p.pinned is not None:  # a book: the passages every layer read
+            out["passages"] = {"spans": int(p.pinned.sum()), "tokens": p.budget}
         return out
 
     def zoom_trace(self) -> list[dict[str, Any]]:

@@ -1,0 +1,81 @@
+"""Passages: what a book's answer reads — whole sentences around the spans its question chose.
+
+Beyond the model window a span store holds thousands of spans, and routing each layer, head and
+answer token on its own scatters the zoom over fragments of many unrelated sentences: the
+planted fact is zoomed, but holds a sliver of the answer's attention. A book's answer therefore
+routes in two stages (:class:`sekv_core.methods.sekv.SeKV`):
+
+1. the question is read once with the usual per-layer routing; the exact attention its tokens
+   pay each zoomed span, summed over layers and heads, ranks the spans;
+2. the best spans grow into passages — their sentences with ``context`` sentences on each side —
+   added best first while they fit ``budget`` tokens; every layer and KV head then reads the
+   same passages, in document order, for the whole answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)\n*|\n+")  # ".\n" and "\n\n" end one sentence
+CONTEXT_SENTENCES = 1  # sentences each side of a chosen span's own
+
+
+def span_sentences(text: str, char_starts: np.ndarray) -> torch.Tensor:
+    """(N,) sentence index of each span (spans in document order), from its first character.
+
+    A sentence ends at ``.``, ``!`` or ``?`` before white space, or at a line break.
+    """
+    ends = np.array([m.end() for m in SENTENCE_END.finditer(text)], dtype=np.int64)
+    return torch.from_numpy(np.searchsorted(ends, char_starts, side="right").astype(np.int64))
+
+
+def choose(
+    scores: torch.Tensor,
+    sentences: torch.Tensor,
+    lengths: torch.Tensor,
+    budget: int,
+    context: int = CONTEXT_SENTENCES,
+) -> torch.Tensor:
+    """(N,) bool: the spans of the passages to read.
+
+    scores (N,): how much the question drew on each span (0: not at all; never chosen);
+    sentences (N,): non-decreasing sentence index of each span; lengths (N,): span tokens.
+    Passages are added best span first until the next one would pass ``budget`` tokens (a span
+    already inside a chosen passage adds nothing); a first passage larger than the budget alone
+    is cut to the spans nearest its best span.
+    """
+    scores, sentences, lengths = scores.cpu(), sentences.cpu(), lengths.cpu().long()
+    chosen = torch.zeros(scores.shape[0], dtype=torch.bool)
+    used = 0
+    for i in scores.argsort(descending=True, stable=True).tolist():
+        if scores[i] <= 0:
+            break
+        if chosen[i]:
+            continue
+        s = int(sentences[i])
+        lo = int(torch.searchsorted(sentences, s - context))
+        hi = int(torch.searchsorted(sentences, s + context, right=True))
+        extra = int(lengths[lo:hi][~chosen[lo:hi]].sum())
+        if used + extra > budget:
+            if used == 0:  # nothing fits whole: the spans nearest the best one
+                chosen = _around(i, lo, hi, lengths, budget)
+            break
+        chosen[lo:hi] = True
+        used += extra
+    return chosen
+
+
+def _around(i: int, lo: int, hi: int, lengths: torch.Tensor, budget: int) -> torch.Tensor:
+    """Spans of [lo, hi) nearest span ``i`` (itself first) within ``budget`` tokens."""
+    chosen = torch.zeros(lengths.shape[0], dtype=torch.bool)
+    order = sorted(range(lo, hi), key=lambda j: (abs(j - i), j))
+    used = 0
+    for j in order:
+        if used + int(lengths[j]) > budget and used:
+            break
+        chosen[j] = True
+        used += int(lengths[j])
+    return chosen

@@ -1,0 +1,60 @@
+"""Passages: a book's answer reads whole sentences around the spans its question chose."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sekv_core.passages import choose, span_sentences
+
+TEXT = "One two three. Four five six.\nSeven eight? Nine ten eleven twelve! Thirteen."
+
+
+def test_spans_are_numbered_by_the_sentence_they_start_in():
+    starts = [TEXT.index(w) for w in ("One", "three", "Four", "Seven", "eight", "Nine", "Thirteen")]
+    got = span_sentences(TEXT, np.array(starts)).tolist()
+    assert got == [0, 0, 1, 2, 2, 3, 4]
+
+
+def test_best_span_grows_into_its_sentence_with_one_either_side():
+    sentences = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+    lengths = torch.full((10,), 5)
+    scores = torch.zeros(10)
+    scores[5] = 1.0  # sentence 2
+    chosen = choose(scores, sentences, lengths, budget=100)
+    assert chosen.nonzero()[:, 0].tolist() == [2, 3, 4, 5, 6, 7]  # sentences 1, 2, 3
+
+
+def test_passages_are_added_best_first_within_the_budget():
+    sentences = torch.arange(20).repeat_interleave(2)  # 20 sentences of 2 spans
+    lengths = torch.full((40,), 4)
+    scores = torch.zeros(40)
+    scores[[30, 5, 20]] = torch.tensor([3.0, 2.0, 1.0])  # sentences 15, 2, 10
+    chosen = choose(scores, sentences, lengths, budget=2 * 24)  # room for two passages
+    picked = set(sentences[chosen].tolist())
+    assert picked == {14, 15, 16, 1, 2, 3}
+    assert int(lengths[chosen].sum()) <= 48
+    # spans the question never attended are never read, whatever the budget
+    assert not choose(torch.zeros(40), sentences, lengths, budget=1000).any()
+
+
+def test_overlapping_passages_are_counted_once():
+    sentences = torch.arange(10)
+    lengths = torch.full((10,), 10)
+    scores = torch.zeros(10)
+    scores[[4, 5, 7]] = torch.tensor([3.0, 2.0, 1.0])
+    # 3..5 (30 tokens); span 5 is read already; 7's passage 6..8 overlaps nothing: 60 > 50
+    assert choose(scores, sentences, lengths, budget=50).nonzero()[:, 0].tolist() == [3, 4, 5]
+    # with room, 6..8 joins and the tokens they share are counted once
+    scores[6] = 0.5
+    chosen = choose(scores, sentences, lengths, budget=60)
+    assert chosen.nonzero()[:, 0].tolist() == [3, 4, 5, 6, 7, 8]
+
+
+def test_a_sentence_longer_than_the_budget_is_cut_around_its_best_span():
+    sentences = torch.zeros(12, dtype=torch.long)  # one long sentence (a table, no stops)
+    lengths = torch.full((12,), 8)
+    scores = torch.zeros(12)
+    scores[9] = 1.0
+    chosen = choose(scores, sentences, lengths, budget=24)
+    assert chosen.nonzero()[:, 0].tolist() == [8, 9, 10]
