@@ -18,11 +18,12 @@ from rich.progress import (
     Task,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.text import Text
 
 from sekv_core.errors import SekvError
+
+from .eta import Eta
 
 err = Console(stderr=True)
 
@@ -84,6 +85,18 @@ class TokenCount(ProgressColumn):
         return Text(f"{task.completed:,.0f}/{total} tokens  {speed}", style="progress.data.speed")
 
 
+class EtaColumn(ProgressColumn):
+    """Time left as :class:`sekv_cli.eta.Eta` fits it (the task's ``eta`` field)."""
+
+    def render(self, task: Task) -> Text:
+        left = task.fields.get("eta")
+        if left is None:
+            return Text("-:--:--", style="progress.remaining")
+        m, s = divmod(int(round(left)), 60)
+        h, m = divmod(m, 60)
+        return Text(f"{h}:{m:02d}:{s:02d}", style="progress.remaining")
+
+
 @contextmanager
 def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
     """A Rich progress bar on stderr (tokens, tokens/s, elapsed, ETA); yields
@@ -94,21 +107,23 @@ def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
         TokenCount(),
         TimeElapsedColumn(),
         TextColumn("ETA"),
-        TimeRemainingColumn(),
+        EtaColumn(),
         console=err,
         transient=True,
         disable=not err.is_terminal,  # no bar (nor its blank line) when stderr is a file
     ) as bar:
-        task = bar.add_task(label, total=None)
+        task = bar.add_task(label, total=None, eta=None)
         first = True
+        eta = Eta()
 
         def update(done: int, total: int) -> None:
             nonlocal first
+            left = eta.update(done, total)  # a resumed ingest: timed from its first update
             if first:  # start the speed estimate here, whatever was done before
-                bar.reset(task, total=total, completed=done)
+                bar.reset(task, total=total, completed=done, eta=left)
                 first = False
             else:
-                bar.update(task, completed=done, total=total)
+                bar.update(task, completed=done, total=total, eta=left)
 
         yield update
 

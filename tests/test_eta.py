@@ -1,0 +1,51 @@
+"""The ingest ETA: honest when later chunks cost more (a book's store grows as it streams)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sekv_cli.eta import Eta
+
+CHUNK = 512
+
+
+def run(total: int, cost, start: int = 0):
+    """Stream ``total`` tokens in chunks whose cost per token is ``cost(position)``; yields
+    (done, Eta's estimate, true time left, a 30-second constant-speed estimate)."""
+    clock = [0.0]
+    eta = Eta(clock=lambda: clock[0])
+    times, done = [(start, 0.0)], start
+    eta.update(done, total)
+    while done < total:
+        n = min(CHUNK, total - done)
+        clock[0] += cost(done + n / 2) * n
+        done += n
+        times.append((done, clock[0]))
+        yield done, eta.update(done, total), list(times)
+
+
+def test_estimate_follows_a_cost_that_grows_with_the_store():
+    total = 153_000
+    cost = lambda x: 0.0055 + 0.0085 * x / total  # noqa: E731  s/token: 5.5 ms -> 14 ms
+    rows = list(run(total, cost))
+    end = rows[-1][2][-1][1]
+    for share in (0.1, 0.25, 0.5, 0.75):
+        done, said, times = next(r for r in rows if r[0] >= share * total)
+        now = times[-1][1]
+        actual = end - now
+        assert said == pytest.approx(actual, rel=0.05), share
+        # what a constant recent speed would have said: far too little early on
+        recent = [t for t in times if t[1] >= now - 30]
+        speed = (done - recent[0][0]) / (now - recent[0][1])
+        constant = (total - done) / speed
+        if share <= 0.25:
+            assert constant < 0.75 * actual
+
+
+def test_constant_cost_is_estimated_exactly_and_a_resumed_ingest_counts_from_its_start():
+    total = 20_000
+    rows = list(run(total, lambda x: 0.004, start=8_000))
+    done, said, times = rows[3]
+    assert said == pytest.approx((total - done) * 0.004, rel=1e-6)
+    assert all(r[1] is None for r in rows[:2])  # too few intervals to say anything yet
+    assert rows[-1][1] == pytest.approx(0.0, abs=1e-9)
