@@ -62,6 +62,7 @@ class ZoomPolicy:
     # that chose them (N,): no routing per step (sekv_core.passages)
     pinned: torch.Tensor | None = None
     pinned_scores: torch.Tensor | None = None
+    pinned_recorded: set[int] = field(default_factory=set)  # layers whose trace has them
 
 
 @dataclass
@@ -239,14 +240,17 @@ def route(
 def _pinned(
     memory: SpanMemory, policy: ZoomPolicy, layer: int, q: torch.Tensor, scaling: float
 ) -> torch.Tensor:
-    """The pinned passages for every KV head, recorded like a routing decision (score: the
-    question's attention; threshold: the least of the pinned spans')."""
+    """The pinned passages for every KV head. The decision is the same at every step, so the
+    trace records it once per layer (score: the question's attention; threshold: the least of
+    the pinned spans')."""
     Hkv = q.shape[0]
     zoom = policy.pinned.expand(Hkv, -1)
-    scores = policy.pinned_scores.expand(Hkv, -1)
-    floor = torch.where(policy.pinned, policy.pinned_scores, float("inf")).min()
-    threshold = floor.expand(Hkv)  # no host sync (inf when nothing is pinned: nothing zoomed)
-    policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
+    if layer not in policy.pinned_recorded:
+        policy.pinned_recorded.add(layer)
+        scores = policy.pinned_scores.expand(Hkv, -1)
+        floor = torch.where(policy.pinned, policy.pinned_scores, float("inf")).min()
+        threshold = floor.expand(Hkv)  # no host sync (inf when nothing is pinned)
+        policy.trace.record(layer, memory.num_layers, zoom, scores, threshold, memory.lengths)
     if policy.observer is not None:
         policy.observer(policy, memory, layer, q, scaling, zoom)
     return zoom

@@ -135,6 +135,11 @@ class StreamBuilder:
         self.checkpoints = Checkpoints(self.work, path.name)
         self.T, self.doc_start = len(context), context.doc_start
         self.layout = StreamLayout.plan(loaded, context, settings)
+        # a book keeps no anchors: bounded positions would put them all at one place, outside
+        # their sentences, where every chunk and answer attends to them; they stay in their
+        # spans and are read with their passage
+        bounded = self.layout.bounded
+        self.segment = replace(settings.segment, anchor_cap=0.0) if bounded else settings.segment
         self.device, self.dtype = loaded.device, loaded.dtype
         self.keep = self.dtype if self.dtype.itemsize <= 2 else BASIS_DTYPE  # resident precision
         self.ids = torch.tensor(context.ids, device=self.device)
@@ -260,7 +265,7 @@ class StreamBuilder:
         """Segment the oldest waiting tokens, write them as a part, append them to the memory.
         Returns whether anything was committed."""
         s, lay, settings = self.state, self.layout, self.settings
-        seg, c, b = settings.segment, s.commit_end, s.next
+        seg, c, b = self.segment, s.commit_end, s.next
         doc = s.surprisal[self.doc_start : b].astype(np.float64)
         s.threshold = float(doc.mean() + seg.alpha * doc.std()) if len(doc) else 0.0
         limit = self.T if final else b - lay.window
@@ -290,12 +295,7 @@ class StreamBuilder:
 
     def _spans(self, final: bool, limit: int) -> tuple[list, list[int], int] | None:
         """:func:`~sekv_core.parts.part_spans` of the waiting tokens up to ``limit``."""
-        seg, sinks = self.settings.segment, self.layout.sinks
-        if self.layout.bounded:
-            # a book keeps no anchors: bounded positions would put them all at one place,
-            # outside their sentences, where every chunk and answer attends to them — they
-            # stay in their spans and are read with their passage
-            seg = replace(seg, anchor_cap=0.0)
+        seg, sinks = self.segment, self.layout.sinks
         return part_spans(self.state, final, limit, seg, sinks, self.doc_start, self.store.anchors)
 
     def _resume(self, warn: Callable[[str], None] | None) -> bool:
