@@ -56,6 +56,7 @@ class ZoomPolicy:
     prefilter_spans: int = PREFILTER_SPANS  # above this many spans, the router scores ...
     prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
     # their representative tokens): see sekv_core.prefilter.candidates
+    prefilter_blocks: bool = False  # find them through the coarse block index (flat cost)
     neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
     observer: Observer | None = None  # told of every decision (diagnostics)
     # books: the passages every layer and KV head reads (N,) bool, and the question's scores
@@ -227,7 +228,13 @@ def route(
         pick = torch.linspace(q.shape[2] - 1, 0, policy.route_queries).round().long()
         q = q[:, :, pick.flip(0).to(q.device)]  # evenly spaced, the last query included
     index = candidates(
-        memory, layer, q, policy.budget, policy.prefilter_keep, policy.prefilter_spans
+        memory,
+        layer,
+        q,
+        policy.budget,
+        policy.prefilter_keep,
+        policy.prefilter_spans,
+        policy.prefilter_blocks,
     )
     scores = widen(_scores(policy.router, memory, index, layer, q, scaling), policy.neighbours)
     zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)

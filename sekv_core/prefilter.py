@@ -3,6 +3,11 @@
 Above ``min_spans`` spans (books), each KV head keeps the spans whose *representative* tokens
 (each span's highest-surprisal sketch rows) score best for the current queries; the router then
 scores exactly those spans only, through a :class:`SpanSubset` that looks like the memory.
+
+So that the cost per query does not grow with the book, the representatives are not all scored:
+:class:`RepBlocks` keeps, per block of ``BLOCK_SPANS`` consecutive spans, the box (least and
+greatest level per sketch dimension) of its representative rows, which bounds any query's logit on
+them from above. The blocks with the highest bounds are opened and their spans scored exactly.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .sketch import sketch_logits
+from .sketch import dequantize_sketch, sketch_logits
 
 if TYPE_CHECKING:  # the memory is passed in; this module only reads it
     from .zoom import SpanMemory
@@ -21,15 +26,82 @@ if TYPE_CHECKING:  # the memory is passed in; this module only reads it
 # tokens score among the best ``keep`` (or 4x the budget's worth of spans) per KV head
 PREFILTER_SPANS = 2048
 PREFILTER_KEEP = 256
+BLOCK_SPANS = 16  # spans per block of the coarse index
+OPEN_FACTOR = 8  # blocks opened per KV head: this many times the blocks ``keep`` spans fill
 
 
-def representative_scores(memory: SpanMemory, layer: int, q: torch.Tensor) -> torch.Tensor:
+class RepBlocks:
+    """The coarse index of a memory's representative rows: per complete block of
+    ``BLOCK_SPANS`` spans, per layer and KV head, the least and greatest sketch level per
+    dimension over the block's representative rows, (L, H, B, R) each. Grown block by block as a
+    streamed store appends spans; rebuilt when the stored levels change (the sketch's scale
+    widened, or fewer dimensions placed)."""
+
+    def __init__(self) -> None:
+        self.lo: torch.Tensor | None = None
+        self.hi: torch.Tensor | None = None
+        self.key: torch.Tensor | None = None  # the sketch scale the levels were read with
+
+    @property
+    def n_blocks(self) -> int:
+        return 0 if self.lo is None else self.lo.shape[2]
+
+    def update(self, memory: SpanMemory) -> None:
+        scale = memory.sketch_scale
+        if self.key is None or self.key.shape != scale.shape or not torch.equal(self.key, scale):
+            self.lo = self.hi = None
+            self.key = scale.clone()
+        done, total = self.n_blocks, memory.n_spans // BLOCK_SPANS
+        if total <= done:
+            return
+        reps = memory.span_reps[done * BLOCK_SPANS : total * BLOCK_SPANS].flatten()
+        dim = memory.sketch_proj.shape[-1]
+        levels = dequantize_sketch(memory.sketch[:, :, reps], dim, torch.float32)
+        L, H = levels.shape[:2]
+        levels = levels.view(L, H, total - done, -1, dim)  # (L, H, new blocks, rows, R)
+        lo, hi = levels.amin(dim=3).to(torch.int8), levels.amax(dim=3).to(torch.int8)
+        self.lo = lo if self.lo is None else torch.cat([self.lo, lo], dim=2)
+        self.hi = hi if self.hi is None else torch.cat([self.hi, hi], dim=2)
+
+    def bounds(self, memory: SpanMemory, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """(H, B) upper bound of the sketch logit (unscaled) of queries ``q`` (H, G, Tq, D) on
+        any representative row of each complete block."""
+        proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
+        scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]
+        qs = (torch.einsum("hgtd,hdr->hgtr", q, proj) * scale).flatten(1, 2)  # (H, Q, R)
+        lo, hi = self.lo[layer].to(q.dtype), self.hi[layer].to(q.dtype)  # (H, B, R)
+        top = qs.clamp(min=0) @ hi.transpose(1, 2) + qs.clamp(max=0) @ lo.transpose(1, 2)
+        offset = torch.einsum("hgtd,hd->hgt", q, memory.sketch_mean[layer].to(q.dtype))
+        return (top + offset.flatten(1)[..., None]).amax(dim=1)
+
+
+def representative_scores(
+    memory: SpanMemory, layer: int, q: torch.Tensor, spans: torch.Tensor | None = None
+) -> torch.Tensor:
     """(H, N) sketch logit (unscaled) of each span's best representative token for queries
-    ``q`` (H, G, Tq, D): the exact sketch score restricted to a few rows per span."""
+    ``q`` (H, G, Tq, D): the exact sketch score restricted to a few rows per span (``spans``
+    (K,): of those spans only, (H, K))."""
     H = q.shape[0]
-    rows = memory.span_reps.flatten()  # (N * k,)
-    best = sketch_logits(memory, layer, q, rows).amax(dim=(1, 2))  # (H, N * k)
-    return best.view(H, memory.n_spans, -1).amax(dim=-1)
+    reps = memory.span_reps if spans is None else memory.span_reps[spans]
+    best = sketch_logits(memory, layer, q, reps.flatten()).amax(dim=(1, 2))  # (H, K * k)
+    return best.view(H, reps.shape[0], -1).amax(dim=-1)
+
+
+def opened_spans(memory: SpanMemory, layer: int, q: torch.Tensor, keep: int) -> torch.Tensor:
+    """Sorted ids of the spans worth scoring exactly: those of the ``OPEN_FACTOR`` x
+    keep / BLOCK_SPANS blocks with the highest bounds per KV head (:class:`RepBlocks`), and
+    every span after the last complete block."""
+    index = memory.rep_blocks
+    index.update(memory)
+    n_open = min(index.n_blocks, math.ceil(OPEN_FACTOR * keep / BLOCK_SPANS))
+    opened = torch.zeros(index.n_blocks, dtype=torch.bool, device=q.device)
+    if n_open:
+        opened[index.bounds(memory, layer, q).topk(n_open, dim=1).indices.flatten()] = True
+    blocks = torch.nonzero(opened)[:, 0]
+    within = torch.arange(BLOCK_SPANS, device=q.device)
+    spans = (blocks[:, None] * BLOCK_SPANS + within).flatten()
+    tail = torch.arange(index.n_blocks * BLOCK_SPANS, memory.n_spans, device=q.device)
+    return torch.cat([spans, tail])
 
 
 def candidates(
@@ -39,22 +111,28 @@ def candidates(
     budget: int,
     keep: int = PREFILTER_KEEP,
     min_spans: int = PREFILTER_SPANS,
+    blocks: bool = False,
 ) -> torch.Tensor | None:
     """Spans worth scoring for queries ``q`` (H, G, Tq, D), or None to score them all.
 
     Long documents only (more than ``min_spans`` spans): the union over KV heads of each
     head's best max(keep, 4 x budget / mean span length) spans by
-    :func:`representative_scores` (sorted span ids). The exact sketch router's picks
-    are not all among the best representatives (a span can win on a token of low surprisal):
-    this trades some routing fidelity for a cost that stays flat in the document's length.
+    :func:`representative_scores` (sorted span ids); with ``blocks``, among the spans of the
+    blocks :func:`opened_spans` opens only. The exact sketch router's picks are not all among
+    the best representatives (a span can win on a token of low surprisal): this trades some
+    routing fidelity for a cost that grows slowly with the document's length (``blocks``: stays
+    flat, at a further loss — a streamed chunk's routing, not a question's).
     """
     if memory.span_reps is None or memory.n_spans <= min_spans:
         return None
-    best = representative_scores(memory, layer, q)  # (H, N)
     mean_len = float(memory.lengths.float().mean())
     keep = min(memory.n_spans, max(keep, math.ceil(4 * budget / mean_len)))
+    spans = opened_spans(memory, layer, q, keep) if blocks else None
+    best = representative_scores(memory, layer, q, spans)  # (H, K)
+    if spans is None:
+        spans = torch.arange(memory.n_spans, device=best.device)
     picked = torch.zeros(memory.n_spans, dtype=torch.bool, device=best.device)
-    picked[best.topk(keep, dim=1).indices.flatten()] = True
+    picked[spans[best.topk(min(keep, spans.numel()), dim=1).indices.flatten()]] = True
     return torch.nonzero(picked)[:, 0]
 
 

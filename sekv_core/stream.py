@@ -5,7 +5,8 @@ Each chunk of ``prefill_chunk`` tokens runs through the model with the mixed-res
 ``stream.window`` of them, full resolution) and the spans zoomed from the store built so far
 (sketch router, ``stream.budget`` tokens per layer and KV head, routed by ``stream.route_queries``
 of its queries; beyond STREAM_PREFILTER_SPANS spans only the candidates of
-:func:`sekv_core.prefilter.candidates` are scored, so the time per chunk stays nearly flat). Once
+:func:`sekv_core.prefilter.candidates`, found through its coarse block index, are scored, so the
+time per chunk stays flat along the book). Once
 more than ``window + chunk`` tokens wait, the oldest complete spans are committed as one *part*
 (:mod:`sekv_core.parts`): segmented with the rule of :func:`sekv_core.segment.segment` (threshold
 mu + alpha sigma of the surprisal read so far), summarised, factorised, written to disk and
@@ -62,7 +63,8 @@ from .zoom import SpanMemory
 
 CHECKPOINT_S = 30.0  # at most this long between checkpoints
 # a chunk's router scores exactly only the best 64 spans per KV head by their representative
-# tokens once the store holds 256 spans: the cost per chunk stays nearly flat
+# tokens (found through the block index) once the store holds 256 spans: the cost per chunk
+# stays flat
 STREAM_PREFILTER_SPANS, STREAM_PREFILTER_KEEP = 256, 64
 
 
@@ -376,6 +378,7 @@ def chunk_policy(budget: int, route_queries: int) -> ZoomPolicy:
         track_mass=False,
         prefilter_spans=STREAM_PREFILTER_SPANS,
         prefilter_keep=STREAM_PREFILTER_KEEP,
+        prefilter_blocks=True,
     )
 
 

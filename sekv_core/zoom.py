@@ -25,6 +25,7 @@ import torch
 
 from .kvquant import KV_BITS, Rows, row_bytes
 from .pools import ZoomPool, build_pool
+from .prefilter import RepBlocks
 from .reconstruct import RankGate, Reconstructor
 from .rope import Rope
 from .store import SpanStore
@@ -53,6 +54,7 @@ class SpanMemory:
         self.n_sinks = int(positions.get("sinks", 0))
         self.pool_end: int | None = None  # bounded: the first local position (set per answer)
         self.routed_dims: int | None = None  # sketch directions on the device (place_sketch)
+        self.rep_blocks = RepBlocks()  # the prefilter's coarse index, grown with the store
         self.refresh()
         self.token_bytes = 2 * row_bytes(self.head_dim, kv_bits)  # K + V of one head-token
         self.peak_cached_bytes = 0

@@ -16,6 +16,7 @@ import torch
 from conftest import build_tiny_model
 from safetensors.torch import load_file
 
+import sekv_core.prefilter as prefilter_mod
 import sekv_core.stream as stream_mod
 from sekv_core.attention import ZoomPolicy, sekv_attention
 from sekv_core.basis import reconstruct
@@ -27,7 +28,7 @@ from sekv_core.format import FILES
 from sekv_core.ingest import open_or_build
 from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.models import load_model
-from sekv_core.prefilter import SpanSubset, candidates, representative_scores
+from sekv_core.prefilter import RepBlocks, SpanSubset, candidates, representative_scores
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.router import SketchRouter
 from sekv_core.segment import ANCHOR, SINK, SPAN
@@ -374,6 +375,52 @@ def test_prefilter_scores_candidates_exactly(small, tmp_path, monkeypatch):
         assert torch.allclose(sub, exact[:, index], atol=1e-4)
     answer = session.ask("Which crate is on floor 4?", max_new_tokens=4)
     assert answer.routing["zoomed_tokens_max"] <= 16
+
+
+def test_block_index_bounds_every_representative_and_grows_with_the_store(
+    small, tmp_path, monkeypatch
+):
+    """The coarse index a streamed chunk's prefilter reads: no representative scores above its
+    block's bound; grown span by span it equals one built at once (and is rebuilt when the
+    sketch's scale changes); the candidates come from the opened blocks and the tail only, and
+    with every block opened they are the flat prefilter's."""
+    monkeypatch.setattr(prefilter_mod, "BLOCK_SPANS", 4)
+    doc = document(tmp_path, text_of(24))
+    session = Session(small, doc, "sekv", MethodSettings(budget=16, store=BOOK))
+    memory = session.method.spans
+    n, B = memory.n_spans, 4
+    assert n > 6 * B
+    torch.manual_seed(0)
+    q = torch.randn(memory.num_kv_heads, 2, 3, memory.head_dim)
+    index = memory.rep_blocks
+    index.update(memory)
+    assert index.n_blocks == n // B
+    for layer in range(memory.num_layers):
+        reps = representative_scores(memory, layer, q)[:, : index.n_blocks * B]
+        block_best = reps.view(reps.shape[0], -1, B).amax(dim=-1)
+        assert (block_best <= index.bounds(memory, layer, q) + 1e-4).all()
+
+    class Prefix:  # the memory as a streamed build saw it after its first ``k`` spans
+        def __init__(self, k: int, scale: torch.Tensor) -> None:
+            self.n_spans, self.span_reps, self.sketch = k, memory.span_reps[:k], memory.sketch
+            self.sketch_proj, self.sketch_scale = memory.sketch_proj, scale
+
+    grown = RepBlocks()
+    for k in range(1, n + 1):
+        grown.update(Prefix(k, memory.sketch_scale))
+    assert torch.equal(grown.lo, index.lo) and torch.equal(grown.hi, index.hi)
+    grown.update(Prefix(2 * B + 1, memory.sketch_scale * 2))  # levels re-read: rebuilt
+    assert grown.n_blocks == 2 and torch.equal(grown.hi, index.hi[:, :, :2])
+
+    monkeypatch.setattr(prefilter_mod, "OPEN_FACTOR", 1)
+    opened = prefilter_mod.opened_spans(memory, 0, q, keep=4)
+    assert B * 1 <= len(opened) < n and (opened >= index.n_blocks * B).sum() == n % B
+    picked = candidates(memory, 0, q, budget=4, keep=4, min_spans=8, blocks=True)
+    assert torch.isin(picked, opened).all()
+    monkeypatch.setattr(prefilter_mod, "OPEN_FACTOR", n)  # every block opened
+    for layer in range(memory.num_layers):
+        flat = candidates(memory, layer, q, budget=16, keep=4, min_spans=8)
+        assert torch.equal(candidates(memory, layer, q, 16, 4, 8, blocks=True), flat)
 
 
 def test_cli_ingests_and_answers_a_book_that_full_kv_refuses(small, tmp_path):
