@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the memory is passed in; this module only reads it
 PREFILTER_SPANS = 2048
 PREFILTER_KEEP = 256
 BLOCK_SPANS = 16  # spans per block of the coarse index
+UPDATE_BLOCKS = 1024  # blocks read at once while the index grows or is rebuilt
 OPEN_FACTOR = 8  # blocks opened per KV head: this many times the blocks ``keep`` spans fill
 
 
@@ -54,12 +55,18 @@ class RepBlocks:
         done, total = self.n_blocks, memory.n_spans // BLOCK_SPANS
         if total <= done:
             return
-        reps = memory.span_reps[done * BLOCK_SPANS : total * BLOCK_SPANS].flatten()
+        reps = memory.span_reps[done * BLOCK_SPANS : total * BLOCK_SPANS].view(total - done, -1)
         dim = memory.sketch_proj.shape[-1]
-        levels = dequantize_sketch(memory.sketch[:, :, reps], dim, torch.float32)
-        L, H = levels.shape[:2]
-        levels = levels.view(L, H, total - done, -1, dim)  # (L, H, new blocks, rows, R)
-        lo, hi = levels.amin(dim=3).to(torch.int8), levels.amax(dim=3).to(torch.int8)
+        L, H = memory.sketch.shape[:2]
+        lo = torch.empty(L, H, total - done, dim, dtype=torch.int8, device=reps.device)
+        hi = torch.empty_like(lo)
+        for layer in range(L):  # a layer and UPDATE_BLOCKS at a time: a rebuild stays small
+            for a in range(0, total - done, UPDATE_BLOCKS):
+                rows = reps[a : a + UPDATE_BLOCKS]  # (b, rows per block)
+                packed = memory.sketch[layer][:, rows.flatten()]
+                levels = dequantize_sketch(packed, dim, torch.float32).view(H, *rows.shape, dim)
+                lo[layer, :, a : a + len(rows)] = levels.amin(dim=2).to(torch.int8)
+                hi[layer, :, a : a + len(rows)] = levels.amax(dim=2).to(torch.int8)
         self.lo = lo if self.lo is None else torch.cat([self.lo, lo], dim=2)
         self.hi = hi if self.hi is None else torch.cat([self.hi, hi], dim=2)
 
