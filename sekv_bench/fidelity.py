@@ -92,6 +92,7 @@ def run_fidelity(
                         "question": question,
                         **compare(ref, torch.stack(record.logprobs), ids),
                         "resident_share": resident_share(answer.memory),
+                        "store_share": store_share(answer.memory),
                         "routing": answer.routing,
                     }
                     sink.write(json.dumps(row) + "\n")
@@ -111,6 +112,11 @@ def run_fidelity(
     return summary
 
 
+def store_share(memory: dict[str, Any]) -> float:
+    """The method's store on disk over the document's fp16 full KV (0 without a store)."""
+    return round(memory.get("store_bytes", 0) / memory["full_kv_bytes"], 5)
+
+
 def compare(reference: torch.Tensor, got: torch.Tensor, ids: list[int]) -> dict[str, Any]:
     """Per-answer figures of log-probs ``got`` (n, V) against ``reference`` (n, V) along ``ids``."""
     target = torch.tensor(ids)
@@ -127,7 +133,7 @@ def compare(reference: torch.Tensor, got: torch.Tensor, ids: list[int]) -> dict[
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per (method, memory share): agreement, KL per token, identical answers,
-    resident share."""
+    resident share, store on disk (share of the fp16 full KV; methods without one: 0)."""
     out = []
     for (method, share), part in group(rows).items():
         tokens = sum(r["tokens"] for r in part)
@@ -144,6 +150,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     sum(r["first_miss"] is None for r in part) / len(part), 4
                 ),
                 "resident_share": round(sum(r["resident_share"] for r in part) / len(part), 4),
+                "store_share": round(sum(r["store_share"] for r in part) / len(part), 4),
             }
         )
     return out
@@ -155,14 +162,14 @@ def markdown(summary: dict[str, Any]) -> str:
         "tokens, teacher-forced).",
         "",
         "| method | memory | questions | top-1 agreement | KL nats/token | identical answers "
-        "| resident |",
-        "|---|---|---|---|---|---|---|",
+        "| resident | store on disk |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in summary["configs"]:
         share = "–" if c["memory_share"] is None else f"{c['memory_share']:.2f}"
         lines.append(
             f"| {c['method']} | {share} | {c['questions']} | {c['top1_agreement']:.3f} "
             f"| {c['kl_per_token']:.3f} | {c['identical_answers']:.2f} "
-            f"| {c['resident_share']:.1%} |"
+            f"| {c['resident_share']:.1%} | {c['store_share']:.1%} |"
         )
     return "\n".join(lines) + "\n"

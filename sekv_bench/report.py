@@ -95,7 +95,6 @@ def figures(rows: list[dict]) -> dict[str, Any]:
         "decode_tps": mean(r["decode_tps"] for r in rows),
         # span routing (SeKV methods; None elsewhere)
         "zoom_rate": mean(r.get("routing", {}).get("zoom_rate") for r in rows),
-        "mean_rank_k": mean((r.get("routing", {}).get("mean_rank") or {}).get("k") for r in rows),
         "recall_vs_oracle": mean(r.get("routing", {}).get("recall_vs_oracle") for r in rows),
         "mass_captured": mean(r.get("routing", {}).get("mass_captured") for r in rows),
         "oracle_mass_captured": mean(
@@ -226,11 +225,11 @@ def markdown(summary: dict[str, Any]) -> str:
         "## Per method and memory share (all tasks)",
         _table(
             ["method", "memory", "n", "accuracy", "exact", "resident", "store"]
-            + ["zoom rate", "key rank", "recall vs oracle", "mass held (oracle's)"],
+            + ["zoom rate", "recall vs oracle", "mass held (oracle's)"],
             [
                 [x["method"], _num(x["memory_share"]), str(x["n"]), _num(x["accuracy"])]
                 + [_num(x["exact"]), _pct(x["resident_share"]), _pct(x["store_share"])]
-                + [_pct(x["zoom_rate"]), _num(x["mean_rank_k"], 1)]
+                + [_pct(x["zoom_rate"])]
                 + [_num(x["recall_vs_oracle"])]
                 + [_held(x)]
                 for x in summary["by_memory_share"]

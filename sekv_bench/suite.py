@@ -216,7 +216,9 @@ class Suite:
                 "correct": is_correct(a.answer, q.answers, q.mode),
                 "answer": a.answer[:ANSWER_CHARS],
                 "resident_share": resident_share(mem),
-                "store_share": round(mem["offloaded_bytes"] / mem["full_kv_bytes"], 5),
+                "store_share": round(
+                    mem.get("store_bytes", mem["offloaded_bytes"]) / mem["full_kv_bytes"], 5
+                ),
                 "ingest_s": round(session.prepare_s, 4),
                 "cache_hit": bool(a.store.get("cache_hit")),
                 "first_token_s": round(t["first_token_s"] - t["prepare_s"], 4),

@@ -49,6 +49,8 @@ def ingest(
             "full_kv_bytes": full,
             "resident_share": round(b["resident"] / full, 4),
             "offloaded_share": round(b["offloaded"] / full, 4),
+            "store_bytes": b["store"],
+            "store_share": round(b["store"] / full, 4),
         },
         "timings": {"total_s": round(seconds, 4), **({} if hit else m["timings"])},
         "positions": m["positions"]["mode"],
@@ -77,6 +79,7 @@ def ingest(
             "offloaded",
             f"{human_bytes(b['offloaded'])} ({mem['offloaded_share']:.1%} of fp16 full KV)",
         ),
+        ("on disk", f"{human_bytes(b['store'])} ({mem['store_share']:.1%} of fp16 full KV)"),
         ("full KV", f"{human_bytes(full)} fp16, {human_bytes(b['full_kv_fp32'])} fp32"),
         ("time", f"{seconds:.2f} s"),
     ]

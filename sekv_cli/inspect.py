@@ -44,7 +44,7 @@ def inspect(
         help="Write a self-contained HTML page of the report to OUT (no network needed).",
     ),
 ) -> None:
-    """Show FILE's span segmentation: text coloured by surprisal, spans, anchors, ranks, bytes."""
+    """Show FILE's span segmentation: text coloured by surprisal, spans, anchors, bytes."""
     if html_out is not None:
         _check_writable(html_out)
     loaded, document, _, store, _, _ = open_store(file, model)
@@ -162,9 +162,6 @@ def _table(report: dict[str, Any]) -> Table:
         ("tokens", "left"),
         ("page", "right"),
         ("len", "right"),
-        ("key rank", "right"),
-        ("value rank", "right"),
-        ("raw", "right"),
         ("offloaded", "right"),
         ("preview", "left"),
     ):
@@ -176,9 +173,6 @@ def _table(report: dict[str, Any]) -> Table:
             f"{s['start']}–{s['end']}",
             str(s["page"]),
             str(s["length"]),
-            f"{s['key_rank']:.1f}",
-            f"{s['value_rank']:.1f}",
-            f"{s['raw_share']:.0%}",
             human_bytes(s["offloaded_bytes"]),
             Text(s["preview"], no_wrap=True, overflow="ellipsis"),
         )
@@ -190,6 +184,7 @@ def _summary(report: dict[str, Any]) -> str:
     return (
         f"[bold]memory[/bold]: resident {human_bytes(b['resident'])} "
         f"({r['resident']:.1%} of fp16 full KV) · offloaded {human_bytes(b['offloaded'])} "
-        f"({r['offloaded']:.1%}) · trace {human_bytes(b['trace'])} · full KV "
+        f"({r['offloaded']:.1%}) · trace {human_bytes(b['trace'])} · on disk "
+        f"{human_bytes(b['store'])} ({r['store']:.1%}) · full KV "
         f"{human_bytes(b['full_kv_fp16'])} fp16, {human_bytes(b['full_kv_fp32'])} fp32"
     )

@@ -36,7 +36,7 @@ def train(
     ),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Train the zoom gate, threshold and rank gate on generated documents (CPU is fine)."""
+    """Train the zoom gate and its threshold on generated documents (CPU is fine)."""
     from sekv_core.train.loop import train as run
     from sekv_core.train.settings import TrainSettings
     from sekv_core.zoomnet import user_router_path

@@ -1,9 +1,9 @@
 """One-shot build: a span store from one prefill of a context that fits the model window.
 
-Prefill (K, V, surprisal, query moments) -> segmentation -> per span a surprisal-weighted summary,
-low-rank bases of its pre-RoPE keys and values (offload tier) and its routing sketch rows
-(resident) -> the store's files, written atomically. Contexts beyond the window are streamed
-instead (:mod:`sekv_core.stream`).
+Prefill (K, V, surprisal, query moments) -> segmentation -> per span a surprisal-weighted summary
+and its routing sketch rows (resident); the span tokens' pre-RoPE keys and values in the
+document's code (offload tier, :mod:`sekv_core.codec`) -> the store's files, written
+atomically. Contexts beyond the window are streamed instead (:mod:`sekv_core.stream`).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .basis import BASIS_DTYPE, factorize, gather_spans, one_thread, summarize
+from .codec import Codebook
 from .config import StoreSettings
 from .documents import Document
-from .format import nbytes, rank_stats, store_manifest, tier_bytes, trace_tensors, write_atomically
+from .format import code_stats, nbytes, store_manifest, tier_bytes, trace_tensors, write_atomically
 from .models import LoadedModel
 from .prefill import Progress, prefill
 from .prompt import Context
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
 from .sketch import quantize_sketch, sketch_basis, span_representatives
+from .summary import STORE_DTYPE, gather_spans, one_thread, summarize
 
 
 def build_store(
@@ -61,28 +62,29 @@ def build_store(
     timings["segment_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with one_thread():
-        kb = factorize(k_blocks, lengths, settings.key_energy)
-        vb = factorize(v_blocks, lengths, settings.value_energy)
-    timings["basis_s"] = time.perf_counter() - t0
+    k_rows, v_rows = keys_pre[:, :, span_tokens], values[:, :, span_tokens]  # (L, H, S, D)
+    k_code = Codebook.fit(k_rows, settings.key_code, "store.key_code")
+    v_code = Codebook.fit(v_rows, settings.value_code, "store.value_code")
+    offload = {"k_rows": k_code.encode(k_rows).flatten(), "v_rows": v_code.encode(v_rows).flatten()}
+    timings["code_s"] = time.perf_counter() - t0
 
     quantized = quantize_sketch(sketch, settings.sketch_bits)
     resident = {
         "fixed_pos": fixed,
-        "fixed_k": keys[:, :, fixed].to(BASIS_DTYPE),
-        "fixed_v": values[:, :, fixed].to(BASIS_DTYPE),
+        "fixed_k": keys[:, :, fixed].to(STORE_DTYPE),
+        "fixed_v": values[:, :, fixed].to(STORE_DTYPE),
         "span_starts": starts,
         "span_ends": ends,
-        "summary_k": summary_k.to(BASIS_DTYPE),
-        "summary_v": summary_v.to(BASIS_DTYPE),
-        "sketch_proj": basis.query_proj.to(BASIS_DTYPE),
-        "sketch_mean": basis.mean.to(BASIS_DTYPE),
+        "summary_k": summary_k.to(STORE_DTYPE),
+        "summary_v": summary_v.to(STORE_DTYPE),
+        "sketch_proj": basis.query_proj.to(STORE_DTYPE),
+        "sketch_mean": basis.mean.to(STORE_DTYPE),
         **quantized,
         "span_reps": span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], lengths),
-        **kb.tables("k"),
-        **vb.tables("v"),
+        **k_code.tensors("k"),
+        **v_code.tensors("v"),
+        "part_rows": torch.tensor([0, len(span_tokens)]),  # one part: every span token's row
     }
-    offload = {"k_coef": kb.coef, "k_basis": kb.basis, "v_coef": vb.coef, "v_basis": vb.basis}
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
     positions = {
         "mode": "original",
@@ -90,10 +92,7 @@ def build_store(
     }
     manifest = store_manifest(loaded, document, context, settings, positions)
     manifest["bytes"].update(**tier_bytes(resident), offloaded=nbytes(offload), trace=nbytes(trace))
-    manifest["stats"] = {
-        **seg.stats(),
-        **rank_stats(kb.rank, kb.raw, vb.rank, vb.raw),
-    }
+    manifest["stats"] = {**seg.stats(), **code_stats(k_code, v_code)}
     manifest["timings"] = {k: round(v, 4) for k, v in timings.items()}
     write_atomically(
         path,

@@ -18,9 +18,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .errors import SekvError
+from .tiers import parse_tiers
 
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
+# the offload tier's code (sekv_core.codec): directions of the document's codebook at their bits
+KEY_CODE = "*x8"
+VALUE_CODE = "*x8"
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,10 @@ class StoreSettings:
     """Everything that changes a span store's content (part of its key on disk)."""
 
     segment: SegmentSettings = field(default_factory=SegmentSettings)
-    key_energy: float = 0.999  # spectrum share the key bases keep (lower loses a needle's digits)
-    value_energy: float = 0.999  # spectrum share the value bases keep
+    # the offload tier's code of span keys (pre-RoPE) and values: directions of the document's
+    # codebook at their bits, strongest first (sekv_core.codec)
+    key_code: str = KEY_CODE
+    value_code: str = VALUE_CODE
     sketch_dim: int = 32  # routing sketch dims per span token (even: 4-bit pairs)
     sketch_bits: int = 4  # its quantisation (4: two values per byte; 8: int8)
     prefill_chunk: int = 512
@@ -143,9 +149,11 @@ def check_store(settings: StoreSettings) -> None:
         raise SekvError(
             f"span lengths need 1 <= min_len <= max_len, not {seg.min_len}, {seg.max_len}"
         )
-    for name in ("key_energy", "value_energy"):
-        if not 0 < getattr(settings, name) <= 1:
-            raise SekvError(f"store.{name} is a spectrum share in (0, 1]")
+    for name in ("key_code", "value_code"):
+        try:
+            parse_tiers(getattr(settings, name))
+        except ValueError as exc:
+            raise SekvError(f"store.{name}: {exc}") from None
     if settings.sketch_dim < 2 or settings.sketch_dim % 2:
         raise SekvError("store.sketch_dim must be even (4-bit rows pack two dims per byte)")
     if settings.sketch_bits not in (4, 8):

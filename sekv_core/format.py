@@ -4,10 +4,12 @@ One directory per (document, model, settings) under ``$SEKV_HOME/stores``; safet
 tensors (never pickle):
 
 - ``resident.safetensors`` — what answering places on the device (K/V of sinks and anchors, the
-  routing sketch, span lengths and representatives) and the host-side index beside it (span
-  bounds, per-span rank/offset tables of the bases, span summaries);
-- ``offload.safetensors`` — the offload tier: flat fp16 low-rank factors of every span's keys and
-  values; memory-mapped, sliced per zoom, never read whole;
+  routing sketch, span lengths and representatives, the offload code's codebooks) and the
+  host-side index beside it (span bounds, the parts' first rows, span summaries);
+- ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
+  fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
+  flat bytes, per part (L, H, rows, record) in row order; memory-mapped, sliced per zoom, never
+  read whole;
 - ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets);
 - ``manifest.json`` — format version, model id + fingerprint, tokenizer, settings, document,
   positions (``original``, or ``bounded`` for books: keys pre-RoPE, see :mod:`sekv_core.zoom`),
@@ -16,7 +18,9 @@ tensors (never pickle):
 ``bytes`` in the manifest: ``resident`` is the device tier as an answer holds it (sinks' and
 anchors' K/V as 8-bit rows, :mod:`sekv_core.kvquant`), the number ``sekv ask --json`` reports
 as ``resident_tier_bytes``; ``index`` the host-side rest of ``resident.safetensors``;
-``offloaded`` the offload tier; ``full_kv_fp16`` the reference every memory share divides by.
+``offloaded`` the offload tier (the size of ``offload.safetensors``); ``store`` the three
+files' sizes together (what the store costs on disk, besides this manifest); ``full_kv_fp16``
+the reference every memory share divides by.
 """
 
 from __future__ import annotations
@@ -44,10 +48,12 @@ from .models import LoadedModel
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 5  # 5: books keep no anchors (4: manifest bytes split device / host)
+FORMAT_VERSION = 6  # 6: coded offload tier (5: books keep no anchors)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
+# the offload code's codebooks (float32, on the device: zoomed rows are decoded there)
+CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in ("basis", "mean", "range"))
 
 
 def store_key(loaded: LoadedModel, document: Document, context: Context, settings: Any) -> str:
@@ -70,7 +76,7 @@ def tier_bytes(resident: dict[str, torch.Tensor]) -> dict[str, int]:
 
     The device tier: sinks' and anchors' K and V as 8-bit rows, the routing sketch and its
     directions at 2 bytes per number, each span's length (int64), each span token's span
-    (int64) and the spans' representative rows.
+    (int64), the spans' representative rows and the codebooks (float32).
     """
     L, H, F, D = resident["fixed_k"].shape
     spans = int(resident["span_starts"].numel())
@@ -80,12 +86,13 @@ def tier_bytes(resident: dict[str, torch.Tensor]) -> dict[str, int]:
         t = resident.get(name)
         if t is not None:
             device += t.numel() * (2 if t.is_floating_point() else t.element_size())
+    device += nbytes({n: resident[n] for n in CODEBOOKS if n in resident})
     return {"resident": device, "index": nbytes(resident) - _stored(resident)}
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:
     """Bytes of the device tier's tensors as stored in the file (fp16 fixed K/V)."""
-    names = ("fixed_k", "fixed_v", *DEVICE_TENSORS)
+    names = ("fixed_k", "fixed_v", *DEVICE_TENSORS, *CODEBOOKS)
     return nbytes({n: resident[n] for n in names if n in resident})
 
 
@@ -141,20 +148,13 @@ def trace_tensors(
     }
 
 
-def rank_stats(
-    k_rank: torch.Tensor, k_raw: torch.Tensor, v_rank: torch.Tensor, v_raw: torch.Tensor
-) -> dict[str, Any]:
-    """Mean rank of the factorised (non-raw) spans, and the share stored raw."""
-
-    def mean(rank: torch.Tensor, raw: torch.Tensor) -> float | None:
-        return round(float(rank[~raw].float().mean()), 2) if (~raw).any() else None
-
+def code_stats(key: Any, value: Any) -> dict[str, Any]:
+    """The offload code of keys and values (:class:`sekv_core.codec.Codebook`): bits per stored
+    number, scales included."""
+    dim = key.basis.shape[-1]
     return {
-        "key_rank_mean": mean(k_rank, k_raw),
-        "value_rank_mean": mean(v_rank, v_raw),
-        "raw_share": round(float(torch.cat([k_raw.flatten(), v_raw.flatten()]).float().mean()), 4)
-        if k_raw.numel()
-        else 0.0,
+        "key_bits": round(8 * key.record_bytes / dim, 3),
+        "value_bits": round(8 * value.record_bytes / dim, 3),
     }
 
 
@@ -180,6 +180,12 @@ def write_atomically(
                 "sha256": sha256(tmp / name),
                 "bytes": (tmp / name).stat().st_size,
             }
+        sizes = manifest.get("bytes")
+        if isinstance(sizes, dict):  # a span store: the tiers as the files hold them
+            files_bytes = {n: f["bytes"] for n, f in manifest["files"].items()}
+            if "offload.safetensors" in files_bytes:
+                sizes["offloaded"] = files_bytes["offload.safetensors"]
+            sizes["store"] = sum(files_bytes.values())
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         if path.exists():  # a stale or corrupt store being replaced
             trash = path.with_name(f".trash-{path.name}-{os.getpid()}")

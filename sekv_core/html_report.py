@@ -66,12 +66,13 @@ def _cards(report: dict[str, Any]) -> str:
         ("anchors", f"{st['anchors_pct']:g}%", f"{st['anchors']} tokens · {st['sinks']} sinks"),
         ("threshold", f"{st['threshold_nats']:.2f}", "nats (μ + α·σ)"),
         (
-            "rank k / v (factorised)",
-            f"{_num(st['key_rank_mean'])} / {_num(st['value_rank_mean'])}",
-            f"of {report['model_spec']['head_dim']} dims · raw {st['raw_share']:.0%}",
+            "code k / v",
+            f"{_num(st['key_bits'])} / {_num(st['value_bits'])}",
+            "bits per offloaded number (fp16: 16)",
         ),
         ("resident", human_bytes(b["resident"]), f"{r['resident']:.1%} of fp16 full KV"),
         ("offloaded", human_bytes(b["offloaded"]), f"{r['offloaded']:.1%} of fp16 full KV"),
+        ("on disk", human_bytes(b["store"]), f"{r['store']:.1%} of fp16 full KV"),
         ("full KV", human_bytes(b["full_kv_fp16"]), f"fp16 · {fp32} fp32"),
     ]
     inner = "".join(
@@ -135,7 +136,7 @@ def _plot(report: dict[str, Any]) -> str:
         parts.append(
             f'<rect x="{x(s["start"]):.2f}" y="{PAD_T}" width="{x(s["end"]) - x(s["start"]):.2f}" '
             f'height="{ih}" fill="{fill}"><title>span {s["id"]} · tokens {s["start"]}–'
-            f"{s['end']} · key rank {s['key_rank']:.1f}</title></rect>"
+            f"{s['end']} · page {s['page']}</title></rect>"
         )
     sinks = sum(1 for t in tokens if t["role"] == "sink")
     parts.append(
@@ -241,7 +242,7 @@ def _text(report: dict[str, Any]) -> str:
         '<span><span class="span" data-id="n">span</span> boxed</span>'
         '<span><span class="anchor">anchor</span> full resolution</span>'
         '<span><span class="sink">sink</span> attention sink</span>'
-        "<span>hover for ranks and surprisal</span></div>"
+        "<span>hover for spans and surprisal</span></div>"
     )
     head_block = (
         f'<div class="head" title="prompt head: {doc_start} sink tokens before the document">'
@@ -288,7 +289,6 @@ class _SpanBoxes:
         i, s = self.current, self.spans[self.current]
         tip = (
             f"span {i} · tokens {s['start']}–{s['end']} ({s['length']}) · page {s['page']}\n"
-            f"key rank {s['key_rank']:.1f} · value rank {s['value_rank']:.1f} · "
             f"offloaded {human_bytes(s['offloaded_bytes'])}"
         )
         cls = "span alt" if i % 2 else "span"
@@ -305,9 +305,7 @@ class _SpanBoxes:
 
 
 def _table(report: dict[str, Any]) -> str:
-    ranks = [r for s in report["spans"] for r in (s["key_rank"], s["value_rank"])]
-    dim = max(ranks, default=1.0) or 1.0  # rank bars are drawn to the largest rank in the table
-    heads = ("span", "tokens", "page", "length", "key rank", "value rank", "raw", "offloaded")
+    heads = ("span", "tokens", "page", "length", "offloaded")
     head = "".join(
         f'<th class="{"num" if i > 1 else ""}">{_e(h)}</th>' for i, h in enumerate(heads)
     )
@@ -315,11 +313,6 @@ def _table(report: dict[str, Any]) -> str:
         f'<tr id="row-{s["id"]}"><td><a href="#span-{s["id"]}">{s["id"]}</a></td>'
         f"<td>{s['start']}–{s['end']}</td><td class='num'>{s['page']}</td>"
         f"<td class='num'>{s['length']}</td>"
-        f"<td class='num'><span class='rk' style='width:{48 * s['key_rank'] / dim:.1f}px'></span>"
-        f"{s['key_rank']:.1f}</td>"
-        f"<td class='num'><span class='rk v' style='width:{48 * s['value_rank'] / dim:.1f}px'>"
-        f"</span>{s['value_rank']:.1f}</td>"
-        f"<td class='num'>{s['raw_share']:.0%}</td>"
         f"<td class='num'>{_e(human_bytes(s['offloaded_bytes']))}</td>"
         f"<td class='pre'>{_e(s['preview'])}</td></tr>"
         for s in report["spans"]
@@ -335,8 +328,8 @@ def _footer(report: dict[str, Any]) -> str:
     s = report["settings"]
     seg = s.get("segment", {})
     bits = [f"{k} {v}" for k, v in seg.items()] + [
-        f"key energy {s.get('key_energy')}",
-        f"value energy {s.get('value_energy')}",
+        f"key code {s.get('key_code')}",
+        f"value code {s.get('value_code')}",
     ]
     return (
         f"<footer>Settings: {_e(', '.join(bits))}. Document sha256 "

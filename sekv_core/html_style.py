@@ -63,9 +63,6 @@ tr:hover td{background:#f8fafc}
 tr.on td{background:#eff6ff}
 td a{color:#2563eb;text-decoration:none;font-weight:600}
 td.pre{color:#374151;max-width:420px}
-.rk{display:inline-block;height:6px;background:#93c5fd;border-radius:2px;margin-right:6px;
- vertical-align:middle}
-.rk.v{background:#c4b5fd}
 footer{color:var(--mute);font-size:12px;margin-top:18px}
 #tip{position:fixed;z-index:9;pointer-events:none;background:#111827;color:#f9fafb;
  font:12px/1.45 system-ui,sans-serif;padding:6px 9px;border-radius:6px;white-space:pre;

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from .basis import BASIS_DTYPE
+from .summary import STORE_DTYPE
 
 KV_BITS = 8  # how answers hold token-level K/V on the device
-CACHE_DTYPE = BASIS_DTYPE  # 16-bit rows: half precision
+CACHE_DTYPE = STORE_DTYPE  # 16-bit rows: half precision
 LEVELS = 127
 SCALE_DTYPE = torch.float16
 

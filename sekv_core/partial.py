@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from .basis import BASIS_DTYPE
+from .codec import Codebook
 from .config import StoreSettings
-from .format import map_safetensors
+from .format import CODEBOOKS, map_safetensors
 from .parts import OFFLOAD, read_tensors, write_part
 from .sketch import (
     SketchBasis,
@@ -31,13 +31,12 @@ from .sketch import (
     sketch_dtype,
     widen_sketch_scale,
 )
+from .summary import STORE_DTYPE
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
 OPEN_PARTS = 32  # part files kept open
-TABLES = tuple(f"{kind}_{t}" for kind in "kv" for t in ("rank", "raw", "coef_off", "basis_off"))
-# what a resumed build reads back from each part (not the bases, summaries or anchors' K/V)
+# what a resumed build reads back from each part (not its records, summaries or anchors' K/V)
 REPLAYED = (
-    *TABLES,
     "span_starts",
     "span_ends",
     "span_reps",
@@ -90,13 +89,15 @@ class PartialStore:
     ) -> None:
         self.work, self.manifest, self.resident = work, manifest, {}
         self.bits, self.dim = settings.sketch_bits, settings.sketch_dim
+        self.settings = settings
         self.device, self.keep = device, keep
         self.files: list[dict[str, Any]] = []  # name and sha256 of each part, in order
         self.paths: list[Path] = []
         self.bases: dict[str, list[int]] = {name: [] for name in OFFLOAD}
         self.totals = dict.fromkeys(OFFLOAD, 0)
-        self.grow = {name: Grow(2) for name in ("sketch", *TABLES)}
+        self.grow = {"sketch": Grow(2)}
         self.grow.update(span_starts=Grow(0), span_ends=Grow(0), span_reps=Grow(0))
+        self.rows = 0  # span tokens committed (offload rows per layer and head)
         self.sketch_scale: torch.Tensor | None = None  # (L, H, R) float32, grows rarely
         self.anchors = 0  # anchors committed so far
         self._open: OrderedDict[int, tuple[int, dict[str, int]]] = OrderedDict()
@@ -119,7 +120,15 @@ class PartialStore:
             span_starts=torch.zeros(0, dtype=torch.int64),
             span_ends=torch.zeros(0, dtype=torch.int64),
             span_reps=torch.zeros(0, 4, dtype=torch.int64, device=dev),
-            **{name: torch.zeros(L, H, 0, dtype=_table_dtype(name)) for name in TABLES},
+            part_rows=torch.zeros(1, dtype=torch.int64),
+        )
+        # no spans yet: any codebook (the stream places its own at the first commit)
+        empty = torch.zeros(L, H, 0, D)
+        self.place_codebooks(
+            {
+                **Codebook.fit(empty, self.settings.key_code).tensors("k"),
+                **Codebook.fit(empty, self.settings.value_code).tensors("v"),
+            }
         )
         self.resident["sketch"] = self.resident["sketch"].to(dev)
 
@@ -127,6 +136,10 @@ class PartialStore:
         """The sketch's query side on the device (routers read it from the resident tier)."""
         self.resident["sketch_proj"] = basis.query_proj.to(self.device, self.keep)
         self.resident["sketch_mean"] = basis.mean.to(self.device, self.keep)
+
+    def place_codebooks(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The offload code's codebooks (fixed at the first commit, :data:`CODEBOOKS`)."""
+        self.resident.update({name: tensors[name].float() for name in CODEBOOKS})
 
     def commit(self, part: dict[str, torch.Tensor]) -> None:
         """Write ``part`` as the next part file and append its spans."""
@@ -150,12 +163,9 @@ class PartialStore:
         for name in OFFLOAD:
             self.bases[name].append(base[name])
             self.totals[name] += sizes[name]
-        for kind in "kv":
-            for table in ("coef_off", "basis_off"):
-                name = f"{kind}_{table}"
-                self.grow[name].extend(part[name] + base[f"{kind}_{table[:-4]}"])
-            for table in ("rank", "raw"):
-                self.grow[f"{kind}_{table}"].extend(part[f"{kind}_{table}"])
+        self.rows += int((part["span_ends"] - part["span_starts"]).sum())
+        rows = torch.tensor([self.rows])
+        self.resident["part_rows"] = torch.cat([self.resident["part_rows"], rows])
         self.grow["span_starts"].extend(part["span_starts"])
         self.grow["span_ends"].extend(part["span_ends"])
         self.anchors += int(part["anchor_pos"].numel())
@@ -185,20 +195,17 @@ class PartialStore:
 
     def offload_slice(self, name: str, start: int, stop: int) -> torch.Tensor:
         if stop <= start:
-            return torch.zeros(0, dtype=BASIS_DTYPE)
+            return torch.zeros(0, dtype=torch.uint8)
         part = bisect_right(self.bases[name], start) - 1
         fd, data = self._file(part)
-        size = BASIS_DTYPE.itemsize
-        raw = os.pread(
-            fd, (stop - start) * size, data[name] + (start - self.bases[name][part]) * size
-        )
-        return torch.frombuffer(bytearray(raw), dtype=BASIS_DTYPE)
+        raw = os.pread(fd, stop - start, data[name] + start - self.bases[name][part])
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
     def offload_ranges(self, name: str, starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
         """Elements [starts[i], stops[i]) for every i, one after another (a read per range)."""
         pairs = zip(starts.tolist(), stops.tolist(), strict=True)
         parts = [self.offload_slice(name, a, b) for a, b in pairs]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=BASIS_DTYPE)
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
 
     def _file(self, part: int) -> tuple[int, dict[str, int]]:
         """An open descriptor of a part and the byte offset of each offload buffer in it."""
@@ -223,47 +230,47 @@ class PartialStore:
         self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """The finished store's resident tensors (CPU): the sinks (positions, K (L, H, n, D) as
-        the store keeps them, V), then every part's anchors and summaries, and the tables."""
+        the store keeps them, V), then every part's anchors and summaries, the tables and the
+        codebooks."""
         pieces: dict[str, list[torch.Tensor]] = {n: [] for n in FIXED}
         for meta in self.files:
             part = read_tensors(self.work / meta["name"], FIXED)
             for name in pieces:
                 pieces[name].append(part[name])
         L, H, D = sink_k.shape[0], sink_k.shape[1], sink_k.shape[3]
-        empty = torch.zeros(L, H, 0, D, dtype=BASIS_DTYPE)
+        empty = torch.zeros(L, H, 0, D, dtype=STORE_DTYPE)
         r = {name: self.resident[name].cpu() for name in self.grow}  # (empty: no parts)
         resident = {
             "fixed_pos": torch.cat([sinks, *pieces["anchor_pos"]]),
-            "fixed_k": torch.cat([sink_k.to(BASIS_DTYPE), *pieces["anchor_k"]], 2),
-            "fixed_v": torch.cat([sink_v.cpu().to(BASIS_DTYPE), *pieces["anchor_v"]], 2),
+            "fixed_k": torch.cat([sink_k.to(STORE_DTYPE), *pieces["anchor_k"]], 2),
+            "fixed_v": torch.cat([sink_v.cpu().to(STORE_DTYPE), *pieces["anchor_v"]], 2),
             "summary_k": torch.cat([empty, *pieces["summary_k"]], 2),
             "summary_v": torch.cat([empty, *pieces["summary_v"]], 2),
-            "sketch_proj": self.resident["sketch_proj"].cpu().to(BASIS_DTYPE),
-            "sketch_mean": self.resident["sketch_mean"].cpu().to(BASIS_DTYPE),
-            "sketch_scale": self.resident["sketch_scale"].cpu().to(BASIS_DTYPE),
+            "sketch_proj": self.resident["sketch_proj"].cpu().to(STORE_DTYPE),
+            "sketch_mean": self.resident["sketch_mean"].cpu().to(STORE_DTYPE),
+            "sketch_scale": self.resident["sketch_scale"].cpu().to(STORE_DTYPE),
+            "part_rows": self.resident["part_rows"],
+            **{name: self.resident[name].cpu() for name in CODEBOOKS},
             **r,
         }
-        resident["k_raw"] = resident["k_raw"].to(torch.uint8)
-        resident["v_raw"] = resident["v_raw"].to(torch.uint8)
         return resident
 
     def offloaded_bytes(self) -> int:
-        """Bytes of the offload tier (every part's bases and coefficients)."""
-        return sum(self.totals.values()) * BASIS_DTYPE.itemsize
+        """Bytes of the offload tier (every part's records)."""
+        return sum(self.totals.values())
 
     def write_offload(self, out: Path) -> None:
         """offload.safetensors: every part's flat buffers, concatenated in part order.
 
         The safetensors header is written by hand: ``save_file`` takes every tensor in memory,
-        and the offload tier (bases and coefficients) is the bulk of a book's store, which a
+        and the offload tier (the records) is the bulk of a book's store, which a
         streamed build never holds at once. Each buffer is copied from the memory map of one
         part after another instead: the file is assembled in the memory of one part's buffer.
         """
         header, offset = {}, 0
         for name in OFFLOAD:
-            size = self.totals[name] * BASIS_DTYPE.itemsize
-            count, span = self.totals[name], [offset, offset + size]
-            header[name] = {"dtype": "F16", "shape": [count], "data_offsets": span}
+            size = self.totals[name]
+            header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
             offset += size
         raw = json.dumps(header).encode()
         raw += b" " * (-len(raw) % 8)
@@ -273,9 +280,3 @@ class PartialStore:
             for name in OFFLOAD:
                 for path in self.paths:
                     f.write(map_safetensors(path, (name,))[name].numpy().tobytes())
-
-
-def _table_dtype(name: str) -> torch.dtype:
-    if name.endswith("_raw"):
-        return torch.uint8
-    return torch.int32 if name.endswith("_rank") else torch.int64

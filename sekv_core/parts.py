@@ -2,7 +2,7 @@
 
 A streamed build (:mod:`sekv_core.stream`) commits its oldest waiting tokens as *parts*: their
 spans and anchors (:func:`part_spans`: the segmentation rule, with the threshold read so far) and
-their tensors (:func:`part_tensors`: bases, summaries, sketch rows, anchors' K/V), one
+their tensors (:func:`part_tensors`: coded K/V records, summaries, sketch rows, anchors' K/V), one
 safetensors file per commit in ``stores/.partial-<key>/``, written atomically and checksummed
 (:func:`write_part`). After a chunk the stream's state (:class:`StreamState`) is checkpointed
 beside them with every part's checksum (:class:`Checkpoints`): a rerun continues from a
@@ -29,10 +29,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .basis import BASIS_DTYPE, PackedBasis, factorize, gather_spans, one_thread, summarize
+from .codec import Codebook
 from .config import SegmentSettings, StoreSettings
 from .errors import SekvError
-from .format import sha256
+from .format import CODEBOOKS, sha256
 from .segment import SINK, SPAN, span_cuts
 from .sketch import (
     QueryMoments,
@@ -43,9 +43,10 @@ from .sketch import (
     sketch_state,
     span_representatives,
 )
+from .summary import STORE_DTYPE, gather_spans, one_thread, summarize
 
-OFFLOAD = ("k_coef", "k_basis", "v_coef", "v_basis")  # a part's flat buffers (offload tier)
-STATE_VERSION = 2  # 2: query-weighted sketch (query moments, basis)
+OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
+STATE_VERSION = 3  # 3: the offload code's codebooks (2: query-weighted sketch)
 
 
 @dataclass
@@ -56,7 +57,8 @@ class StreamState:
     (L, H, W, D) their K (pre-RoPE) and V; sink_k, sink_v : (L, H, n, D) the sinks'; surprisal,
     roles : (T,) of every context token (read so far); threshold : the segmentation threshold
     of the last commit; sketch_basis : fixed at the first commit, before which ``moments`` sums
-    the queries seen (the sketch's weighting).
+    the queries seen (the sketch's weighting); code : the offload code's codebook tensors
+    (:data:`~sekv_core.format.CODEBOOKS`), fixed at the first commit too.
     """
 
     next: int
@@ -70,6 +72,7 @@ class StreamState:
     roles: np.ndarray
     sketch_basis: SketchBasis | None = None
     moments: QueryMoments = field(default_factory=QueryMoments)
+    code: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def start(
@@ -101,6 +104,7 @@ class StreamState:
             "surprisal": torch.from_numpy(self.surprisal),
             "roles": torch.from_numpy(self.roles),
             **sketch_state(self.sketch_basis, self.moments),
+            **(self.code or {}),
         }
 
     @classmethod
@@ -121,6 +125,7 @@ class StreamState:
             t["roles"].numpy().copy(),
             basis,
             moments,
+            {name: t[name] for name in CODEBOOKS} if CODEBOOKS[0] in t else None,
         )
 
 
@@ -170,6 +175,21 @@ def waiting_sketch_basis(
         return sketch_basis(keys, moment, dim)
 
 
+def waiting_codebooks(
+    state: StreamState, spans: list[tuple[int, int]] | None, settings: StoreSettings
+) -> dict[str, torch.Tensor]:
+    """The offload code's codebook tensors (fixed at the first commit) from the waiting tokens'
+    keys (pre-RoPE) and values: those of ``spans`` (None: all waiting tokens)."""
+    c = state.commit_end
+    rows = span_rows(spans, c) if spans is not None else torch.arange(state.next - c)
+    keys = state.pending_k[:, :, rows].float().cpu()
+    values = state.pending_v[:, :, rows].float().cpu()
+    with one_thread():
+        k = Codebook.fit(keys, settings.key_code, "store.key_code")
+        v = Codebook.fit(values, settings.value_code, "store.value_code")
+    return {**k.tensors("k"), **v.tensors("v")}
+
+
 def part_tensors(
     keys_pre: torch.Tensor,
     values: torch.Tensor,
@@ -178,14 +198,16 @@ def part_tensors(
     spans: list[tuple[int, int]],
     anchors: list[int],
     basis: SketchBasis,
+    codes: dict[str, Codebook],
     settings: StoreSettings,
     frame: Callable[..., torch.Tensor],
 ) -> dict[str, torch.Tensor]:
-    """The tensors of a part: bases, summaries, sketch, anchors (CPU).
+    """The tensors of a part: coded K/V records, summaries, sketch, anchors (CPU).
 
     keys_pre, values : (L, H, n, D) float32, K (pre-RoPE) and V of tokens [start, start + n);
     surprisal : (n,) theirs; spans [(start, end)] and anchors : document positions; basis : the
-    sketch's projections; frame(keys, start, positions=None) : keys as the store keeps them
+    sketch's projections; codes : the offload code's codebooks ("k", "v");
+    frame(keys, start, positions=None) : keys as the store keeps them
     (:meth:`sekv_core.stream.StreamLayout.frame`).
     """
     c, s = start, settings
@@ -203,27 +225,20 @@ def part_tensors(
     span_keys = framed[:, :, rows]  # (L, H, S, D)
     quantized = quantize_sketch(basis.project(span_keys), s.sketch_bits)
     span_h = torch.from_numpy(surprisal.copy())[rows]  # part-local sketch rows
-    with one_thread():
-        kb = _factorize(k_blocks, lengths, s.key_energy)
-        vb = _factorize(v_blocks, lengths, s.value_energy)
     rel = torch.tensor(anchors, dtype=torch.int64) - c
     return {
         "span_starts": starts,
         "span_ends": ends,
-        "summary_k": summary_k.to(BASIS_DTYPE).contiguous(),
-        "summary_v": summary_v.to(BASIS_DTYPE).contiguous(),
+        "summary_k": summary_k.to(STORE_DTYPE).contiguous(),
+        "summary_v": summary_v.to(STORE_DTYPE).contiguous(),
         "sketch": quantized["sketch"].contiguous(),
         "sketch_scale": quantized["sketch_scale"],
         "span_reps": span_representatives(span_h, lengths),
         "anchor_pos": rel + c,
-        "anchor_k": framed[:, :, rel].to(BASIS_DTYPE).contiguous(),
-        "anchor_v": values[:, :, rel].to(BASIS_DTYPE).contiguous(),
-        **{k: v.contiguous() for k, v in kb.tables("k").items()},
-        **{k: v.contiguous() for k, v in vb.tables("v").items()},
-        "k_coef": kb.coef,
-        "k_basis": kb.basis,
-        "v_coef": vb.coef,
-        "v_basis": vb.basis,
+        "anchor_k": framed[:, :, rel].to(STORE_DTYPE).contiguous(),
+        "anchor_v": values[:, :, rel].to(STORE_DTYPE).contiguous(),
+        "k_rows": codes["k"].encode(keys_pre[:, :, rows]).flatten(),
+        "v_rows": codes["v"].encode(values[:, :, rows]).flatten(),
     }
 
 
@@ -232,16 +247,6 @@ def span_rows(spans: list[tuple[int, int]], c: int) -> torch.Tensor:
     if not spans:
         return torch.zeros(0, dtype=torch.int64)
     return torch.cat([torch.arange(a, e) for a, e in spans]) - c
-
-
-def _factorize(blocks: torch.Tensor, lengths: torch.Tensor, energy: float) -> PackedBasis:
-    """:func:`~sekv_core.basis.factorize` of a chunk's few spans, all layers in one solve (its
-    per-layer loop bounds the memory of a whole document; a chunk is small). Same result."""
-    L, H = blocks.shape[:2]
-    packed = factorize(blocks.reshape(1, L * H, *blocks.shape[2:]), lengths, energy)
-    for name in ("rank", "raw", "coef_off", "basis_off"):  # (1, L*H, N) -> (L, H, N)
-        setattr(packed, name, getattr(packed, name).reshape(L, H, -1))
-    return packed
 
 
 def write_part(work: Path, index: int, tensors: dict[str, torch.Tensor]) -> dict[str, str]:

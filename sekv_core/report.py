@@ -1,4 +1,4 @@
-"""What a span store holds, as plain data: the segmentation, ranks and bytes of every span.
+"""What a span store holds, as plain data: the segmentation and bytes of every span.
 
 :func:`build_report` turns a loaded :class:`~sekv_core.store.SpanStore` into one JSON-able dict
 that ``sekv inspect`` prints (``--json``), renders on the terminal, or renders as an HTML page
@@ -18,20 +18,22 @@ import numpy as np
 from .documents import Document
 from .segment import ANCHOR, SINK
 from .store import SpanStore
+from .tiers import parse_tiers, record_bytes
 
 ROLE_NAMES = {SINK: "sink", ANCHOR: "anchor", 2: "span"}
 PREVIEW_CHARS = 60
 
 
 def build_report(store: SpanStore, document: Document, tokenizer: Any) -> dict[str, Any]:
-    """The store's segmentation, per-span ranks and bytes, and per-token surprisal.
+    """The store's segmentation, per-span bytes, and per-token surprisal.
 
     Returns
     -------
     dict with keys ``document``, ``model``, ``store``, ``bytes`` (the manifest's per-tier bytes),
-    ``ratios`` (resident / offloaded bytes over the fp16 full KV), ``stats`` (segmentation and
-    rank statistics), ``settings``, ``surprisal`` (distribution of document tokens), ``spans``
-    (one dict per span) and ``tokens`` (one dict per context token, prompt head included).
+    ``ratios`` (resident / offloaded / whole-store bytes over the fp16 full KV), ``stats``
+    (segmentation and the offload code's bits per number), ``settings``, ``surprisal``
+    (distribution of document tokens), ``spans`` (one dict per span) and ``tokens`` (one dict
+    per context token, prompt head included).
     """
     manifest = store.manifest
     trace = {k: v.cpu().numpy() for k, v in store.trace.items()}
@@ -66,6 +68,7 @@ def build_report(store: SpanStore, document: Document, tokenizer: Any) -> dict[s
         "ratios": {
             "resident": round(manifest["bytes"]["resident"] / full, 4),
             "offloaded": round(manifest["bytes"]["offloaded"] / full, 4),
+            "store": round(manifest["bytes"]["store"] / full, 4),
         },
         "stats": manifest["stats"],
         "settings": manifest["settings"],
@@ -126,26 +129,14 @@ def span_index(starts: np.ndarray, ends: np.ndarray, total: int) -> np.ndarray:
     return out
 
 
-def span_bytes(store: SpanStore) -> dict[str, np.ndarray]:
-    """Per-span ranks (mean over layers and KV heads), raw share and offloaded bytes, each (N,).
-
-    A (layer, head) stored raw counts with rank D (its stored width), so a span's rank can exceed
-    the manifest's ``key_rank_mean`` / ``value_rank_mean``, which average factorised heads only.
-    """
-    res = store.resident
-    dim = int(store.manifest["model"]["spec"]["head_dim"])
+def span_bytes(store: SpanStore) -> np.ndarray:
+    """Offloaded bytes of each span (N,): its tokens' key and value records in every layer and
+    KV head."""
+    res, spec = store.resident, store.manifest["model"]["spec"]
     lengths = (res["span_ends"] - res["span_starts"]).cpu().numpy().astype(np.int64)  # (N,)
-    out: dict[str, np.ndarray] = {"offloaded_bytes": np.zeros(len(lengths), np.int64)}
-    raw_sum = np.zeros(len(lengths))
-    for kind in ("k", "v"):
-        rank = res[f"{kind}_rank"].cpu().numpy().astype(np.int64)  # (L, H, N)
-        raw = res[f"{kind}_raw"].cpu().numpy().astype(bool)  # (L, H, N)
-        elements = lengths * rank + np.where(raw, 0, rank * dim)  # (L, H, N): coef + basis
-        out["offloaded_bytes"] += 2 * elements.sum(axis=(0, 1))  # fp16
-        out[f"{kind}_rank"] = rank.mean(axis=(0, 1))
-        raw_sum += raw.mean(axis=(0, 1))
-    out["raw_share"] = raw_sum / 2
-    return out
+    settings, dim = store.manifest["settings"], int(spec["head_dim"])
+    record = sum(record_bytes(parse_tiers(settings[f"{k}_code"], dim)) for k in ("key", "value"))
+    return lengths * int(spec["num_layers"]) * int(spec["num_kv_heads"]) * record
 
 
 def _span_rows(
@@ -168,21 +159,15 @@ def _span_rows(
             "end": e,
             "length": e - s,
             "page": page,
-            "key_rank": round(kr, 2),
-            "value_rank": round(vr, 2),
-            "raw_share": round(raw, 4),
             "offloaded_bytes": nbytes,
             "preview": preview(document.text[cs:ce]),
         }
-        for i, (s, e, page, kr, vr, raw, nbytes, cs, ce) in enumerate(
+        for i, (s, e, page, nbytes, cs, ce) in enumerate(
             zip(
                 starts.tolist(),
                 ends.tolist(),
                 pages[starts].tolist(),
-                sizes["k_rank"].tolist(),
-                sizes["v_rank"].tolist(),
-                sizes["raw_share"].tolist(),
-                sizes["offloaded_bytes"].tolist(),
+                sizes.tolist(),
                 char_start.tolist(),
                 char_end.tolist(),
                 strict=True,

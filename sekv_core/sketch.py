@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .basis import BASIS_DTYPE
+from .summary import STORE_DTYPE
 
 RIDGE = 1e-4  # query directions below this share of the strongest one are floored (invertible W)
 
@@ -121,7 +121,7 @@ def quantize_sketch(sketch: torch.Tensor, bits: int = 4) -> dict[str, torch.Tens
         packed = u[..., 0::2] | (u[..., 1::2] << 4)  # (L, H, S, R/2)
     else:
         raise ValueError(f"sketch bits must be 4 or 8, not {bits}")
-    return {"sketch": packed, "sketch_scale": scale.to(BASIS_DTYPE)}
+    return {"sketch": packed, "sketch_scale": scale.to(STORE_DTYPE)}
 
 
 def dequantize_sketch(packed: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
@@ -244,7 +244,7 @@ def widen_sketch_scale(
     quantised at ``scale`` (None: none yet) are requantised to it in place, only the (layer,
     head) pairs whose scale grew."""
     grown = torch.where(needed > scale, needed * headroom, scale)
-    grown = grown.to(BASIS_DTYPE).float()  # representable as stored
+    grown = grown.to(STORE_DTYPE).float()  # representable as stored
     if rows is not None:
         ratio = (scale / grown).to(rows.device)  # (L, H, R) <= 1
         layer, head = torch.nonzero((ratio < 1).any(dim=-1), as_tuple=True)

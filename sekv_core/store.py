@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from .basis import BASIS_DTYPE
 from .config import StoreSettings
 from .documents import Document
 from .format import FILES, FORMAT, FORMAT_VERSION, map_safetensors, sha256
 from .models import LoadedModel
+from .summary import STORE_DTYPE
 
 SLICED_RANGES = 32  # offload reads of up to this many ranges slice them one by one
 
@@ -112,7 +112,7 @@ def load_store(
         raise StoreInvalid(f"unreadable tensors ({exc})") from None
     device = loaded.device
     # the resident tier stays in half precision on the device (fp32 models compute on copies)
-    dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else BASIS_DTYPE
+    dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
     resident["sketch_mean"] = resident["sketch_mean"].to(device=device, dtype=dtype)
     # SpanMemory places these: sinks' and anchors' K/V at the answer's precision, the summaries
     # when a method reads them, the sketch's directions an answer routes with

@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from .attention import LocalWindow, ZoomPolicy, sekv_attention
-from .basis import BASIS_DTYPE
+from .codec import Codebook
 from .config import StoreSettings, exceeds_window
 from .documents import Document
 from .errors import SekvError
-from .format import nbytes, rank_stats, store_manifest, tier_bytes, trace_tensors, write_atomically
+from .format import code_stats, nbytes, store_manifest, tier_bytes, trace_tensors, write_atomically
 from .models import LoadedModel
 from .partial import PartialStore
 from .parts import (
@@ -52,6 +52,7 @@ from .parts import (
     part_spans,
     part_tensors,
     release_memory,
+    waiting_codebooks,
     waiting_sketch_basis,
 )
 from .prefill import Progress, token_nll
@@ -59,6 +60,7 @@ from .prompt import Context
 from .rope import Rope
 from .router import SketchRouter
 from .segment import ANCHOR, SPAN, Segmentation, n_sinks
+from .summary import STORE_DTYPE
 from .zoom import SpanMemory
 
 CHECKPOINT_S = 30.0  # at most this long between checkpoints
@@ -143,7 +145,7 @@ class StreamBuilder:
         bounded = self.layout.bounded
         self.segment = replace(settings.segment, anchor_cap=0.0) if bounded else settings.segment
         self.device, self.dtype = loaded.device, loaded.dtype
-        self.keep = self.dtype if self.dtype.itemsize <= 2 else BASIS_DTYPE  # resident precision
+        self.keep = self.dtype if self.dtype.itemsize <= 2 else STORE_DTYPE  # resident precision
         self.ids = torch.tensor(context.ids, device=self.device)
         self.max_position = 0  # largest RoPE position a chunk used (tests: < window)
         self.peak_window_bytes = 0  # largest waiting K/V held (flat in the document's length)
@@ -157,7 +159,11 @@ class StreamBuilder:
         shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim)
         self.state = StreamState.start(self.T, lay.sinks, shape, self.dtype, self.device)
         positions = {"mode": lay.mode, "sinks": lay.sinks}
-        manifest = {"document": {"context_tokens": self.T}, "positions": positions}
+        manifest = {
+            "document": {"context_tokens": self.T},
+            "positions": positions,
+            "settings": self.settings.to_dict(),
+        }
         self.store = PartialStore(self.work, manifest, self.settings, self.device, self.keep)
         self.memory: SpanMemory | None = None
 
@@ -262,6 +268,8 @@ class StreamBuilder:
         self.memory = SpanMemory(self.store, rope, dev, self.dtype, kv_bits=16)
         if s.sketch_basis is not None:
             self.store.place_sketch_basis(s.sketch_basis)
+        if s.code is not None:
+            self.store.place_codebooks(s.code)
 
     def _commit_part(self, final: bool) -> bool:
         """Segment the oldest waiting tokens, write them as a part, append them to the memory.
@@ -282,18 +290,31 @@ class StreamBuilder:
             spans_all = whole[0] if whole else None
             s.sketch_basis = waiting_sketch_basis(s, spans_all, lay.frame, settings.sketch_dim)
             self.store.place_sketch_basis(s.sketch_basis)
+            s.code = waiting_codebooks(s, spans_all, settings)
+            self.store.place_codebooks(s.code)
         s.roles[c:end] = SPAN
         s.roles[chosen] = ANCHOR
         keys_pre = s.pending_k[:, :, : end - c].float().cpu()  # (L, H, n, D)
         values = s.pending_v[:, :, : end - c].float().cpu()
-        h, basis = s.surprisal[c:end], s.sketch_basis
-        part = part_tensors(keys_pre, values, h, c, spans, chosen, basis, settings, lay.frame)
+        h, basis, codes = s.surprisal[c:end], s.sketch_basis, self.codebooks()
+        part = part_tensors(
+            keys_pre, values, h, c, spans, chosen, basis, codes, settings, lay.frame
+        )
         self.store.commit(part)
         self.memory.refresh()
         s.pending_k = s.pending_k[:, :, end - c :]
         s.pending_v = s.pending_v[:, :, end - c :]
         s.commit_end = end
         return True
+
+    def codebooks(self) -> dict[str, Codebook]:
+        """The offload code of this store (the state's codebooks at the settings' tiers)."""
+        s = self.settings
+        tensors = self.store.resident
+        return {
+            "k": Codebook.from_tensors(tensors, "k", s.key_code),
+            "v": Codebook.from_tensors(tensors, "v", s.value_code),
+        }
 
     def _spans(self, final: bool, limit: int) -> tuple[list, list[int], int] | None:
         """:func:`~sekv_core.parts.part_spans` of the waiting tokens up to ``limit``."""
@@ -334,8 +355,8 @@ class StreamBuilder:
         manifest["bytes"].update(**tier_bytes(resident), offloaded=offloaded, trace=nbytes(trace))
         r = resident
         seg = Segmentation(s.roles, r["span_starts"].numpy(), r["span_ends"].numpy(), s.threshold)
-        ranks = rank_stats(r["k_rank"], r["k_raw"].bool(), r["v_rank"], r["v_raw"].bool())
-        manifest["stats"] = {**seg.stats(), **ranks}
+        codes = self.codebooks()
+        manifest["stats"] = {**seg.stats(), **code_stats(codes["k"], codes["v"])}
         manifest["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         manifest["stream"] = self.report()
         write_atomically(

@@ -2,7 +2,7 @@
 
 :class:`SpanMemory` holds what attention reads every step (sinks' and anchors' K/V, the routing
 sketch, span lengths) and hands out the zoomed spans' token-level K/V: reconstructed from the
-offloaded bases (:mod:`sekv_core.reconstruct`) into one pool per layer that later steps reuse
+offload tier's records (:mod:`sekv_core.reconstruct`) into one pool per layer that later steps reuse
 (:mod:`sekv_core.pools`). It also counts the answer's peak zoom memory.
 
 Positions (RoPE). A store whose context fits the model window keeps every token at its original
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import torch
 
+from .codec import Codebook
 from .kvquant import KV_BITS, Rows, row_bytes
 from .pools import ZoomPool, build_pool
 from .prefilter import RepBlocks
-from .reconstruct import RankGate, Reconstructor
+from .reconstruct import reconstruct
 from .rope import Rope
 from .store import SpanStore
 
@@ -59,7 +60,6 @@ class SpanMemory:
         self.token_bytes = 2 * row_bytes(self.head_dim, kv_bits)  # K + V of one head-token
         self.peak_cached_bytes = 0
         self.reconstructions = 0
-        self.reconstructor = Reconstructor()
         self.pools: dict[int, ZoomPool] = {}  # per layer: the last pool built
 
     def refresh(self) -> None:
@@ -92,7 +92,15 @@ class SpanMemory:
         self.num_layers, self.num_kv_heads, self.fixed_tokens, self.head_dim = fixed_k.shape
         # reconstructed pre-RoPE keys are rotated to their positions at use (no resident tables)
         self.context_len = int(self.store.manifest["document"]["context_tokens"])
-        self.tables = {k: v for k, v in r.items() if k.startswith(("k_", "v_"))}
+        # the offload tier: each span's first row, the parts' first rows, the codebooks
+        lengths = self.ends - self.starts
+        self.first_row = torch.cumsum(lengths, 0) - lengths  # (N,) host
+        self.part_rows = r["part_rows"]  # (P + 1,) host
+        settings = self.store.manifest["settings"]
+        self.codebooks = {
+            kind: Codebook.from_tensors(r, kind, settings[f"{name}_code"]).to(device)
+            for kind, name in (("k", "key"), ("v", "value"))
+        }
 
     def place_sketch(self, dims: int | None = None) -> None:
         """Put the sketch's first ``dims`` directions (None: all) on the device for routing.
@@ -119,8 +127,8 @@ class SpanMemory:
 
     def resident_bytes(self) -> int:
         """Bytes of the resident tier held on the device (routing structures included). The
-        offload tier's index (per-span ranks and offsets, ``tables``) stays on the host beside
-        it: the host gathers the factors."""
+        offload tier's index (each part's first row) stays on the host beside it: the host
+        reads the zoomed spans' records, the device decodes them."""
         tensors = [
             *self.fixed[0].tensors(),
             *self.fixed[1].tensors(),
@@ -131,37 +139,24 @@ class SpanMemory:
             self.lengths,
             self.sketch_span,
             *([] if self.span_reps is None else [self.span_reps]),
+            *(t for code in self.codebooks.values() for t in (code.basis, code.mean, code.range)),
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # -- zoom-in ---------------------------------------------------------------------------
-
-    @property
-    def rank_gate(self) -> RankGate | None:
-        """A trained rank gate (:mod:`sekv_core.zoomnet`), or None: every stored rank is used."""
-        return self.reconstructor.rank_gate
-
-    @rank_gate.setter
-    def rank_gate(self, gate: RankGate | None) -> None:
-        self.reconstructor.rank_gate = gate
-
-    def mean_rank(self, kind: str) -> float | None:
-        """Mean rank of the factorised (non-raw) reconstructions of this answer."""
-        return self.reconstructor.mean_rank(kind)
 
     def clear(self) -> None:
         """Drop the zoom pools and the answer's counters (between questions)."""
         self.pools.clear()
         self.peak_cached_bytes = 0
         self.reconstructions = 0
-        self.reconstructor.reset()
 
     def reconstruct(
         self, layer: int, spans: torch.Tensor, heads: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-level K, V (T, D) of (span, head) pairs of one layer, flat in pair order
-        (:meth:`sekv_core.reconstruct.Reconstructor.reconstruct`)."""
-        return self.reconstructor.reconstruct(self, layer, spans, heads)
+        (:func:`sekv_core.reconstruct.reconstruct`)."""
+        return reconstruct(self, layer, spans, heads)
 
     def zoom_pool(self, layer: int, zoom: torch.Tensor) -> ZoomPool:
         """The layer's pool for the picks ``zoom`` (H, N) bool

@@ -1,6 +1,6 @@
-"""The trainable zoom-in: a relevance gate per (layer, query head) and a rank gate per span.
+"""The trainable zoom-in: a relevance gate per (layer, query head).
 
-Both are tiny and sit beside the frozen base model (the only parameters ``sekv train`` learns).
+It is tiny and sits beside the frozen base model (the only parameters ``sekv train`` learns).
 
 **Relevance gate.** For a query q (post-RoPE) of layer l, query head h, and a span S, the gate logit
 
@@ -16,10 +16,6 @@ learned low-rank form: one matrix per layer and query head, so the parameters st
 default model), c weighs that term, b the log|S| prior, and tau is the learned zoom threshold. A
 span is zoomed when z > 0. At initialisation (a=1, e=0, c=0, b=0, tau=-6) this is exactly the
 training-free router's rule "within 6 nats of the best span", so training starts from the heuristic.
-
-**Rank gate.** A span's stored factor ``coef = U diag(sigma)`` has singular values sigma_1 >= …;
-each gets a gate g_i = sigmoid(w . [log(sigma_i / sigma_1), energy share before i, i / D] + c)
-per (kind, layer, KV head); at answer time the span is reconstructed at rank #{g_i > 1/2}.
 
 Weights live in one safetensors file whose metadata holds a JSON manifest (model fingerprint,
 settings, metrics); the optimizer state for resuming sits beside it (``<file>.state``).
@@ -130,56 +126,13 @@ def decision_best(x: torch.Tensor, steps: torch.Tensor | None) -> torch.Tensor:
     return best[:, steps.to(x.device)][:, None].detach()
 
 
-class RankGate(nn.Module):
-    """Per (kind, layer, KV head) gate over a span's singular values (see the module docstring)."""
-
-    KINDS = ("k", "v")
-
-    def __init__(self, shape: NetShape) -> None:
-        super().__init__()
-        L, H = shape.num_layers, shape.num_kv_heads
-        self.head_dim = shape.head_dim
-        weight = torch.tensor([0.0, -12.0, 0.0]).expand(2, L, H, 3).clone()
-        self.weight = nn.Parameter(weight)  # starts open: every stored singular value kept
-        self.bias = nn.Parameter(torch.full((2, L, H), 12.0 * 1.2))
-
-    @staticmethod
-    def features(sigma: torch.Tensor, head_dim: int) -> torch.Tensor:
-        """sigma (..., r) descending (0-padded) -> features (..., r, 3)."""
-        s = sigma.float().clamp(min=0)
-        energy = s.square()
-        total = energy.sum(-1, keepdim=True).clamp(min=1e-12)
-        before = (energy.cumsum(-1) - energy) / total
-        rel = (s / s[..., :1].clamp(min=1e-12)).clamp(min=1e-6).log()
-        index = torch.arange(s.shape[-1], dtype=s.dtype, device=s.device) / head_dim
-        return torch.stack([rel, before, index.expand_as(s)], dim=-1)
-
-    def gates(self, kind: int, layer: torch.Tensor, head: torch.Tensor, sigma: torch.Tensor):
-        """Gates (B, r) for spectra sigma (B, r) of (layer, head) index tensors (B,)."""
-        f = self.features(sigma, self.head_dim)  # (B, r, 3)
-        w = self.weight[kind, layer, head]  # (B, 3)
-        return torch.sigmoid(
-            torch.einsum("brf,bf->br", f, w) + self.bias[kind, layer, head][:, None]
-        )
-
-    @torch.no_grad()
-    def keep(self, kind: str, layer: int, heads: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        """Ranks (B,) to reconstruct spans at (answer time), from their stored spectra sigma
-        (B, r), descending and 0-padded (the column norms of the stored U diag(sigma)), of KV
-        heads ``heads`` (B,); at least 1 each."""
-        layers = torch.full_like(heads, layer)
-        g = self.gates(self.KINDS.index(kind), layers, heads, sigma)  # (B, r)
-        return ((g > 0.5) & (sigma > 0)).sum(dim=1).clamp(min=1)
-
-
 class ZoomNet(nn.Module):
-    """Everything ``sekv train`` learns: the relevance gate and the rank gate."""
+    """Everything ``sekv train`` learns: the relevance gate."""
 
     def __init__(self, shape: NetShape) -> None:
         super().__init__()
         self.shape = shape
         self.gate = ZoomGate(shape)
-        self.rank = RankGate(shape)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -274,7 +227,8 @@ def load_router(path: Path, fingerprint: str | None = None, model_id: str = "") 
         )
     net = ZoomNet(NetShape(**manifest["shape"]))
     with safe_open(str(path), framework="pt") as f:
-        state = {k: f.get_tensor(k) for k in f.keys()}
+        # routers trained with a rank gate (factorised stores) keep its weights: not read
+        state = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("rank.")}
     net.load_state_dict(state)
     net.requires_grad_(False)
     return RouterFile(net, manifest)

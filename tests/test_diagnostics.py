@@ -28,7 +28,7 @@ TEXT = " ".join(
     for i in range(45)
 )
 LOSSLESS = StoreSettings(
-    key_energy=1.0, value_energy=1.0, segment=SegmentSettings(min_len=8, max_len=32)
+    key_code="*x16", value_code="*x16", segment=SegmentSettings(min_len=8, max_len=32)
 )
 QUESTION = "Where is item 4?"
 

@@ -45,8 +45,13 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     assert set(m["files"]) == set(FILES)
     assert m["bytes"]["resident"] < m["bytes"]["full_kv_fp16"]
     # offloaded tier: sliced from the memory-mapped file, equal to what was written
-    flat = load_file(store.path / "offload.safetensors")["k_coef"]
-    assert torch.equal(store.offload_slice("k_coef", 5, 50), flat[5:50])
+    flat = load_file(store.path / "offload.safetensors")["k_rows"]
+    assert flat.dtype == torch.uint8
+    assert torch.equal(store.offload_slice("k_rows", 5, 50), flat[5:50])
+    # the manifest's sizes are the files': the offload tier and the whole store
+    sizes = {name: (store.path / name).stat().st_size for name in FILES}
+    assert m["bytes"]["offloaded"] == sizes["offload.safetensors"]
+    assert m["bytes"]["store"] == sum(sizes.values())
     # every token role partition is stored and consistent with the span table
     roles = store.trace["roles"]
     assert len(roles) == len(context)

@@ -11,7 +11,7 @@ from sekv_core.config import StoreSettings
 from sekv_core.errors import SekvError
 from sekv_core.train.evaluate import held_out_score
 from sekv_core.train.examples import prepare
-from sekv_core.train.losses import losses, rank_losses
+from sekv_core.train.losses import losses
 from sekv_core.train.settings import TrainSettings
 from sekv_core.train.student import answer_steps, step_decisions, student_forward
 from sekv_core.train.teacher import zoom_targets
@@ -48,10 +48,7 @@ def prepared(tiny_model_dirs, tmp_path_factory):
     os.environ["SEKV_HOME"] = str(tmp_path_factory.mktemp("train-home"))
     loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
     loaded.model.requires_grad_(False)
-    # factorised spans for the rank gate (at answering's default energy a random tiny model's
-    # spans are all stored raw)
-    store = StoreSettings(key_energy=0.9, value_energy=0.9)
-    docs, examples, held = prepare(loaded, SMALL, log=lambda _: None, store=store)
+    docs, examples, held = prepare(loaded, SMALL, log=lambda _: None, store=StoreSettings())
     return loaded, docs, examples, held
 
 
@@ -75,7 +72,6 @@ def test_gradients_reach_only_the_router_and_base_is_unchanged(prepared):
     assert all(g is not None for g in grads.values())
     assert grads["gate.threshold"].abs().sum() > 0  # the zoom threshold learns
     assert grads["gate.route_weight"].abs().sum() > 0  # so does the routing term
-    assert grads["rank.bias"].abs().sum() > 0
     opt.step()
     after = loaded.model.state_dict()
     assert all(torch.equal(base[k], after[k]) for k in base)
@@ -141,7 +137,7 @@ def test_a_few_steps_reduce_the_loss(prepared):
     ex = examples[0]
 
     def loss() -> float:
-        torch.manual_seed(1)  # the same sampled spectra for the rank terms each time
+        torch.manual_seed(1)  # the same sampled budget each time
         return float(losses(loaded, net, docs[ex.doc], ex, SMALL, share=0.2)["loss"].detach())
 
     before = loss()
@@ -150,19 +146,6 @@ def test_a_few_steps_reduce_the_loss(prepared):
         losses(loaded, net, docs[ex.doc], ex, SMALL, share=0.2)["loss"].backward()
         opt.step()
     assert loss() < 0.9 * before
-
-
-def test_rank_gate_trades_reconstruction_for_rank(prepared):
-    loaded, docs, _, _ = prepared
-    net = ZoomNet(shape_of(loaded))
-    torch.manual_seed(0)
-    recon_open, rank_open = rank_losses(net, docs[0])
-    with torch.no_grad():
-        net.rank.bias.fill_(-20.0)  # every gate shut
-    torch.manual_seed(0)
-    recon_shut, rank_shut = rank_losses(net, docs[0])
-    assert recon_open < 0.01 and rank_open > 0
-    assert recon_shut > 0.99 and rank_shut < 1e-6
 
 
 def test_router_file_round_trip_and_model_check(tmp_path, prepared):
@@ -372,32 +355,3 @@ def test_training_distils_along_the_full_kv_models_own_answer(prepared, tmp_path
     got = teacher_answer(loaded, cache, len(context), q, 8)
     assert loaded.tokenizer.decode(got, skip_special_tokens=True) == want.answer
     assert cache.get_seq_length() == len(context)
-
-
-def test_spectra_are_the_stored_factors_column_norms(prepared):
-    """The rank gate's inputs, read in one batch per kind: every factorised (kind, layer, head,
-    span) in that order, sigma = the column norms of its stored coefficients, 0-padded."""
-    from sekv_core.train.examples import spectra
-
-    _, docs, _, _ = prepared
-    memory = docs[0].memory
-    t, D = memory.tables, memory.head_dim
-    want = []
-    for ki, kind in enumerate(("k", "v")):
-        for layer in range(memory.num_layers):
-            for head in range(memory.num_kv_heads):
-                for span in range(memory.n_spans):
-                    if t[f"{kind}_raw"][layer, head, span]:
-                        continue
-                    n = int(memory.ends[span] - memory.starts[span])
-                    r = int(t[f"{kind}_rank"][layer, head, span])
-                    c0 = int(t[f"{kind}_coef_off"][layer, head, span])
-                    coef = memory.store.offload_slice(f"{kind}_coef", c0, c0 + n * r)
-                    sigma = torch.zeros(D)
-                    sigma[:r] = coef.view(n, r).float().norm(dim=0)
-                    want.append((ki, layer, head, sigma))
-    kinds, layers, heads, sigmas = spectra(memory)
-    assert len(want) == len(kinds) > 0
-    got = zip(kinds.tolist(), layers.tolist(), heads.tolist(), strict=True)
-    assert [w[:3] for w in want] == list(got)
-    assert torch.allclose(sigmas, torch.stack([w[3] for w in want]))

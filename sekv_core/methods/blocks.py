@@ -30,7 +30,6 @@ from transformers import DynamicCache
 
 from ..attention import mixed_attention
 from ..backend import use_attention
-from ..basis import BASIS_DTYPE
 from ..config import DEFAULT_BUDGET, BlockSettings
 from ..decode import PositionedStep, greedy
 from ..errors import SekvError
@@ -40,6 +39,7 @@ from ..paths import sekv_home
 from ..prompt import Context, stop_ids
 from ..router import Router
 from ..store import StoreInvalid
+from ..summary import STORE_DTYPE
 from .base import Method, Progress
 from .full import prefill_cache
 
@@ -55,7 +55,7 @@ class BlockMemory:
         shape = manifest["shape"]
         L, H, B, S, D = (shape[k] for k in ("layers", "heads", "blocks", "block_size", "head_dim"))
         resident = load_file(path / "resident.safetensors")
-        keep = dtype if dtype.itemsize <= 2 else BASIS_DTYPE  # half precision, as SeKV's tier
+        keep = dtype if dtype.itemsize <= 2 else STORE_DTYPE  # half precision, as SeKV's tier
         self.sink_k, self.sink_v, self.block_min, self.block_max = (
             resident[n].to(device=device, dtype=keep)
             for n in ("sink_k", "sink_v", "block_min", "block_max")
@@ -96,7 +96,7 @@ class BlockMemory:
             self.loaded[layer] = (host, kv)
         token = ids[..., None] * S + torch.arange(S, device=ids.device)  # (H, k, S)
         bias = torch.where(token < self.block_tokens, 0.0, torch.finfo(torch.float32).min)
-        loaded = sum(x[1].numel() for x in self.loaded if x is not None) * BASIS_DTYPE.itemsize
+        loaded = sum(x[1].numel() for x in self.loaded if x is not None) * STORE_DTYPE.itemsize
         live = H * (self.sink_k.shape[2] + k * S) * 2 * D * self.dtype.itemsize
         self.peak_loaded_bytes = max(self.peak_loaded_bytes, loaded)
         self.peak_live_bytes = max(self.peak_live_bytes, loaded + live)
@@ -108,7 +108,7 @@ class BlockMemory:
         """(H, k, 2, S, D) K/V of blocks ``ids`` (H, k): held ones copied, the rest read."""
         H, k = ids.shape
         kv = torch.empty(
-            H, k, 2, self.block_size, self.head_dim, dtype=BASIS_DTYPE, device=self.device
+            H, k, 2, self.block_size, self.head_dim, dtype=STORE_DTYPE, device=self.device
         )
         fresh = torch.ones(H, k, dtype=torch.bool)
         if last is not None:
@@ -279,8 +279,8 @@ def build(
     """Prefill the context, cut it into sinks + fixed blocks, write the store atomically."""
     t0 = time.perf_counter()
     cache = prefill_cache(loaded.model, context.ids, settings.prefill_chunk, progress)
-    keys = torch.stack([layer.keys[0] for layer in cache.layers]).cpu().to(BASIS_DTYPE)
-    values = torch.stack([layer.values[0] for layer in cache.layers]).cpu().to(BASIS_DTYPE)
+    keys = torch.stack([layer.keys[0] for layer in cache.layers]).cpu().to(STORE_DTYPE)
+    values = torch.stack([layer.values[0] for layer in cache.layers]).cpu().to(STORE_DTYPE)
     L, H, T, D = keys.shape  # post-RoPE keys at their original positions
     F, S = min(T, context.doc_start + settings.sinks), settings.block_size
     n = T - F  # block tokens
@@ -295,8 +295,8 @@ def build(
     resident = {
         "sink_k": keys[:, :, :F],
         "sink_v": values[:, :, :F],
-        "block_min": block_min.to(BASIS_DTYPE),
-        "block_max": block_max.to(BASIS_DTYPE),
+        "block_min": block_min.to(STORE_DTYPE),
+        "block_max": block_max.to(STORE_DTYPE),
     }
     spec = loaded.spec
     manifest = {

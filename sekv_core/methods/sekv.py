@@ -71,10 +71,9 @@ class SeKV(Method):
     def new_policy(self) -> ZoomPolicy:
         s, trained = self.settings, self.trained_router()
         if trained is None:
-            router, margin, gate = SketchRouter(), s.margin, None
+            router, margin = SketchRouter(), s.margin
         else:  # a learned gate: absolute threshold
-            router, margin, gate = TrainedRouter(trained.net), None, trained.net.rank.keep
-        self.spans.rank_gate = gate
+            router, margin = TrainedRouter(trained.net), None
         return ZoomPolicy(
             router=router,
             budget=self.zoom_budget(),
@@ -217,6 +216,7 @@ class SeKV(Method):
             "zoom_peak_bytes": self.spans.peak_cached_bytes,
             "local_window_bytes": local,
             "offloaded_bytes": self.store.bytes["offloaded"],
+            "store_bytes": self.store.bytes["store"],  # the store's files on disk
         }
 
     def store_info(self) -> dict[str, Any]:
@@ -236,7 +236,6 @@ class SeKV(Method):
             "neighbours": p.neighbours,
             "zoomed_tokens_max": t.zoomed_tokens_max,
             "reconstructions": self.spans.reconstructions,
-            "mean_rank": {"k": self.spans.mean_rank("k"), "v": self.spans.mean_rank("v")},
             # share of (layer, KV head, span) triples zoomed at least once for the answer
             "zoom_rate": round(t.zoom_rate, 4),
         }

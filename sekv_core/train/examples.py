@@ -1,10 +1,10 @@
 """Training examples: generated documents made ready to train on, with their teacher signals.
 
 Per document, the span store is built (or loaded) exactly as for answering and its full KV cache
-is computed once; the span tokens' exact K/V are kept for the student, and the stored spectra for
-the rank gate. Per planted fact, one example: the question, the answer to distil along (by
-default the full-KV model's own greedy answer, as `sekv bench fidelity` reads) and the teacher's
-signals over them (:mod:`~sekv_core.train.teacher`).
+is computed once; the span tokens' exact K/V are kept for the student. Per planted fact, one
+example: the question, the answer to distil along (by default the full-KV model's own greedy
+answer, as `sekv bench fidelity` reads) and the teacher's signals over them
+(:mod:`~sekv_core.train.teacher`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from ..basis import padded_blocks
 from ..config import StoreSettings
 from ..documents import load_document
 from ..ingest import open_or_build
@@ -47,14 +46,13 @@ class Example:
 
 @dataclass
 class PreparedDoc:
-    """A document's span memory and what the student and the rank gate read of its full KV."""
+    """A document's span memory and what the student reads of its full KV."""
 
     memory: SpanMemory
     context_len: int
     span_k: list[torch.Tensor]  # per layer (Hkv, S, D) exact post-RoPE keys of the span tokens
     span_v: list[torch.Tensor]
     span_id: torch.Tensor  # (S,) span of each span token
-    spectra: tuple[torch.Tensor, ...]  # kind, layer, head (B,) and sigma (B, D): see spectra()
 
 
 def prepare(
@@ -100,28 +98,4 @@ def prepared_doc(memory: SpanMemory, cache: DynamicCache, context_len: int) -> P
     tokens = span_tokens(memory)
     span_k = [layer.keys[0][:, tokens].detach().clone() for layer in cache.layers]
     span_v = [layer.values[0][:, tokens].detach().clone() for layer in cache.layers]
-    return PreparedDoc(
-        memory, context_len, span_k, span_v, memory.sketch_span.cpu(), spectra(memory)
-    )
-
-
-def spectra(memory: SpanMemory) -> tuple[torch.Tensor, ...]:
-    """Kind (0: keys, 1: values), layer, head (B,) and stored spectrum sigma (B, D), 0-padded, of
-    every factorised (layer, head, span) of a store, in that order: the rank gate's inputs.
-    Read in one batch per kind (the column norms of the stored U diag(sigma))."""
-    t, D = memory.tables, memory.head_dim
-    lengths = memory.ends - memory.starts
-    parts = []
-    for ki, kind in enumerate(("k", "v")):
-        layer, head, span = torch.nonzero(~t[f"{kind}_raw"].bool(), as_tuple=True)
-        if not span.numel():
-            continue
-        n, r = lengths[span], t[f"{kind}_rank"][layer, head, span].long()
-        c0 = t[f"{kind}_coef_off"][layer, head, span].long()
-        flat = memory.store.offload_ranges(f"{kind}_coef", c0, c0 + n * r)
-        coef = padded_blocks(flat, n, r, (span.numel(), int(n.max()), D))
-        parts.append((torch.full_like(span, ki), layer, head, coef.float().norm(dim=1)))
-    if not parts:
-        empty = torch.zeros(0, dtype=torch.long)
-        return empty, empty, empty, torch.zeros(0, D)
-    return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+    return PreparedDoc(memory, context_len, span_k, span_v, memory.sketch_span.cpu())

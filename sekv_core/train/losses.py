@@ -2,8 +2,7 @@
 
 Loss = KL(teacher || student) on the answer tokens + ``w_order`` * listwise ranking loss of each
 answer-time decision against the teacher's span mass + ``w_zoom`` * zoom BCE on mined positions
-(positives up-weighted) + ``w_budget`` * expected share of context tokens zoomed + ``w_rank`` *
-(reconstruction error of the gated spectrum + ``rank_cost`` * kept rank share).
+(positives up-weighted) + ``w_budget`` * expected share of context tokens zoomed.
 """
 
 from __future__ import annotations
@@ -50,22 +49,13 @@ def losses(
         bce = z.sum() * 0
     lengths = doc.memory.lengths.float()
     budget = (torch.sigmoid(z) * lengths).sum(-1).mean() / doc.context_len
-    recon, rank = rank_losses(net, doc)
-    total = (
-        kl
-        + s.w_order * order
-        + s.w_zoom * bce
-        + s.w_budget * budget
-        + s.w_rank * (recon + s.rank_cost * rank)
-    )
+    total = kl + s.w_order * order + s.w_zoom * bce + s.w_budget * budget
     return {
         "loss": total,
         "kl": kl,
         "order": order,
         "zoom_bce": bce,
         "budget": budget,
-        "recon": recon,
-        "rank": rank,
     }
 
 
@@ -110,21 +100,3 @@ def order_loss(z: torch.Tensor, ex: Example) -> torch.Tensor:
     target = mass[counted] / total[counted][:, None]
     logp = best[counted].log_softmax(-1)
     return (target * (target.clamp(min=1e-12).log() - logp)).sum(-1).mean()
-
-
-def rank_losses(net: ZoomNet, doc: PreparedDoc, sample: int = 512) -> tuple[torch.Tensor, ...]:
-    """Reconstruction error of the gated spectrum and the kept rank share, on sampled spans."""
-    kinds, layers, heads, sigma = doc.spectra
-    if len(sigma) == 0:
-        zero = net.rank.bias.sum() * 0
-        return zero, zero
-    pick = torch.randint(len(sigma), (min(sample, len(sigma)),))
-    s = sigma[pick]
-    g = net.rank.gates(0, layers[pick], heads[pick], s)
-    g_v = net.rank.gates(1, layers[pick], heads[pick], s)
-    g = torch.where((kinds[pick] == 0)[:, None], g, g_v)
-    stored = s > 0
-    energy = s.square()
-    recon = (((1 - g) ** 2 * energy).sum(-1) / energy.sum(-1).clamp(min=1e-12)).mean()
-    rank = ((g * stored).sum(-1) / s.shape[-1]).mean()
-    return recon, rank

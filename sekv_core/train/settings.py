@@ -17,8 +17,6 @@ class TrainSettings:
     w_order: float = 1.0
     w_zoom: float = 1.0
     w_budget: float = 0.5
-    w_rank: float = 1.0
-    rank_cost: float = 0.1
     dim: int = 3  # the gate's routing space (see sekv_core.zoomnet)
     doc_tokens: tuple[int, int] = (500, 1500)  # training document length range
     # zoom budgets drawn per step (share of span tokens); memory targets of 10-20% of full KV

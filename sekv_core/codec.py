@@ -1,0 +1,155 @@
+"""The offload tier's code: every span token's pre-RoPE key and value in a few bits per number.
+
+Per (layer, KV head) and tensor kind, one *codebook* fitted over the document (a book: over its
+first window of tokens): the principal directions of the rows (centred), strongest first, and
+each direction's range. A row is stored as its coefficients on those directions, divided by the
+range, in *tiers* of consecutive directions at fixed bits (the strongest directions carry most
+of a row, so they get more bits), each tier with one fp16 scale per row (its largest magnitude).
+A tier spec reads ``"8x8,24x4,32x2"``: 8 directions at 8 bits, 24 at 4, 32 at 2; 16 bits keeps
+fp16 coefficients (no scale), 0 bits drops the directions.
+
+A row's *record* is its tiers' codes and scales as bytes, all rows the same size, so a span's
+rows of one (layer, head) are one contiguous range of the offload tier and decode alone, at
+token resolution: records -> coefficients -> one batched product with the pairs' bases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import SekvError
+from .tiers import Tier, parse_tiers, record_bytes
+
+SCALE = torch.float16  # per-row tier scales (tiers.SCALE_BYTES each)
+
+
+@dataclass
+class Codebook:
+    """Per (layer, KV head) directions ``basis`` (L, H, D, D) (columns strongest first), row
+    ``mean`` (L, H, D) and direction ``range`` (L, H, D), float32; ``tiers`` say the bits."""
+
+    basis: torch.Tensor
+    mean: torch.Tensor
+    range: torch.Tensor
+    tiers: list[Tier]
+
+    @classmethod
+    def fit(cls, rows: torch.Tensor, spec: str, setting: str = "code") -> Codebook:
+        """The codebook of rows (L, H, S, D) at the tiers of ``spec`` (the setting named
+        ``setting``: a SekvError names it when its tiers do not fit the rows' D)."""
+        try:
+            tiers = parse_tiers(spec, rows.shape[-1])
+        except ValueError as exc:
+            raise SekvError(f"{setting}: {exc}") from None
+        x = rows.float()
+        if x.shape[2] == 0:  # no span tokens: any codebook
+            L, H, _, D = x.shape
+            eye = torch.eye(D).expand(L, H, D, D).contiguous()
+            return cls(eye, x.new_zeros(L, H, D), x.new_ones(L, H, D), tiers)
+        mean = x.mean(dim=2)
+        centred = x - mean[:, :, None]
+        cov = centred.transpose(-1, -2) @ centred  # (L, H, D, D)
+        _, vecs = torch.linalg.eigh(cov)
+        basis = vecs.flip(-1).contiguous()  # strongest direction first
+        coef = centred @ basis
+        span = coef.abs().amax(dim=2).clamp(min=1e-6)
+        return cls(basis, mean, span, tiers)
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {
+            f"{prefix}_basis": self.basis,
+            f"{prefix}_mean": self.mean,
+            f"{prefix}_range": self.range,
+        }
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> Codebook:
+        basis = tensors[f"{prefix}_basis"].float()
+        mean, span = tensors[f"{prefix}_mean"].float(), tensors[f"{prefix}_range"].float()
+        return cls(basis, mean, span, parse_tiers(spec, basis.shape[-1]))
+
+    @property
+    def record_bytes(self) -> int:
+        return record_bytes(self.tiers)
+
+    def to(self, device: torch.device) -> Codebook:
+        return Codebook(
+            self.basis.to(device), self.mean.to(device), self.range.to(device), self.tiers
+        )
+
+    def encode(self, rows: torch.Tensor) -> torch.Tensor:
+        """Records (L, H, S, B) uint8 of rows (L, H, S, D)."""
+        coef = ((rows.float() - self.mean[:, :, None]) @ self.basis) / self.range[:, :, None]
+        pieces, at = [], 0
+        for tier in self.tiers:
+            part = coef[..., at : at + tier.count]
+            at += tier.count
+            if tier.bits:
+                pieces.append(_encode_tier(part, tier))
+        shape = (*rows.shape[:-1], 0)
+        return torch.cat(pieces, dim=-1) if pieces else torch.zeros(shape, dtype=torch.uint8)
+
+    def decode(
+        self, records: torch.Tensor, layer: int, heads: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
+        KV heads; on the records' device. One batched product of the coefficients with the
+        layer's directions."""
+        device = records.device
+        basis = self.basis[layer]  # (H, D, D), on the records' device
+        coef = torch.zeros(records.shape[0], basis.shape[-1], device=device)
+        at, byte = 0, 0
+        for tier in self.tiers:
+            if tier.bits:
+                chunk = records[:, byte : byte + tier.nbytes]
+                coef[:, at : at + tier.count] = _decode_tier(chunk, tier)
+                byte += tier.nbytes
+            at += tier.count
+        heads = heads.to(device)
+        coef = coef * self.range[layer][heads]
+        # every head's directions at once (H small), each row keeping its own head's
+        every = torch.matmul(coef, basis.transpose(1, 2))  # (H, T, D)
+        rows = every[heads, torch.arange(len(heads), device=device)]
+        return (rows + self.mean[layer][heads]).to(dtype)
+
+
+def _encode_tier(coef: torch.Tensor, tier: Tier) -> torch.Tensor:
+    """Bytes (..., tier.nbytes) of coefficients (..., count)."""
+    if tier.bits == 16:
+        return _fresh(coef.to(torch.float16)).view(torch.uint8)
+    scale = (coef.abs().amax(dim=-1, keepdim=True) / tier.levels).to(SCALE)
+    step = scale.float().clamp(min=torch.finfo(SCALE).tiny)
+    codes = (coef / step).round().clamp(-tier.levels, tier.levels)
+    if tier.bits == 8:
+        packed = codes.to(torch.int8).view(torch.uint8)
+    else:  # 4 or 2 bits: non-negative codes, several per byte, lowest bits first
+        per = 8 // tier.bits
+        u = (codes + tier.levels).to(torch.uint8).unflatten(-1, (-1, per))
+        shifts = torch.arange(per, dtype=torch.uint8, device=coef.device) * tier.bits
+        packed = (u << shifts).sum(dim=-1, dtype=torch.uint8)
+    return torch.cat([packed, _fresh(scale).view(torch.uint8)], dim=-1)
+
+
+def _decode_tier(chunk: torch.Tensor, tier: Tier) -> torch.Tensor:
+    """Coefficients (T, count) float32 of a tier's bytes (T, tier.nbytes)."""
+    if tier.bits == 16:
+        return _fresh(chunk).view(torch.float16).float()
+    codes_bytes = tier.count * tier.bits // 8
+    scale = _fresh(chunk[:, codes_bytes:]).view(SCALE).float()  # (T, 1)
+    packed = chunk[:, :codes_bytes]
+    if tier.bits == 8:
+        codes = _fresh(packed).view(torch.int8).float()
+    else:
+        per = 8 // tier.bits
+        shifts = torch.arange(per, dtype=torch.uint8, device=chunk.device) * tier.bits
+        mask = (1 << tier.bits) - 1
+        codes = ((packed[..., None] >> shifts) & mask).flatten(-2).float() - tier.levels
+    return codes * scale
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in its own storage, row-major: what viewing bytes as another dtype
+    needs (a slice of the records keeps their strides and offset)."""
+    return t.clone(memory_format=torch.contiguous_format)
