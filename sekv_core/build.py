@@ -1,7 +1,7 @@
 """One-shot build: a span store from one prefill of a context that fits the model window.
 
-Prefill (K, V, surprisal, query moments) -> segmentation -> per span a surprisal-weighted summary
-and its routing sketch rows (resident); the span tokens' pre-RoPE keys and values in the
+Prefill (K, V, surprisal, query moments) -> segmentation -> the span tokens' routing sketch rows
+(resident); their pre-RoPE keys and values in the
 document's code (offload tier, :mod:`sekv_core.codec`) -> the store's files, written
 atomically. Contexts beyond the window are streamed instead (:mod:`sekv_core.stream`).
 """
@@ -24,7 +24,7 @@ from .prompt import Context
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
 from .sketch import quantize_sketch, sketch_basis, span_representatives
-from .summary import STORE_DTYPE, gather_spans, one_thread, summarize
+from .summary import STORE_DTYPE, one_thread
 
 
 def build_store(
@@ -49,11 +49,6 @@ def build_store(
     keys, values = pre.keys.float(), pre.values.float()  # (L, H, T, D) post-RoPE
     rope = Rope(loaded.model)
     keys_pre = rope.unrotate(keys, torch.arange(len(context)))  # bases compress pre-RoPE keys
-    k_blocks = gather_spans(keys_pre, starts, ends)  # (L, H, N, M, D)
-    v_blocks = gather_spans(values, starts, ends)
-    weights = gather_spans(torch.from_numpy(pre.surprisal)[:, None], starts, ends)[..., 0]
-    summary_pre, summary_v = summarize(k_blocks, v_blocks, weights, lengths)
-    summary_k = rope.rotate(summary_pre, (starts + ends - 1) // 2)  # at each span's centre
     span_tokens = torch.from_numpy(np.flatnonzero(seg.roles == SPAN))  # spans in order
     with one_thread():
         span_keys = keys[:, :, span_tokens]
@@ -75,8 +70,6 @@ def build_store(
         "fixed_v": values[:, :, fixed].to(STORE_DTYPE),
         "span_starts": starts,
         "span_ends": ends,
-        "summary_k": summary_k.to(STORE_DTYPE),
-        "summary_v": summary_v.to(STORE_DTYPE),
         "sketch_proj": basis.query_proj.to(STORE_DTYPE),
         "sketch_mean": basis.mean.to(STORE_DTYPE),
         **quantized,

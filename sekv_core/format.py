@@ -5,7 +5,7 @@ tensors (never pickle):
 
 - ``resident.safetensors`` — what answering places on the device (K/V of sinks and anchors, the
   routing sketch, span lengths and representatives, the offload code's codebooks) and the
-  host-side index beside it (span bounds, the parts' first rows, span summaries);
+  host-side index beside it (span bounds, the parts' first rows);
 - ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
   fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
   flat bytes, per part (L, H, rows, record) in row order; memory-mapped, sliced per zoom, never

@@ -35,7 +35,7 @@ from .summary import STORE_DTYPE
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
 OPEN_PARTS = 32  # part files kept open
-# what a resumed build reads back from each part (not its records, summaries or anchors' K/V)
+# what a resumed build reads back from each part (not its records or anchors' K/V)
 REPLAYED = (
     "span_starts",
     "span_ends",
@@ -44,7 +44,7 @@ REPLAYED = (
     "sketch_scale",
     "anchor_pos",
 )
-FIXED = ("anchor_pos", "anchor_k", "anchor_v", "summary_k", "summary_v")  # read when finished
+FIXED = ("anchor_pos", "anchor_k", "anchor_v")  # read when finished
 
 
 class Grow:
@@ -111,8 +111,6 @@ class PartialStore:
             fixed_pos=sinks,
             fixed_k=sink_k.to(keep),
             fixed_v=sink_v.to(keep),
-            summary_k=empty,
-            summary_v=empty,
             sketch_proj=torch.zeros(L, H, D, R, dtype=keep, device=dev),
             sketch_mean=torch.zeros(L, H, D, dtype=keep, device=dev),
             sketch=torch.zeros(L, H, 0, R // 2 if bits == 4 else R, dtype=sketch_dtype(bits)),
@@ -230,22 +228,18 @@ class PartialStore:
         self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """The finished store's resident tensors (CPU): the sinks (positions, K (L, H, n, D) as
-        the store keeps them, V), then every part's anchors and summaries, the tables and the
+        the store keeps them, V), then every part's anchors, the tables and the
         codebooks."""
         pieces: dict[str, list[torch.Tensor]] = {n: [] for n in FIXED}
         for meta in self.files:
             part = read_tensors(self.work / meta["name"], FIXED)
             for name in pieces:
                 pieces[name].append(part[name])
-        L, H, D = sink_k.shape[0], sink_k.shape[1], sink_k.shape[3]
-        empty = torch.zeros(L, H, 0, D, dtype=STORE_DTYPE)
         r = {name: self.resident[name].cpu() for name in self.grow}  # (empty: no parts)
         resident = {
             "fixed_pos": torch.cat([sinks, *pieces["anchor_pos"]]),
             "fixed_k": torch.cat([sink_k.to(STORE_DTYPE), *pieces["anchor_k"]], 2),
             "fixed_v": torch.cat([sink_v.cpu().to(STORE_DTYPE), *pieces["anchor_v"]], 2),
-            "summary_k": torch.cat([empty, *pieces["summary_k"]], 2),
-            "summary_v": torch.cat([empty, *pieces["summary_v"]], 2),
             "sketch_proj": self.resident["sketch_proj"].cpu().to(STORE_DTYPE),
             "sketch_mean": self.resident["sketch_mean"].cpu().to(STORE_DTYPE),
             "sketch_scale": self.resident["sketch_scale"].cpu().to(STORE_DTYPE),

@@ -2,7 +2,7 @@
 
 A streamed build (:mod:`sekv_core.stream`) commits its oldest waiting tokens as *parts*: their
 spans and anchors (:func:`part_spans`: the segmentation rule, with the threshold read so far) and
-their tensors (:func:`part_tensors`: coded K/V records, summaries, sketch rows, anchors' K/V), one
+their tensors (:func:`part_tensors`: coded K/V records, sketch rows, anchors' K/V), one
 safetensors file per commit in ``stores/.partial-<key>/``, written atomically and checksummed
 (:func:`write_part`). After a chunk the stream's state (:class:`StreamState`) is checkpointed
 beside them with every part's checksum (:class:`Checkpoints`): a rerun continues from a
@@ -43,7 +43,7 @@ from .sketch import (
     sketch_state,
     span_representatives,
 )
-from .summary import STORE_DTYPE, gather_spans, one_thread, summarize
+from .summary import STORE_DTYPE, one_thread
 
 OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
 STATE_VERSION = 3  # 3: the offload code's codebooks (2: query-weighted sketch)
@@ -202,7 +202,7 @@ def part_tensors(
     settings: StoreSettings,
     frame: Callable[..., torch.Tensor],
 ) -> dict[str, torch.Tensor]:
-    """The tensors of a part: coded K/V records, summaries, sketch, anchors (CPU).
+    """The tensors of a part: coded K/V records, sketch, anchors (CPU).
 
     keys_pre, values : (L, H, n, D) float32, K (pre-RoPE) and V of tokens [start, start + n);
     surprisal : (n,) theirs; spans [(start, end)] and anchors : document positions; basis : the
@@ -215,12 +215,6 @@ def part_tensors(
     starts = torch.tensor([a for a, _ in spans], dtype=torch.int64).reshape(-1)
     ends = torch.tensor([e for _, e in spans], dtype=torch.int64).reshape(-1)
     lengths = ends - starts
-    k_blocks = gather_spans(keys_pre, starts - c, ends - c)  # (L, H, N, M, D)
-    v_blocks = gather_spans(values, starts - c, ends - c)
-    h = torch.from_numpy(surprisal.copy())[:, None]
-    weights = gather_spans(h, starts - c, ends - c)[..., 0]
-    summary_k, summary_v = summarize(k_blocks, v_blocks, weights, lengths)
-    summary_k = frame(summary_k, c, (starts + ends - 1) // 2)  # at each span's centre
     rows = span_rows(spans, c)
     span_keys = framed[:, :, rows]  # (L, H, S, D)
     quantized = quantize_sketch(basis.project(span_keys), s.sketch_bits)
@@ -229,8 +223,6 @@ def part_tensors(
     return {
         "span_starts": starts,
         "span_ends": ends,
-        "summary_k": summary_k.to(STORE_DTYPE).contiguous(),
-        "summary_v": summary_v.to(STORE_DTYPE).contiguous(),
         "sketch": quantized["sketch"].contiguous(),
         "sketch_scale": quantized["sketch_scale"],
         "span_reps": span_representatives(span_h, lengths),

@@ -29,13 +29,13 @@ def reconstruct(
     """
     lengths = mem.ends[spans] - mem.starts[spans]  # (n,)
     pair = torch.repeat_interleave(torch.arange(spans.numel()), lengths)  # (T,) host
-    keys = rows(mem, "k", layer, spans, heads, lengths, pair)  # pre-RoPE
+    keys = rows(mem, "k", layer, spans, heads, pair)  # pre-RoPE
     if not mem.bounded:
         within = torch.arange(pair.numel()) - (torch.cumsum(lengths, 0) - lengths)[pair]
         pos = (mem.starts[spans][pair] + within).clamp(max=mem.context_len - 1)
         cos, sin = mem.rope.tables(pos, keys)
         keys = keys * cos + rotate_half(keys) * sin
-    values = rows(mem, "v", layer, spans, heads, lengths, pair)
+    values = rows(mem, "v", layer, spans, heads, pair)
     return keys, values
 
 
@@ -61,12 +61,11 @@ def rows(
     layer: int,
     spans: torch.Tensor,
     heads: torch.Tensor,
-    lengths: torch.Tensor,
     pair: torch.Tensor,
 ) -> torch.Tensor:
-    """(T, D) rows of one kind for (span, head) pairs of ``lengths`` (``pair``: each row's
-    pair), in the model dtype on the device: every pair's records in one read, decoded at once.
-    """
+    """(T, D) rows of one kind for (span, head) pairs (``pair``: each row's pair), keys
+    pre-RoPE, in the model dtype on the device: every pair's records in one read, decoded at
+    once."""
     code = mem.codebooks[kind]
     start, stop = record_ranges(mem, kind, layer, spans, heads)
     flat = mem.store.offload_ranges(f"{kind}_rows", start, stop)

@@ -114,9 +114,9 @@ def load_store(
     # the resident tier stays in half precision on the device (fp32 models compute on copies)
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
     resident["sketch_mean"] = resident["sketch_mean"].to(device=device, dtype=dtype)
-    # SpanMemory places these: sinks' and anchors' K/V at the answer's precision, the summaries
-    # when a method reads them, the sketch's directions an answer routes with
-    for name in ("fixed_k", "fixed_v", "summary_k", "summary_v", "sketch_proj", "sketch_scale"):
+    # SpanMemory places these: sinks' and anchors' K/V at the answer's precision, the sketch's
+    # directions an answer routes with
+    for name in ("fixed_k", "fixed_v", "sketch_proj", "sketch_scale"):
         resident[name] = resident[name].to(dtype=dtype)
     if "span_reps" in resident:
         resident["span_reps"] = resident["span_reps"].to(device)

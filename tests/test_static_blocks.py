@@ -81,11 +81,12 @@ def block_logits(method, q_ids, blocks, router=None):
 
 def test_static_never_reconstructs_and_counts_what_it_reads(tiny_loaded, tmp_path):
     method = make(StaticSemantic, tiny_loaded, tmp_path, memory_share=0.2)
+    method.store._offload = None  # the summaries were read from it when prepared
     answer = list(method.generate(question(tiny_loaded), 6))
     assert len(answer) > 0
     spans = method.spans
     assert spans.reconstructions == 0
-    assert method.store._offload is None  # the offload tier was never even mapped
+    assert method.store._offload is None  # answering never even maps the offload tier
     assert method.zoom_trace() == []
     mem = method.memory()
     fixed = [*spans.fixed[0].tensors(), *spans.fixed[1].tensors()]  # int8 rows + scales
@@ -94,6 +95,28 @@ def test_static_never_reconstructs_and_counts_what_it_reads(tiny_loaded, tmp_pat
     assert mem["offloaded_bytes"] == 0
     assert mem["resident_bytes"] < spans.resident_bytes()  # the sketch is not counted
     assert method.routing()["reconstructions"] == 0
+
+
+def test_static_summaries_are_the_spans_weighted_mean_keys_and_mean_values(tiny_loaded, tmp_path):
+    """Read from a lossless store's offload tier, the summaries are the surprisal-weighted mean
+    key (rescaled to the mean key norm, rotated to the span's centre) and the mean value of each
+    span's own tokens, as the full prefill gives them."""
+    from sekv_core.prefill import prefill
+    from sekv_core.rope import Rope
+    from sekv_core.summary import gather_spans, summarize
+
+    lossless = StoreSettings(segment=STORE.segment, key_code="*x16", value_code="*x16")
+    method = make(StaticSemantic, tiny_loaded, tmp_path, store=lossless)
+    pre = prefill(tiny_loaded.model, method.context.ids, 512)
+    starts, ends = method.spans.starts, method.spans.ends
+    rope = Rope(tiny_loaded.model)
+    keys = rope.unrotate(pre.keys.float(), torch.arange(len(method.context)))
+    weights = gather_spans(torch.from_numpy(pre.surprisal)[:, None], starts, ends)[..., 0]
+    blocks = [gather_spans(x, starts, ends) for x in (keys, pre.values.float())]
+    want_k, want_v = summarize(*blocks, weights, ends - starts)
+    want_k = rope.rotate(want_k, (starts + ends - 1) // 2)
+    assert torch.allclose(method.summary_k.float(), want_k, atol=5e-3, rtol=1e-2)
+    assert torch.allclose(method.summary_v.float(), want_v, atol=5e-3, rtol=1e-2)
 
 
 def test_static_attends_summaries_with_log_len(tiny_loaded, tmp_path, monkeypatch):

@@ -3,8 +3,10 @@
 The context is cut into spans by the same entropy segmentation and span store SeKV uses, but
 answering attends, in one softmax, to the sinks + anchors, ONE summary entry per span (its logit
 gets + log|S|, so that it weighs like |S| similar tokens) and the local window (question +
-answer tokens): nothing is ever reconstructed. The offload tier (the bases) is never read, so
-it does not count as this method's memory, and neither does the routing sketch (never read).
+answer tokens): nothing is reconstructed while answering. The summaries (surprisal-weighted mean
+key, mean value: :func:`sekv_core.summary.summarize`) are computed once from the store's offload
+tier when the method is prepared; the offload tier is not read again, so it does not count as
+this method's memory, and neither does the routing sketch (never read).
 
 Its memory is fixed by the segmentation: it cannot follow ``memory_share`` or ``budget``.
 """
@@ -21,6 +23,10 @@ from ..attention import mixed_attention
 from ..backend import use_attention
 from ..decode import PositionedStep, greedy
 from ..prompt import stop_ids
+from ..reconstruct import rows
+from ..segment import SPAN
+from ..summary import STORE_DTYPE, gather_spans, summarize
+from ..zoom import SpanMemory
 from .base import Progress
 from .sekv import SeKV
 
@@ -57,6 +63,39 @@ def static_attention_forward(
     return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
 
 
+def store_summaries(
+    spans: SpanMemory, trace: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every span's summary K (at the span's centre) and V, (L, H, N, D) each on the device,
+    from the offload tier's rows of every span and head (keys pre-RoPE) and the span tokens'
+    surprisal (``trace``)."""
+    N, H, D = spans.n_spans, spans.num_kv_heads, spans.head_dim
+    lengths, first = spans.lengths.cpu(), spans.first_row
+    heads = torch.arange(H).repeat_interleave(N)  # every (span, head) pair, head-major
+    pair = torch.repeat_interleave(torch.arange(N * H), lengths.repeat(H))
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:  # rows (..., S, D) -> spans (..., N, M, D)
+        return gather_spans(x, first, first + lengths)
+
+    surprisal = trace["surprisal"][trace["roles"] == SPAN].float()  # (S,) in row order
+    weights = blocks(surprisal[:, None])[..., 0]
+    out_k, out_v = [], []
+    for layer in range(spans.num_layers):
+        k, v = (
+            rows(spans, kind, layer, torch.arange(N).repeat(H), heads, pair).float().cpu()
+            for kind in "kv"
+        )
+        summary_k, summary_v = summarize(
+            blocks(k.view(H, -1, D)), blocks(v.view(H, -1, D)), weights, lengths
+        )
+        out_k.append(summary_k)
+        out_v.append(summary_v)
+    centres = (spans.starts + spans.ends - 1) // 2
+    summary_k = spans.rope.rotate(torch.stack(out_k), centres)  # (L, H, N, D)
+    device = spans.device
+    return summary_k.to(device, STORE_DTYPE), torch.stack(out_v).to(device, STORE_DTYPE)
+
+
 class StaticSemantic(SeKV):
     name = "static"
     follows_memory_share = False  # its memory is fixed by the segmentation
@@ -66,9 +105,7 @@ class StaticSemantic(SeKV):
 
     def prepare(self, progress: Progress | None = None) -> None:
         super().prepare(progress)
-        r, device = self.store.resident, self.loaded.device
-        self.summary_k = r["summary_k"].to(device)  # (L, H, N, D) at each span's centre
-        self.summary_v = r["summary_v"].to(device)
+        self.summary_k, self.summary_v = store_summaries(self.spans, self.store.trace)
 
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         model, device = self.loaded.model, self.loaded.device
@@ -95,7 +132,7 @@ class StaticSemantic(SeKV):
             "resident_tier_bytes": fp16,
             "zoom_peak_bytes": 0,
             "local_window_bytes": self.loaded.spec.kv_bytes(self.local_tokens, 2),
-            "offloaded_bytes": 0,  # the store's bases exist on disk but are never read
+            "offloaded_bytes": 0,  # the store's records exist on disk but are not read
         }
 
     def zoom_trace(self) -> list[dict[str, Any]]:
