@@ -11,12 +11,15 @@ every step we compare its next-token distribution with full KV's:
   would have written full KV's answer).
 
 Samples are the suite's (:mod:`.suite`): generated tasks and the sample documents'
-questions. Every row reports the resident memory as measured (share of fp16 full KV).
+questions. Every row reports the resident memory as measured and the store on disk (shares of
+the fp16 full KV), and SeKV's rows the time one reconstruction of every span takes per token
+(:func:`reconstruct_time`): the store's size, its fidelity and its speed side by side.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -80,9 +83,11 @@ def run_fidelity(
                     method,
                     run_settings(base, method, share, config.trained_router),
                 )
+                recon = None  # measured once the store is prepared (by the first answer)
                 for question, ids, ref in refs:
                     with forced(ids) as record:
                         answer = session.ask(question, len(ids))
+                    recon = reconstruct_time(session) if recon is None else recon
                     row = {
                         "sample": sample.name,
                         "task": sample.task,
@@ -92,6 +97,7 @@ def run_fidelity(
                         "question": question,
                         **compare(ref, torch.stack(record.logprobs), ids),
                         "resident_share": resident_share(answer.memory),
+                        "reconstruct_us": recon,
                         "store_share": store_share(answer.memory),
                         "routing": answer.routing,
                     }
@@ -110,6 +116,31 @@ def run_fidelity(
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "fidelity.md").write_text(markdown(summary))
     return summary
+
+
+def reconstruct_time(session: Session, repeats: int = 3) -> float | None:
+    """Microseconds per (token, KV head) of one reconstruction of every span of every layer of
+    a SeKV session's store (K and V; best of ``repeats``); None for other methods."""
+    memory = getattr(session.method, "spans", None)
+    if memory is None or not hasattr(memory, "reconstruct") or memory.n_spans == 0:
+        return None
+    H, N = memory.num_kv_heads, memory.n_spans
+    spans, heads = torch.arange(N).repeat(H), torch.arange(H).repeat_interleave(N)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for layer in range(memory.num_layers):
+            keys, values = memory.reconstruct(layer, spans, heads)
+        if keys.is_cuda:
+            torch.cuda.synchronize(keys.device)
+        best = min(best, time.perf_counter() - t0)
+    tokens = memory.num_layers * H * int(memory.lengths.sum())
+    return round(1e6 * best / tokens, 4)
+
+
+def _median(values: list[float | None]) -> float | None:
+    kept = sorted(v for v in values if v is not None)
+    return kept[len(kept) // 2] if kept else None
 
 
 def store_share(memory: dict[str, Any]) -> float:
@@ -151,6 +182,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ),
                 "resident_share": round(sum(r["resident_share"] for r in part) / len(part), 4),
                 "store_share": round(sum(r["store_share"] for r in part) / len(part), 4),
+                "reconstruct_us": _median([r["reconstruct_us"] for r in part]),
             }
         )
     return out
@@ -162,14 +194,15 @@ def markdown(summary: dict[str, Any]) -> str:
         "tokens, teacher-forced).",
         "",
         "| method | memory | questions | top-1 agreement | KL nats/token | identical answers "
-        "| resident | store on disk |",
-        "|---|---|---|---|---|---|---|---|",
+        "| resident | store on disk | reconstruct µs/token |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in summary["configs"]:
         share = "–" if c["memory_share"] is None else f"{c['memory_share']:.2f}"
         lines.append(
             f"| {c['method']} | {share} | {c['questions']} | {c['top1_agreement']:.3f} "
             f"| {c['kl_per_token']:.3f} | {c['identical_answers']:.2f} "
-            f"| {c['resident_share']:.1%} | {c['store_share']:.1%} |"
+            f"| {c['resident_share']:.1%} | {c['store_share']:.1%} "
+            f"| {'–' if c['reconstruct_us'] is None else c['reconstruct_us']} |"
         )
     return "\n".join(lines) + "\n"
