@@ -161,6 +161,15 @@ def test_router_file_round_trip_and_model_check(tmp_path, prepared):
         assert torch.equal(v, back.net.state_dict()[k])
     assert resolve_router(str(path), loaded.fingerprint).net is not None
     assert resolve_router("sketch", loaded.fingerprint) is None
+    # a router trained beside a rank gate (stores before the coded offload tier) still loads
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    old = tmp_path / "old.safetensors"
+    save_file({**tensors, "rank.bias": torch.zeros(2, 3, 4)}, str(old), metadata=meta)
+    assert torch.equal(load_router(old).net.gate.threshold, net.gate.threshold)
     with pytest.raises(SekvError, match="trained for tiny"):
         load_router(path, "another-fingerprint", "other-model")
     (tmp_path / "bad.safetensors").write_bytes(b"not a router")
