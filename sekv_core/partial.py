@@ -22,7 +22,7 @@ import torch
 from .codec import Codebook
 from .config import StoreSettings
 from .format import CODEBOOKS, map_safetensors
-from .parts import OFFLOAD, read_tensors, write_part
+from .parts import OFFLOAD, read_tensors, stored_codebooks, write_part
 from .sketch import (
     SketchBasis,
     dequantize_sketch,
@@ -139,6 +139,10 @@ class PartialStore:
         """The offload code's codebooks (fixed at the first commit, :data:`CODEBOOKS`)."""
         self.resident.update({name: tensors[name].float() for name in CODEBOOKS})
 
+    def codebooks(self) -> dict[str, Codebook]:
+        """The offload code the parts are written in (its codebooks at the settings' tiers)."""
+        return stored_codebooks(self.resident, self.settings)
+
     def commit(self, part: dict[str, torch.Tensor]) -> None:
         """Write ``part`` as the next part file and append its spans."""
         meta = write_part(self.work, len(self.files), part)
@@ -248,6 +252,11 @@ class PartialStore:
             **r,
         }
         return resident
+
+    def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Starts and ends (N,) of the spans committed so far (CPU)."""
+        r = self.resident
+        return r["span_starts"].cpu(), r["span_ends"].cpu()
 
     def offloaded_bytes(self) -> int:
         """Bytes of the offload tier (every part's records)."""

@@ -175,6 +175,16 @@ def waiting_sketch_basis(
         return sketch_basis(keys, moment, dim)
 
 
+def stored_codebooks(
+    tensors: dict[str, torch.Tensor], settings: StoreSettings
+) -> dict[str, Codebook]:
+    """The offload code of a store being built: its codebook ``tensors`` at the settings' tiers."""
+    return {
+        "k": Codebook.from_tensors(tensors, "k", settings.key_code),
+        "v": Codebook.from_tensors(tensors, "v", settings.value_code),
+    }
+
+
 def waiting_codebooks(
     state: StreamState, spans: list[tuple[int, int]] | None, settings: StoreSettings
 ) -> dict[str, torch.Tensor]:
@@ -208,7 +218,7 @@ def part_tensors(
     surprisal : (n,) theirs; spans [(start, end)] and anchors : document positions; basis : the
     sketch's projections; codes : the offload code's codebooks ("k", "v");
     frame(keys, start, positions=None) : keys as the store keeps them
-    (:meth:`sekv_core.stream.StreamLayout.frame`).
+    (:meth:`sekv_core.stream_layout.StreamLayout.frame`).
     """
     c, s = start, settings
     framed = frame(keys_pre, c)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,8 @@ import numpy as np
 import torch
 
 from .attention import LocalWindow, ZoomPolicy, sekv_attention
-from .codec import Codebook
-from .config import StoreSettings, exceeds_window
+from .config import StoreSettings
 from .documents import Document
-from .errors import SekvError
 from .format import code_stats, nbytes, store_manifest, tier_bytes, trace_tensors, write_atomically
 from .models import LoadedModel
 from .partial import PartialStore
@@ -57,9 +55,9 @@ from .parts import (
 )
 from .prefill import Progress, token_nll
 from .prompt import Context
-from .rope import Rope
 from .router import SketchRouter
-from .segment import ANCHOR, SPAN, Segmentation, n_sinks
+from .segment import ANCHOR, SPAN, Segmentation
+from .stream_layout import StreamLayout
 from .summary import STORE_DTYPE
 from .zoom import SpanMemory
 
@@ -68,57 +66,6 @@ CHECKPOINT_S = 30.0  # at most this long between checkpoints
 # tokens (found through the block index) once the store holds 256 spans: the cost per chunk
 # stays flat
 STREAM_PREFILTER_SPANS, STREAM_PREFILTER_KEEP = 256, 64
-
-
-@dataclass(frozen=True)
-class StreamLayout:
-    """The sizes and positions of one stream (see "Positions" in the module docstring).
-
-    sinks : prompt head + first document tokens; chunk : tokens per forward; budget : zoomed
-    tokens per (layer, KV head); window : tokens kept waiting at full resolution (at least);
-    bounded : a book's store, pre-RoPE, its chunks at positions within the model window.
-    """
-
-    sinks: int
-    chunk: int
-    budget: int
-    window: int
-    bounded: bool
-    rope: Rope
-    band_end: int  # bounded: the first position of the waiting tokens (sinks + budget)
-
-    @classmethod
-    def plan(cls, loaded: LoadedModel, context: Context, settings: StoreSettings) -> StreamLayout:
-        """The layout of streaming ``context``; SekvError when the model window is too small."""
-        spec, stream = loaded.spec, settings.stream
-        sinks = n_sinks(len(context), context.doc_start, settings.segment)
-        bounded = exceeds_window(spec.window, len(context))
-        # bounded positions must fit the model window: small windows get smaller chunks/budget
-        small = spec.window // 8 if bounded else max(settings.prefill_chunk, stream.budget)
-        chunk, budget = min(settings.prefill_chunk, small), min(stream.budget, small)
-        room = spec.window - (sinks + budget) - 2 * chunk - 1
-        window = min(stream.window, room) if bounded else stream.window
-        if window < max(chunk, settings.segment.max_len):
-            raise SekvError(
-                f"the model's {spec.window:,}-token window is too small to stream this document "
-                f"(its prompt head takes {sinks} tokens); use a model with a longer window"
-            )
-        return cls(sinks, chunk, budget, window, bounded, Rope(loaded.model), sinks + budget)
-
-    @property
-    def mode(self) -> str:
-        return "bounded" if self.bounded else "original"
-
-    def frame(
-        self, keys_pre: torch.Tensor, start: int, positions: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Keys as the store keeps fixed keys, summaries and sketch: pre-RoPE when bounded,
-        else post-RoPE at their original positions (``positions``, or from ``start`` on)."""
-        if self.bounded:
-            return keys_pre
-        if positions is None:
-            positions = torch.arange(start, start + keys_pre.shape[2])
-        return self.rope.rotate(keys_pre, positions)
 
 
 class StreamBuilder:
@@ -139,9 +86,7 @@ class StreamBuilder:
         self.checkpoints = Checkpoints(self.work, path.name)
         self.T, self.doc_start = len(context), context.doc_start
         self.layout = StreamLayout.plan(loaded, context, settings)
-        # a book keeps no anchors: bounded positions would put them all at one place, outside
-        # their sentences, where every chunk and answer attends to them; they stay in their
-        # spans and are read with their passage
+        # no anchors in a book: bounded positions would put them all at one place (module doc)
         bounded = self.layout.bounded
         self.segment = replace(settings.segment, anchor_cap=0.0) if bounded else settings.segment
         self.device, self.dtype = loaded.device, loaded.dtype
@@ -296,7 +241,11 @@ class StreamBuilder:
         s.roles[chosen] = ANCHOR
         keys_pre = s.pending_k[:, :, : end - c].float().cpu()  # (L, H, n, D)
         values = s.pending_v[:, :, : end - c].float().cpu()
-        h, basis, codes = s.surprisal[c:end], s.sketch_basis, self.codebooks()
+        h, basis, codes = (
+            s.surprisal[c:end],
+            s.sketch_basis,
+            self.store.codebooks(),
+        )
         part = part_tensors(
             keys_pre, values, h, c, spans, chosen, basis, codes, settings, lay.frame
         )
@@ -306,15 +255,6 @@ class StreamBuilder:
         s.pending_v = s.pending_v[:, :, end - c :]
         s.commit_end = end
         return True
-
-    def codebooks(self) -> dict[str, Codebook]:
-        """The offload code of this store (the state's codebooks at the settings' tiers)."""
-        s = self.settings
-        tensors = self.store.resident
-        return {
-            "k": Codebook.from_tensors(tensors, "k", s.key_code),
-            "v": Codebook.from_tensors(tensors, "v", s.value_code),
-        }
 
     def _spans(self, final: bool, limit: int) -> tuple[list, list[int], int] | None:
         """:func:`~sekv_core.parts.part_spans` of the waiting tokens up to ``limit``."""
@@ -351,12 +291,10 @@ class StreamBuilder:
         manifest = store_manifest(
             self.loaded, self.document, self.context, self.settings, positions
         )
-        offloaded = self.store.offloaded_bytes()
+        offloaded, starts, ends = self.store.offloaded_bytes(), *self.store.span_bounds()
         manifest["bytes"].update(**tier_bytes(resident), offloaded=offloaded, trace=nbytes(trace))
-        r = resident
-        seg = Segmentation(s.roles, r["span_starts"].numpy(), r["span_ends"].numpy(), s.threshold)
-        codes = self.codebooks()
-        manifest["stats"] = {**seg.stats(), **code_stats(codes["k"], codes["v"])}
+        seg = Segmentation(s.roles, starts.numpy(), ends.numpy(), s.threshold)
+        manifest["stats"] = {**seg.stats(), **code_stats(*self.store.codebooks().values())}
         manifest["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         manifest["stream"] = self.report()
         write_atomically(
@@ -368,13 +306,6 @@ class StreamBuilder:
 
     def report(self) -> dict[str, Any]:
         """What the stream did: window, positions, speed, memory held (for the manifest)."""
-        at = {}  # tokens/s over the tenth of the document before each mark (chunk + commit)
-        for share in (0.1, 0.5, 1.0):
-            lo, hi = (share - 0.1) * self.T, share * self.T
-            rows = [(n, s) for done, n, s in self.chunk_times if lo < done <= hi]
-            if rows:
-                tokens, seconds = sum(n for n, _ in rows), sum(s for _, s in rows)
-                at[f"{int(share * 100)}%"] = round(tokens / seconds, 1)
         lay = self.layout
         return {
             "window": lay.window,
@@ -385,8 +316,21 @@ class StreamBuilder:
             "parts": len(self.store.files),
             "peak_window_bytes": self.peak_window_bytes,
             "memory_resident_bytes": self.memory.resident_bytes() if self.memory else 0,
-            "tokens_per_s_at": at,
+            "tokens_per_s_at": speed_along(self.chunk_times, self.T),
         }
+
+
+def speed_along(chunk_times: list[tuple[int, int, float]], total: int) -> dict[str, float]:
+    """Tokens/s over the tenth of the document before 10%, 50% and 100% of its ``total``
+    tokens (``chunk_times``: (tokens done, tokens, seconds) per chunk, commits included)."""
+    at = {}
+    for share in (0.1, 0.5, 1.0):
+        lo, hi = (share - 0.1) * total, share * total
+        rows = [(n, s) for done, n, s in chunk_times if lo < done <= hi]
+        if rows:
+            tokens, seconds = sum(n for n, _ in rows), sum(s for _, s in rows)
+            at[f"{int(share * 100)}%"] = round(tokens / seconds, 1)
+    return at
 
 
 def chunk_policy(budget: int, route_queries: int) -> ZoomPolicy:
