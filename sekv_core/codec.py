@@ -135,18 +135,27 @@ def _encode_tier(coef: torch.Tensor, tier: Tier) -> torch.Tensor:
 def _decode_tier(chunk: torch.Tensor, tier: Tier) -> torch.Tensor:
     """Coefficients (T, count) float32 of a tier's bytes (T, tier.nbytes)."""
     if tier.bits == 16:
-        return _fresh(chunk).view(torch.float16).float()
+        return _viewed(chunk, torch.float16).float()
     codes_bytes = tier.count * tier.bits // 8
-    scale = _fresh(chunk[:, codes_bytes:]).view(SCALE).float()  # (T, 1)
+    scale = _viewed(chunk[:, codes_bytes:], SCALE).float()  # (T, 1)
     packed = chunk[:, :codes_bytes]
     if tier.bits == 8:
-        codes = _fresh(packed).view(torch.int8).float()
+        codes = packed.view(torch.int8).float()  # same width: a view at any stride
     else:
         per = 8 // tier.bits
         shifts = torch.arange(per, dtype=torch.uint8, device=chunk.device) * tier.bits
         mask = (1 << tier.bits) - 1
         codes = ((packed[..., None] >> shifts) & mask).flatten(-2).float() - tier.levels
     return codes * scale
+
+
+def _viewed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes ``t`` (T, n) read as ``dtype``: a view where the layout allows one (a record's
+    aligned columns), else a copy."""
+    try:
+        return t.view(dtype)
+    except RuntimeError:
+        return _fresh(t).view(dtype)
 
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:

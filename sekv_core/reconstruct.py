@@ -40,19 +40,17 @@ def reconstruct(
 
 
 def record_ranges(
-    mem: SpanMemory, kind: str, layer: int, spans: torch.Tensor, heads: torch.Tensor
+    mem: SpanMemory, layer: int, spans: torch.Tensor, heads: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Byte ranges [start, stop) of the records of (span, head) pairs of ``layer`` in the flat
-    offload buffer ``<kind>_rows``."""
-    size = mem.codebooks[kind].record_bytes
+    """The first record and the record count of each (span, head) pair of ``layer`` in a flat
+    offload buffer of records (``<kind>_rows``; the same for both kinds)."""
     first = mem.first_row[spans]  # (n,) each span's first row
     part = torch.searchsorted(mem.part_rows, first, right=True) - 1
     row0 = mem.part_rows[part]
     n_rows = mem.part_rows[part + 1] - row0
     L, H = mem.num_layers, mem.num_kv_heads
-    start = (L * H * row0 + (layer * H + heads) * n_rows + (first - row0)) * size
-    lengths = mem.ends[spans] - mem.starts[spans]
-    return start, start + lengths * size
+    start = L * H * row0 + (layer * H + heads) * n_rows + (first - row0)
+    return start, mem.ends[spans] - mem.starts[spans]
 
 
 def rows(
@@ -67,7 +65,7 @@ def rows(
     pre-RoPE, in the model dtype on the device: every pair's records in one read, decoded at
     once."""
     code = mem.codebooks[kind]
-    start, stop = record_ranges(mem, kind, layer, spans, heads)
-    flat = mem.store.offload_ranges(f"{kind}_rows", start, stop)
-    records = flat.view(-1, code.record_bytes).to(mem.device, non_blocking=True)
+    first, counts = record_ranges(mem, layer, spans, heads)
+    records = mem.store.offload_records(f"{kind}_rows", code.record_bytes, first, counts)
+    records = records.to(mem.device, non_blocking=True)
     return code.decode(records, layer, heads[pair], mem.dtype)

@@ -60,6 +60,15 @@ class SpanStore:
         pairs = zip(starts.tolist(), stops.tolist(), strict=True)
         return torch.cat([buf[a:b] for a, b in pairs]) if starts.numel() else buf[:0]
 
+    def offload_records(
+        self, name: str, size: int, first: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """Records (sum(counts), size) of the flat byte buffer ``name`` read as records of
+        ``size`` bytes: ``counts[i]`` from record ``first[i]`` on, for every i (indexed per
+        record, not per byte)."""
+        table = self.offload[name].view(-1, size)
+        return table[ranges_index(first, first + counts)]
+
     @property
     def n_spans(self) -> int:
         return int(self.resident["span_starts"].numel())
