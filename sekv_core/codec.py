@@ -74,11 +74,6 @@ class Codebook:
     def record_bytes(self) -> int:
         return record_bytes(self.tiers)
 
-    def to(self, device: torch.device) -> Codebook:
-        return Codebook(
-            self.basis.to(device), self.mean.to(device), self.range.to(device), self.tiers
-        )
-
     def encode(self, rows: torch.Tensor) -> torch.Tensor:
         """Records (L, H, S, B) uint8 of rows (L, H, S, D)."""
         coef = ((rows.float() - self.mean[:, :, None]) @ self.basis) / self.range[:, :, None]

@@ -4,8 +4,8 @@ One directory per (document, model, settings) under ``$SEKV_HOME/stores``; safet
 tensors (never pickle):
 
 - ``resident.safetensors`` — what answering places on the device (K/V of sinks and anchors, the
-  routing sketch, span lengths and representatives, the offload code's codebooks) and the
-  host-side index beside it (span bounds, the parts' first rows);
+  routing sketch, span lengths and representatives) and the host-side index beside it (span
+  bounds, the parts' first rows, the offload code's codebooks);
 - ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
   fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
   flat bytes, per part (L, H, rows, record) in row order; memory-mapped, sliced per zoom, never
@@ -52,7 +52,7 @@ FORMAT_VERSION = 6  # 6: coded offload tier (5: books keep no anchors)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
-# the offload code's codebooks (float32, on the device: zoomed rows are decoded there)
+# the offload code's codebooks (float32, host index: zoomed rows are decoded on the host)
 CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in ("basis", "mean", "range"))
 
 
@@ -76,7 +76,7 @@ def tier_bytes(resident: dict[str, torch.Tensor]) -> dict[str, int]:
 
     The device tier: sinks' and anchors' K and V as 8-bit rows, the routing sketch and its
     directions at 2 bytes per number, each span's length (int64), each span token's span
-    (int64), the spans' representative rows and the codebooks (float32).
+    (int64) and the spans' representative rows.
     """
     L, H, F, D = resident["fixed_k"].shape
     spans = int(resident["span_starts"].numel())
@@ -86,13 +86,12 @@ def tier_bytes(resident: dict[str, torch.Tensor]) -> dict[str, int]:
         t = resident.get(name)
         if t is not None:
             device += t.numel() * (2 if t.is_floating_point() else t.element_size())
-    device += nbytes({n: resident[n] for n in CODEBOOKS if n in resident})
     return {"resident": device, "index": nbytes(resident) - _stored(resident)}
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:
     """Bytes of the device tier's tensors as stored in the file (fp16 fixed K/V)."""
-    names = ("fixed_k", "fixed_v", *DEVICE_TENSORS, *CODEBOOKS)
+    names = ("fixed_k", "fixed_v", *DEVICE_TENSORS)
     return nbytes({n: resident[n] for n in names if n in resident})
 
 

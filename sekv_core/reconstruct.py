@@ -2,8 +2,8 @@
 
 A span's rows of one (layer, KV head) are one contiguous range of fixed-size records in the
 offload tier (:mod:`sekv_core.codec`; per part, (L, H, rows, record) in row order, parts one
-after another). All pairs of one layer are read at once per tensor kind and decoded on the
-device in one batched product with the codebook.
+after another). All pairs of one layer are read at once per tensor kind and decoded on the host
+in one batched product with the codebook; the rows go to the device in the model dtype.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def rows(
 ) -> torch.Tensor:
     """(T, D) rows of one kind for (span, head) pairs (``pair``: each row's pair), keys
     pre-RoPE, in the model dtype on the device: every pair's records in one read, decoded at
-    once."""
+    once on the host (where the records and the codebook are)."""
     code = mem.codebooks[kind]
     first, counts = record_ranges(mem, layer, spans, heads)
     records = mem.store.offload_records(f"{kind}_rows", code.record_bytes, first, counts)
-    records = records.to(mem.device, non_blocking=True)
-    return code.decode(records, layer, heads[pair], mem.dtype)
+    decoded = code.decode(records, layer, heads[pair], mem.dtype)
+    return decoded.to(mem.device, non_blocking=True)

@@ -97,8 +97,8 @@ class SpanMemory:
         self.first_row = torch.cumsum(lengths, 0) - lengths  # (N,) host
         self.part_rows = r["part_rows"]  # (P + 1,) host
         settings = self.store.manifest["settings"]
-        self.codebooks = {
-            kind: Codebook.from_tensors(r, kind, settings[f"{name}_code"]).to(device)
+        self.codebooks = {  # on the host, beside the records they decode
+            kind: Codebook.from_tensors(r, kind, settings[f"{name}_code"])
             for kind, name in (("k", "key"), ("v", "value"))
         }
 
@@ -127,8 +127,8 @@ class SpanMemory:
 
     def resident_bytes(self) -> int:
         """Bytes of the resident tier held on the device (routing structures included). The
-        offload tier's index (each part's first row) stays on the host beside it: the host
-        reads the zoomed spans' records, the device decodes them."""
+        offload tier's index (each part's first row) and its codebooks stay on the host beside
+        it: the host reads and decodes the zoomed spans' records and sends the rows."""
         tensors = [
             *self.fixed[0].tensors(),
             *self.fixed[1].tensors(),
@@ -139,7 +139,6 @@ class SpanMemory:
             self.lengths,
             self.sketch_span,
             *([] if self.span_reps is None else [self.span_reps]),
-            *(t for code in self.codebooks.values() for t in (code.basis, code.mean, code.range)),
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
 
