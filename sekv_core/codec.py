@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .bitpack import pack_codes, unpack_codes
 from .errors import SekvError
 from .tiers import Tier, parse_tiers, record_bytes
 
@@ -110,6 +111,16 @@ class Codebook:
         return (rows + self.mean[layer][heads]).to(dtype)
 
 
+def store_codebooks(
+    tensors: dict[str, torch.Tensor], key_code: str, value_code: str
+) -> dict[str, Codebook]:
+    """A store's offload code: its codebook ``tensors`` read at the tiers of its settings."""
+    return {
+        "k": Codebook.from_tensors(tensors, "k", key_code),
+        "v": Codebook.from_tensors(tensors, "v", value_code),
+    }
+
+
 def _encode_tier(coef: torch.Tensor, tier: Tier) -> torch.Tensor:
     """Bytes (..., tier.nbytes) of coefficients (..., count)."""
     if tier.bits == 16:
@@ -119,11 +130,8 @@ def _encode_tier(coef: torch.Tensor, tier: Tier) -> torch.Tensor:
     codes = (coef / step).round().clamp(-tier.levels, tier.levels)
     if tier.bits == 8:
         packed = codes.to(torch.int8).view(torch.uint8)
-    else:  # 4 or 2 bits: non-negative codes, several per byte, lowest bits first
-        per = 8 // tier.bits
-        u = (codes + tier.levels).to(torch.uint8).unflatten(-1, (-1, per))
-        shifts = torch.arange(per, dtype=torch.uint8, device=coef.device) * tier.bits
-        packed = (u << shifts).sum(dim=-1, dtype=torch.uint8)
+    else:  # 4 or 2 bits: non-negative codes, several per byte
+        packed = pack_codes(codes + tier.levels, tier.bits)
     return torch.cat([packed, _fresh(scale).view(torch.uint8)], dim=-1)
 
 
@@ -137,10 +145,7 @@ def _decode_tier(chunk: torch.Tensor, tier: Tier) -> torch.Tensor:
     if tier.bits == 8:
         codes = packed.view(torch.int8).float()  # same width: a view at any stride
     else:
-        per = 8 // tier.bits
-        shifts = torch.arange(per, dtype=torch.uint8, device=chunk.device) * tier.bits
-        mask = (1 << tier.bits) - 1
-        codes = ((packed[..., None] >> shifts) & mask).flatten(-2).float() - tier.levels
+        codes = unpack_codes(packed, tier.bits).float() - tier.levels
     return codes * scale
 
 

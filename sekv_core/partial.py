@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from .codec import Codebook
+from .codec import Codebook, store_codebooks
 from .config import StoreSettings
 from .format import CODEBOOKS, map_safetensors
-from .parts import OFFLOAD, read_tensors, stored_codebooks, write_part
+from .parts import OFFLOAD, read_tensors, write_part
 from .sketch import (
     SketchBasis,
     dequantize_sketch,
@@ -141,7 +141,8 @@ class PartialStore:
 
     def codebooks(self) -> dict[str, Codebook]:
         """The offload code the parts are written in (its codebooks at the settings' tiers)."""
-        return stored_codebooks(self.resident, self.settings)
+        s = self.settings
+        return store_codebooks(self.resident, s.key_code, s.value_code)
 
     def commit(self, part: dict[str, torch.Tensor]) -> None:
         """Write ``part`` as the next part file and append its spans."""

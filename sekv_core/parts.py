@@ -175,16 +175,6 @@ def waiting_sketch_basis(
         return sketch_basis(keys, moment, dim)
 
 
-def stored_codebooks(
-    tensors: dict[str, torch.Tensor], settings: StoreSettings
-) -> dict[str, Codebook]:
-    """The offload code of a store being built: its codebook ``tensors`` at the settings' tiers."""
-    return {
-        "k": Codebook.from_tensors(tensors, "k", settings.key_code),
-        "v": Codebook.from_tensors(tensors, "v", settings.value_code),
-    }
-
-
 def waiting_codebooks(
     state: StreamState, spans: list[tuple[int, int]] | None, settings: StoreSettings
 ) -> dict[str, torch.Tensor]:

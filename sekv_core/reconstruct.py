@@ -27,15 +27,16 @@ def reconstruct(
     Keys are rotated to their positions (bounded memories: kept pre-RoPE, rotated where the
     pool places them).
     """
-    lengths = mem.ends[spans] - mem.starts[spans]  # (n,)
+    first, lengths = record_ranges(mem, layer, spans, heads)  # the same for K and V
     pair = torch.repeat_interleave(torch.arange(spans.numel()), lengths)  # (T,) host
-    keys = rows(mem, "k", layer, spans, heads, pair)  # pre-RoPE
+    row_heads = heads[pair]
+    keys = rows(mem, "k", layer, first, lengths, row_heads)  # pre-RoPE
     if not mem.bounded:
         within = torch.arange(pair.numel()) - (torch.cumsum(lengths, 0) - lengths)[pair]
         pos = (mem.starts[spans][pair] + within).clamp(max=mem.context_len - 1)
         cos, sin = mem.rope.tables(pos, keys)
         keys = keys * cos + rotate_half(keys) * sin
-    values = rows(mem, "v", layer, spans, heads, pair)
+    values = rows(mem, "v", layer, first, lengths, row_heads)
     return keys, values
 
 
@@ -57,15 +58,15 @@ def rows(
     mem: SpanMemory,
     kind: str,
     layer: int,
-    spans: torch.Tensor,
-    heads: torch.Tensor,
-    pair: torch.Tensor,
+    first: torch.Tensor,
+    counts: torch.Tensor,
+    row_heads: torch.Tensor,
 ) -> torch.Tensor:
-    """(T, D) rows of one kind for (span, head) pairs (``pair``: each row's pair), keys
-    pre-RoPE, in the model dtype on the device: every pair's records in one read, decoded at
-    once on the host (where the records and the codebook are)."""
+    """(T, D) rows of one kind of ``layer``: ``counts[i]`` records from record ``first[i]`` on
+    (:func:`record_ranges`), ``row_heads`` (T,) each row's KV head; keys pre-RoPE, in the
+    model dtype on the device. Every pair's records in one read, decoded at once on the host
+    (where the records and the codebook are)."""
     code = mem.codebooks[kind]
-    first, counts = record_ranges(mem, layer, spans, heads)
     records = mem.store.offload_records(f"{kind}_rows", code.record_bytes, first, counts)
-    decoded = code.decode(records, layer, heads[pair], mem.dtype)
+    decoded = code.decode(records, layer, row_heads, mem.dtype)
     return decoded.to(mem.device, non_blocking=True)

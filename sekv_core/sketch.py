@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .bitpack import pack_codes, unpack_codes
 from .summary import STORE_DTYPE
 
 RIDGE = 1e-4  # query directions below this share of the strongest one are floored (invertible W)
@@ -113,23 +114,17 @@ def quantize_sketch(sketch: torch.Tensor, bits: int = 4) -> dict[str, torch.Tens
     """
     levels = 2 ** (bits - 1) - 1
     scale = sketch.abs().amax(dim=2).clamp(min=1e-6) / levels  # (L, H, R)
-    q = (sketch / scale[:, :, None]).round().clamp(-levels, levels)
-    if bits == 8:
-        packed = q.to(torch.int8)
-    elif bits == 4:
-        u = (q + 8).to(torch.uint8)  # 1..15
-        packed = u[..., 0::2] | (u[..., 1::2] << 4)  # (L, H, S, R/2)
-    else:
+    if bits not in (4, 8):
         raise ValueError(f"sketch bits must be 4 or 8, not {bits}")
-    return {"sketch": packed, "sketch_scale": scale.to(STORE_DTYPE)}
+    q = (sketch / scale[:, :, None]).round().clamp(-levels, levels)
+    return {"sketch": pack_sketch(q, bits), "sketch_scale": scale.to(STORE_DTYPE)}
 
 
 def dequantize_sketch(packed: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
     """(..., S, R) values of a quantised sketch (without the scale), in ``dtype``."""
     if packed.dtype == torch.int8:
         return packed.to(dtype)
-    low, high = packed & 15, packed >> 4
-    return torch.stack([low, high], dim=-1).flatten(-2)[..., :dim].to(dtype) - 8
+    return unpack_codes(packed, 4)[..., :dim].to(dtype) - 8
 
 
 def sketch_rows(memory, layer: int, dtype: torch.dtype, rows: torch.Tensor | None = None):
@@ -227,8 +222,7 @@ def pack_sketch(levels: torch.Tensor, bits: int) -> torch.Tensor:
     :func:`quantize_sketch` packs them)."""
     if bits == 8:
         return levels.to(torch.int8)
-    u = (levels + 8).to(torch.uint8)
-    return u[..., 0::2] | (u[..., 1::2] << 4)
+    return pack_codes(levels + 8, 4)  # 1..15, two per byte (R/2)
 
 
 def sketch_dtype(bits: int) -> torch.dtype:

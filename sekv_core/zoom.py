@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .codec import Codebook
+from .codec import store_codebooks
 from .kvquant import KV_BITS, Rows, row_bytes
 from .pools import ZoomPool, build_pool
 from .prefilter import RepBlocks
@@ -97,10 +97,8 @@ class SpanMemory:
         self.first_row = torch.cumsum(lengths, 0) - lengths  # (N,) host
         self.part_rows = r["part_rows"]  # (P + 1,) host
         settings = self.store.manifest["settings"]
-        self.codebooks = {  # on the host, beside the records they decode
-            kind: Codebook.from_tensors(r, kind, settings[f"{name}_code"])
-            for kind, name in (("k", "key"), ("v", "value"))
-        }
+        # on the host, beside the records they decode
+        self.codebooks = store_codebooks(r, settings["key_code"], settings["value_code"])
 
     def place_sketch(self, dims: int | None = None) -> None:
         """Put the sketch's first ``dims`` directions (None: all) on the device for routing.

@@ -23,7 +23,7 @@ from ..attention import mixed_attention
 from ..backend import use_attention
 from ..decode import PositionedStep, greedy
 from ..prompt import stop_ids
-from ..reconstruct import rows
+from ..reconstruct import record_ranges, rows
 from ..segment import SPAN
 from ..summary import STORE_DTYPE, gather_spans, summarize
 from ..zoom import SpanMemory
@@ -71,8 +71,8 @@ def store_summaries(
     surprisal (``trace``)."""
     N, H, D = spans.n_spans, spans.num_kv_heads, spans.head_dim
     lengths, first = spans.lengths.cpu(), spans.first_row
-    heads = torch.arange(H).repeat_interleave(N)  # every (span, head) pair, head-major
-    pair = torch.repeat_interleave(torch.arange(N * H), lengths.repeat(H))
+    spans_all, heads = torch.arange(N).repeat(H), torch.arange(H).repeat_interleave(N)
+    row_heads = torch.repeat_interleave(heads, lengths.repeat(H))  # every pair, head-major
 
     def blocks(x: torch.Tensor) -> torch.Tensor:  # rows (..., S, D) -> spans (..., N, M, D)
         return gather_spans(x, first, first + lengths)
@@ -81,10 +81,8 @@ def store_summaries(
     weights = blocks(surprisal[:, None])[..., 0]
     out_k, out_v = [], []
     for layer in range(spans.num_layers):
-        k, v = (
-            rows(spans, kind, layer, torch.arange(N).repeat(H), heads, pair).float().cpu()
-            for kind in "kv"
-        )
+        start, counts = record_ranges(spans, layer, spans_all, heads)
+        k, v = (rows(spans, kind, layer, start, counts, row_heads).float().cpu() for kind in "kv")
         summary_k, summary_v = summarize(
             blocks(k.view(H, -1, D)), blocks(v.view(H, -1, D)), weights, lengths
         )
