@@ -9,12 +9,15 @@ from pathlib import Path
 import typer
 
 from sekv_core.config import MethodSettings
-from sekv_core.methods import METHODS
+from sekv_core.threads import resolve_threads
 
 from .common import (
     JSON_OPTION,
+    METHOD_HELP,
     MODEL_OPTION,
     ROUTER_OPTION,
+    THREADS_OPTION,
+    check_method,
     handle_errors,
     open_session,
     print_json,
@@ -28,7 +31,7 @@ def ask(
     file: Path = typer.Argument(..., help="Document to read: .pdf, .txt or .md."),
     question: str = typer.Argument(..., help="The question to answer."),
     model: str | None = MODEL_OPTION,
-    method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
+    method: str = typer.Option("sekv", "--method", help=METHOD_HELP),
     budget: int | None = typer.Option(
         None,
         "--budget",
@@ -40,13 +43,17 @@ def ask(
     show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
     json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
+    threads: int | None = THREADS_OPTION,
 ) -> None:
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
     start = time.perf_counter()
+    check_method(method)
+    n_threads = resolve_threads(threads)
     settings = MethodSettings(budget=budget, router=router, warn=warn)
-    session, load_s = open_session(file, model, method, settings)
+    session, load_s = open_session(file, model, method, settings, n_threads, question)
     result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)
     result.timings["load_s"] = round(load_s, 4)
+    result.timings["threads"] = n_threads
     result.timings["total_s"] = round(time.perf_counter() - start, 4)
     if json_out:
         print_json(result.to_json())

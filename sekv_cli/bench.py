@@ -5,27 +5,36 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sekv_bench.books import bench_books
-from sekv_bench.fidelity import run_fidelity
-from sekv_bench.ingest import bench_ingest
-from sekv_bench.needle import bench_needle, summarize_rows
-from sekv_bench.qa import bench_qa
 from sekv_bench.report import merge_runs
 from sekv_bench.rows import config_label
-from sekv_bench.suite import Suite, SuiteConfig
 from sekv_core.config import DEFAULT_BUDGET, MethodSettings, override
 from sekv_core.errors import SekvError
-from sekv_core.methods import METHODS
+from sekv_core.method_names import METHOD_NAMES
+from sekv_core.threads import resolve_threads
 
-from .common import JSON_OPTION, MODEL_OPTION, err, handle_errors, load_model_quietly, print_json
+from .common import (
+    HELP_SETTINGS,
+    JSON_OPTION,
+    MODEL_OPTION,
+    THREADS_OPTION,
+    err,
+    handle_errors,
+    load_model_quietly,
+    print_json,
+)
 from .render import print_rows
 
-bench_app = typer.Typer()  # help: the callback's docstring
+if TYPE_CHECKING:
+    from sekv_bench.suite import SuiteConfig
+
+# help: the callback's docstring; each benchmark imports its module (and torch) when it runs
+bench_app = typer.Typer(context_settings=HELP_SETTINGS)
 
 
 @bench_app.callback(invoke_without_command=True)
@@ -78,16 +87,17 @@ def suite_config(methods, tasks, lengths, depths, memory, seeds, sets, **extra) 
     """A SuiteConfig from the comma-separated options, checked before the model loads (lengths
     against its window come later)."""
     checked_settings(sets)
-    config = SuiteConfig(
+    lists = dict(
         methods=comma_list(methods, str, "--methods"),
         tasks=comma_list(tasks, str, "--tasks"),
         lengths=comma_list(lengths, int, "--lengths"),
         depths=comma_list(depths, float, "--depths"),
         memory_shares=comma_list(memory, float, "--memory"),
         seeds=comma_list(seeds, int, "--seeds"),
-        settings=list(sets),
-        **extra,
     )
+    from sekv_bench.suite import SuiteConfig
+
+    config = SuiteConfig(**lists, settings=list(sets), **extra)
     config.check()
     return config
 
@@ -118,6 +128,7 @@ def suite(
     router: str = ROUTER_OPTION,
     sets: list[str] = SET_OPTION,
     model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
     out: Path = typer.Option(Path("sekv-bench"), help="Directory for results and plots."),
     json_out: bool = JSON_OPTION,
 ) -> None:
@@ -127,10 +138,12 @@ def suite(
     Writes results.jsonl, summary.json, results.md and PNG plots into --out; prints the table.
     """
     config = suite_config(
-        methods or ",".join(METHODS), tasks, lengths, depths, memory, seeds, sets,
+        methods or ",".join(METHOD_NAMES), tasks, lengths, depths, memory, seeds, sets,
         max_new_tokens=max_new_tokens, recall=recall, trained_router=router,
     )  # fmt: skip
-    run = Suite(load_model_quietly(model), config, out)
+    from sekv_bench.suite import Suite
+
+    run = Suite(load_model_quietly(model, resolve_threads(threads)), config, out)
     sessions = len(run.samples) * len(run.configs)
     err.print(f"{len(run.samples)} samples, {sessions} sessions, {run.total} answers -> {out}/")
     with Progress(
@@ -173,6 +186,7 @@ def fidelity(
     ),
     sets: list[str] = SET_OPTION,
     model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
     out: Path = typer.Option(Path("sekv-fidelity"), help="Directory for the results."),
     json_out: bool = JSON_OPTION,
 ) -> None:
@@ -181,8 +195,10 @@ def fidelity(
         methods, tasks, lengths, depths, memory, seeds, sets,
         max_new_tokens=answer_tokens, trained_router=router,
     )  # fmt: skip
+    from sekv_bench.fidelity import run_fidelity
+
     summary = run_fidelity(
-        load_model_quietly(model),
+        load_model_quietly(model, resolve_threads(threads)),
         config,
         out,
         answer_tokens,
@@ -220,11 +236,14 @@ def ingest_bench(
     files: list[Path] = typer.Argument(..., help="Documents to ingest."),
     sets: list[str] = SET_OPTION,
     model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Span-store build vs plain full-KV prefill: time ratio, resident and stored shares."""
+    from sekv_bench.ingest import bench_ingest
+
     settings = checked_settings(sets)
-    rows = bench_ingest(load_model_quietly(model), files, settings.store)
+    rows = bench_ingest(load_model_quietly(model, resolve_threads(threads)), files, settings.store)
     if json_out:
         print_json({"ingest": rows})
         return
@@ -242,12 +261,15 @@ def needle_bench(
     recall: bool = typer.Option(True, help="Measure routing recall against the oracle router."),
     sets: list[str] = SET_OPTION,
     model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Needle grid: SeKV vs full KV accuracy, memory, recall, time to first token, decode speed."""
+    from sekv_bench.needle import bench_needle, summarize_rows
+
     settings = checked_settings(sets)
     rows = bench_needle(
-        load_model_quietly(model),
+        load_model_quietly(model, resolve_threads(threads)),
         comma_list(lengths, int, "--lengths"),
         tuple(comma_list(depths, float, "--depths")),
         budget=budget,
@@ -277,14 +299,20 @@ def qa_bench(
     ),
     sets: list[str] = SET_OPTION,
     model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Ground-truth questions answered correctly by each method, with resident memory."""
+    from sekv_bench.qa import bench_qa
+
     settings = checked_settings(sets)
     if budget is not None:
         settings = replace(settings, budget=budget)
     rows = bench_qa(
-        load_model_quietly(model), files, comma_list(methods, str, "--methods"), settings
+        load_model_quietly(model, resolve_threads(threads)),
+        files,
+        comma_list(methods, str, "--methods"),
+        settings,
     )
     if json_out:
         print_json({"qa": rows})
@@ -303,20 +331,23 @@ def books_bench(
     max_new_tokens: int = typer.Option(32, min=1, help="Longest answer, in tokens."),
     sets: list[str] = SET_OPTION,
     model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
     out: Path = typer.Option(Path("sekv-books"), help="Directory for books and results."),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Books beyond the window: SeKV vs BM25 retrieval vs truncation, exact-word and
     paraphrased questions about facts planted across each book."""
     chosen = comma_list(methods, str, "--methods")
-    unknown = [m for m in chosen if m not in METHODS]
+    unknown = [m for m in chosen if m not in METHOD_NAMES]
     if unknown:
-        raise typer.BadParameter(f"choose from {', '.join(METHODS)}", param_hint="--methods")
+        raise typer.BadParameter(f"choose from {', '.join(METHOD_NAMES)}", param_hint="--methods")
     settings = checked_settings(sets)
     if budget is not None:
         settings = replace(settings, budget=budget)
+    from sekv_bench.books import bench_books
+
     rows = bench_books(
-        load_model_quietly(model),
+        load_model_quietly(model, resolve_threads(threads)),
         comma_list(lengths, int, "--lengths"),
         comma_list(seeds, int, "--seeds"),
         chosen,

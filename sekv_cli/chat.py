@@ -8,11 +8,14 @@ from pathlib import Path
 import typer
 
 from sekv_core.config import MethodSettings
-from sekv_core.methods import METHODS
+from sekv_core.threads import resolve_threads
 
 from .common import (
+    METHOD_HELP,
     MODEL_OPTION,
     ROUTER_OPTION,
+    THREADS_OPTION,
+    check_method,
     err,
     handle_errors,
     open_session,
@@ -31,14 +34,16 @@ HELP = """Commands:
 def chat(
     file: Path = typer.Argument(..., help="Document to talk about: .pdf, .txt or .md."),
     model: str | None = MODEL_OPTION,
-    method: str = typer.Option("sekv", "--method", help=f"One of: {', '.join(METHODS)}."),
+    method: str = typer.Option("sekv", "--method", help=METHOD_HELP),
     budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
     router: str = ROUTER_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
+    threads: int | None = THREADS_OPTION,
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
+    check_method(method)
     settings = MethodSettings(budget=budget, router=router, warn=warn)
-    session, _ = open_session(file, model, method, settings)
+    session, _ = open_session(file, model, method, settings, resolve_threads(threads))
     document = session.document
     try:
         import readline  # noqa: F401  (line editing and history for input())

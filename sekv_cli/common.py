@@ -22,15 +22,26 @@ from rich.progress import (
 from rich.text import Text
 
 from sekv_core.errors import SekvError
+from sekv_core.method_names import METHOD_NAMES
+from sekv_core.threads import THREADS_ENV, apply_threads, default_threads
 
 from .eta import Eta
 
 err = Console(stderr=True)
+HELP_SETTINGS = {"help_option_names": ["--help", "-h"]}  # Typer context_settings: -h too
 
 MODEL_OPTION = typer.Option(
     None, "--model", "-m", help="Hugging Face id or local directory (default: embedded SmolLM2)."
 )
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON object on stdout.")
+THREADS_OPTION = typer.Option(
+    None,
+    "--threads",
+    min=1,
+    help=f"CPU threads torch uses (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, "
+    f"else {default_threads()} here).",
+)
+METHOD_HELP = f"One of: {', '.join(METHOD_NAMES)}."
 ROUTER_OPTION = typer.Option(
     "auto",
     "--router",
@@ -69,9 +80,23 @@ def warn(message: str) -> None:
     err.print(f"[yellow]Warning:[/yellow] {message}")
 
 
-def load_model_quietly(name: str | None):
+def check_method(method: str) -> None:
+    """A usage error unless ``method`` names an answering method."""
+    if method not in METHOD_NAMES:
+        raise typer.BadParameter(f"choose one of: {', '.join(METHOD_NAMES)}", param_hint="--method")
+
+
+def check_question(question: str) -> None:
+    """Refuse an empty question before the model loads or anything is built."""
+    if not question.strip():
+        raise SekvError("the question is empty; ask something about the document")
+
+
+def load_model_quietly(name: str | None, threads: int):
+    """Set torch's CPU threads, then load the model with a spinner on stderr."""
     from sekv_core.models import load_model
 
+    apply_threads(threads)
     with err.status(f"Loading {name or 'the default model'}…"):
         return load_model(name)
 
@@ -132,7 +157,7 @@ def print_json(data: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def open_store(file, model: str | None):
+def open_store(file, model: str | None, threads: int):
     """Load document and model, then find or build the document's span store (progress on stderr).
 
     Returns (loaded, document, context, store, cache_hit, seconds).
@@ -140,13 +165,14 @@ def open_store(file, model: str | None):
     import time
 
     from sekv_core.documents import load_document
-    from sekv_core.engine import check_window
-    from sekv_core.ingest import open_or_build
-    from sekv_core.prompt import chat_template, encode_context
 
     start = time.perf_counter()
     document = load_document(file)
-    loaded = load_model_quietly(model)
+    from sekv_core.engine import check_window  # torch: only once the document is readable
+    from sekv_core.ingest import open_or_build
+    from sekv_core.prompt import chat_template, encode_context
+
+    loaded = load_model_quietly(model, threads)
     context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
     check_window(loaded, document, context, books=True)  # books are streamed
     with prefill_progress(f"Ingesting {document.path.name}") as progress:
@@ -160,22 +186,26 @@ def open_store(file, model: str | None):
     return loaded, document, context, store, hit, time.perf_counter() - start
 
 
-def open_session(file, model: str | None, method: str, settings):
-    """Check the method, load document and model, prepare the session (progress on stderr).
+def open_session(
+    file, model: str | None, method: str, settings, threads: int, question: str | None = None
+):
+    """Load document and model, prepare the session for ``method`` (checked by the caller with
+    :func:`check_method`); progress on stderr.
 
+    A ``question`` given is checked once the document is read, before the model loads.
     Returns (session, seconds spent loading document and model).
     """
     import time
 
     from sekv_core.documents import load_document
-    from sekv_core.engine import Session
-    from sekv_core.methods import METHODS
 
-    if method not in METHODS:
-        raise typer.BadParameter(f"choose one of: {', '.join(METHODS)}", param_hint="--method")
     start = time.perf_counter()
     document = load_document(file)
-    loaded = load_model_quietly(model)
+    if question is not None:
+        check_question(question)
+    from sekv_core.engine import Session  # torch: only once the input is known to be usable
+
+    loaded = load_model_quietly(model, threads)
     load_s = time.perf_counter() - start
     with prefill_progress(f"Reading {document.path.name}") as progress:
         session = Session(loaded, document, method, settings, progress)

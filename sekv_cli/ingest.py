@@ -8,9 +8,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sekv_core.threads import resolve_threads
+
 from .common import (
     JSON_OPTION,
     MODEL_OPTION,
+    THREADS_OPTION,
     handle_errors,
     open_store,
     print_json,
@@ -23,9 +26,11 @@ def ingest(
     file: Path = typer.Argument(..., help="Document to ingest: .pdf, .txt or .md."),
     model: str | None = MODEL_OPTION,
     json_out: bool = JSON_OPTION,
+    threads: int | None = THREADS_OPTION,
 ) -> None:
     """Read FILE once and save its SeKV span store; later questions start from it."""
-    _, document, context, store, hit, seconds = open_store(file, model)
+    n_threads = resolve_threads(threads)
+    _, document, context, store, hit, seconds = open_store(file, model, n_threads)
     m = store.manifest
     b, stats = m["bytes"], m["stats"]
     full = b["full_kv_fp16"]
@@ -52,7 +57,11 @@ def ingest(
             "store_bytes": b["store"],
             "store_share": round(b["store"] / full, 4),
         },
-        "timings": {"total_s": round(seconds, 4), **({} if hit else m["timings"])},
+        "timings": {
+            "total_s": round(seconds, 4),
+            **({} if hit else m["timings"]),
+            "threads": n_threads,
+        },
         "positions": m["positions"]["mode"],
     }
     if "stream" in m:  # a book: read in chunks with bounded positions

@@ -15,10 +15,11 @@ from rich.text import Text
 from sekv_core.errors import SekvError
 from sekv_core.html_report import render_html, scale_top
 from sekv_core.html_style import INK, SCALE
-from sekv_core.report import build_report
+from sekv_core.threads import resolve_threads
 
 from .common import (
     MODEL_OPTION,
+    THREADS_OPTION,
     err,
     handle_errors,
     open_store,
@@ -43,11 +44,14 @@ def inspect(
         metavar="OUT",
         help="Write a self-contained HTML page of the report to OUT (no network needed).",
     ),
+    threads: int | None = THREADS_OPTION,
 ) -> None:
     """Show FILE's span segmentation: text coloured by surprisal, spans, anchors, bytes."""
     if html_out is not None:
         _check_writable(html_out)
-    loaded, document, _, store, _, _ = open_store(file, model)
+    loaded, document, _, store, _, _ = open_store(file, model, resolve_threads(threads))
+    from sekv_core.report import build_report  # torch: loaded by now
+
     report = build_report(store, document, loaded.tokenizer)
     if html_out is not None:
         write_atomically(html_out, render_html(report))

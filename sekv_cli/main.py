@@ -7,6 +7,7 @@ import typer
 from .ask import ask
 from .bench import bench_app
 from .chat import chat
+from .common import HELP_SETTINGS
 from .ingest import ingest
 from .inspect import inspect
 from .train import train
@@ -16,6 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings=HELP_SETTINGS,
 )
 app.command()(ask)
 app.command()(ingest)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 
-from sekv_core.engine import Answer
 from sekv_core.html_report import human_bytes
+
+if TYPE_CHECKING:
+    from sekv_core.engine import Answer
 
 __all__ = ["human_bytes", "print_rows", "print_zoom"]
 

@@ -7,7 +7,17 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .common import JSON_OPTION, MODEL_OPTION, err, handle_errors, load_model_quietly, print_json
+from sekv_core.threads import resolve_threads
+
+from .common import (
+    JSON_OPTION,
+    MODEL_OPTION,
+    THREADS_OPTION,
+    err,
+    handle_errors,
+    load_model_quietly,
+    print_json,
+)
 
 
 @handle_errors
@@ -35,19 +45,20 @@ def train(
         "(0: the planted fact's answer).",
     ),
     json_out: bool = JSON_OPTION,
+    threads: int | None = THREADS_OPTION,
 ) -> None:
     """Train the zoom gate and its threshold on generated documents (CPU is fine)."""
-    from sekv_core.train.loop import train as run
-    from sekv_core.train.settings import TrainSettings
-    from sekv_core.zoomnet import user_router_path
-
     parts = doc_tokens.split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
         raise typer.BadParameter("give MIN,MAX in tokens", param_hint="--doc-tokens")
     low, high = (int(p) for p in parts)
     if not 32 <= low < high:
         raise typer.BadParameter("give MIN,MAX with 32 <= MIN < MAX", param_hint="--doc-tokens")
-    loaded = load_model_quietly(model)
+    from sekv_core.train.loop import train as run  # torch: only once the options are checked
+    from sekv_core.train.settings import TrainSettings
+    from sekv_core.zoomnet import user_router_path
+
+    loaded = load_model_quietly(model, resolve_threads(threads))
     out = out or user_router_path(loaded.model_id, loaded.fingerprint)
     settings = TrainSettings(
         steps=steps,

@@ -28,6 +28,7 @@ import torch
 
 from .backend import use_attention
 from .config import DEFAULT_BUDGET, MethodSettings
+from .pools import in_document_order
 from .prefilter import PREFILTER_KEEP, PREFILTER_SPANS, SpanSubset, candidates
 from .rope import rotate_half
 from .router import Router, select
@@ -58,6 +59,9 @@ class ZoomPolicy:
     # their representative tokens): see sekv_core.prefilter.candidates
     prefilter_blocks: bool = False  # find them through the coarse block index (flat cost)
     neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
+    # attend to the zoomed tokens in document order, whatever the pools held before (a streamed
+    # build: resumed or not, the same store)
+    ordered: bool = False
     observer: Observer | None = None  # told of every decision (diagnostics)
     # books: the passages every layer and KV head reads (N,) bool, and the question's scores
     # that chose them (N,): no routing per step (sekv_core.passages)
@@ -140,11 +144,12 @@ def mixed_attention(
     logits_mem = torch.einsum("hgtd,hmd->hgtm", q, k_mem).float() * scaling
     logits_mem = logits_mem + bias_mem[:, None, None, :].float()
     logits_loc = torch.einsum("hgtd,hld->hgtl", q, k_local).float() * scaling
-    visible = (
-        torch.arange(Tl, device=q.device)[None]
-        <= torch.arange(Tl - Tq, Tl, device=q.device)[:, None]
-    )  # (Tq, Tl)
-    logits_loc = logits_loc.masked_fill(~visible, float("-inf"))
+    if Tq > 1:  # one query (a decoding step) sees the whole local window
+        visible = (
+            torch.arange(Tl, device=q.device)[None]
+            <= torch.arange(Tl - Tq, Tl, device=q.device)[:, None]
+        )  # (Tq, Tl)
+        logits_loc = logits_loc.masked_fill(~visible, float("-inf"))
     probs = torch.cat([logits_mem, logits_loc], dim=-1).softmax(dim=-1).to(q.dtype)
     M = k_mem.shape[1]
     out = torch.einsum("hgtm,hmd->hgtd", probs[..., :M], v_mem) + torch.einsum(
@@ -191,15 +196,15 @@ def sekv_attention_forward(
     memory, policy = sekv_memory, sekv_policy
     zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
 
-    pool = memory.zoom_pool(layer, zoom)
-    pool_k, pool_v = pool.kv(q.dtype)  # (Hkv, P, D), read back in the model dtype
-    owner = pool.owner  # (Hkv, P)
-    neg_inf = torch.finfo(torch.float32).min
-    pool_bias = torch.where(owner >= 0, 0.0, neg_inf)  # (Hkv, P): padding is absent
+    pool = memory.zoom_pool(layer, zoom, policy.budget)
+    if policy.ordered:
+        pool_k, pool_v, pool_bias, owner = in_document_order(pool, q.dtype)
+    else:  # (Hkv, C, D) every slot, read back in the model dtype; inactive ones absent
+        (pool_k, pool_v), pool_bias, owner = pool.kv(q.dtype), pool.bias, pool.owner
     fixed_k, fixed_v = memory.fixed_kv(layer, q.dtype)  # (Hkv, F, D)
     fixed_bias = fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32)
-    k_mem = torch.cat([fixed_k, pool_k], dim=1).to(q.dtype)
-    v_mem = torch.cat([fixed_v, pool_v], dim=1).to(q.dtype)
+    k_mem = torch.cat([fixed_k, pool_k], dim=1)
+    v_mem = torch.cat([fixed_v, pool_v], dim=1)
     bias = torch.cat([fixed_bias, pool_bias], dim=1)
     # a streamed chunk (no mass tracked) runs the fused kernel
     out, mass = mixed_attention(

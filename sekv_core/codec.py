@@ -16,6 +16,7 @@ token resolution: records -> coefficients -> one batched product with the pairs'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -91,24 +92,37 @@ class Codebook:
         self, records: torch.Tensor, layer: int, heads: torch.Tensor, dtype: torch.dtype
     ) -> torch.Tensor:
         """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
-        KV heads; on the records' device. One batched product of the coefficients with the
-        layer's directions."""
-        device = records.device
-        basis = self.basis[layer]  # (H, D, D), on the records' device
-        coef = torch.zeros(records.shape[0], basis.shape[-1], device=device)
-        at, byte = 0, 0
+        KV heads, ascending (rows grouped by head); on the records' device. One product per
+        head of its rows' coefficients with its synthesis map."""
+        coef = self.coefficients(records)  # (T, D)
+        synth, mean = self.synthesis
+        counts = torch.bincount(heads.cpu(), minlength=synth.shape[1]).tolist()
+        parts = [
+            torch.addmm(mean[layer, h], part, synth[layer, h])
+            for h, part in enumerate(coef.split(counts))
+            if part.shape[0]
+        ]
+        rows = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else coef
+        return rows.to(dtype)
+
+    def coefficients(self, records: torch.Tensor) -> torch.Tensor:
+        """Coefficients (T, D) float32 of records (T, B), dropped directions 0."""
+        pieces, byte, dims = [], 0, 0
         for tier in self.tiers:
             if tier.bits:
-                chunk = records[:, byte : byte + tier.nbytes]
-                coef[:, at : at + tier.count] = _decode_tier(chunk, tier)
+                pieces.append(_decode_tier(records[:, byte : byte + tier.nbytes], tier))
                 byte += tier.nbytes
-            at += tier.count
-        heads = heads.to(device)
-        coef = coef * self.range[layer][heads]
-        # every head's directions at once (H small), each row keeping its own head's
-        every = torch.matmul(coef, basis.transpose(1, 2))  # (H, T, D)
-        rows = every[heads, torch.arange(len(heads), device=device)]
-        return (rows + self.mean[layer][heads]).to(dtype)
+            else:
+                pieces.append(records.new_zeros(records.shape[0], tier.count, dtype=torch.float))
+            dims += tier.count
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+    @cached_property
+    def synthesis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per (layer, head) the map from coefficients back to rows (L, H, D, D), the ranges
+        folded into the directions, and the rows' mean (L, H, D)."""
+        scaled = self.basis * self.range[:, :, None]  # column j times range j
+        return scaled.transpose(-1, -2).contiguous(), self.mean
 
 
 def store_codebooks(

@@ -59,12 +59,12 @@ class Rows:
         return cls(*quantize_rows(x)) if quantized(bits) else cls(x.to(CACHE_DTYPE), None)
 
     @classmethod
-    def empty(cls, heads: int, n: int, dim: int, bits: int, device: torch.device) -> Rows:
-        """Zero rows (heads, n, dim) to :meth:`fill`."""
+    def empty(cls, shape: tuple[int, ...], dim: int, bits: int, device: torch.device) -> Rows:
+        """Zero rows (*shape, dim) to :meth:`put` rows into."""
         if not quantized(bits):
-            return cls(torch.zeros(heads, n, dim, dtype=CACHE_DTYPE, device=device), None)
-        codes = torch.zeros(heads, n, dim, dtype=torch.int8, device=device)
-        return cls(codes, torch.zeros(heads, n, dtype=SCALE_DTYPE, device=device))
+            return cls(torch.zeros(*shape, dim, dtype=CACHE_DTYPE, device=device), None)
+        codes = torch.zeros(*shape, dim, dtype=torch.int8, device=device)
+        return cls(codes, torch.zeros(shape, dtype=SCALE_DTYPE, device=device))
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensors holding the rows (to count their bytes)."""
@@ -74,20 +74,17 @@ class Rows:
         """Block ``i`` of rows (views)."""
         return Rows(self.codes[i], None if self.scale is None else self.scale[i])
 
-    def gather(self, index: torch.Tensor) -> Rows:
-        """Rows ``index`` (H, P) of each block of (H, n, D) rows: (H, P, D)."""
-        codes = self.codes.gather(1, index[..., None].expand(-1, -1, self.codes.shape[-1]))
-        return Rows(codes, None if self.scale is None else self.scale.gather(1, index))
-
-    def select(self, mask: torch.Tensor) -> Rows:
-        """The rows where ``mask`` (the rows' leading shape) is set, flat (n, D) in order."""
-        return Rows(self.codes[mask], None if self.scale is None else self.scale[mask])
-
-    def fill(self, mask: torch.Tensor, rows: Rows) -> None:
-        """Write flat ``rows`` (n, D) into the rows where ``mask`` is set, in order."""
-        self.codes[mask] = rows.codes
+    def put(self, index: tuple, rows: Rows) -> None:
+        """Write ``rows`` at ``index`` of the rows' leading dimensions (as tensor indexing)."""
+        self.codes[index] = rows.codes
         if self.scale is not None:
-            self.scale[mask] = rows.scale
+            self.scale[index] = rows.scale
+
+    def pad(self, extra: int) -> None:
+        """Append ``extra`` zero rows to each block of (..., n, D) rows."""
+        self.codes = torch.nn.functional.pad(self.codes, (0, 0, 0, extra))
+        if self.scale is not None:
+            self.scale = torch.nn.functional.pad(self.scale, (0, extra))
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
         """The rows in ``dtype`` (dequantized)."""

@@ -23,6 +23,7 @@ from .codec import Codebook, store_codebooks
 from .config import StoreSettings
 from .format import CODEBOOKS, map_safetensors
 from .parts import OFFLOAD, read_tensors, write_part
+from .reconstruct import RecordRanges
 from .sketch import (
     SketchBasis,
     dequantize_sketch,
@@ -204,13 +205,11 @@ class PartialStore:
         raw = os.pread(fd, stop - start, data[name] + start - self.bases[name][part])
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
-    def offload_records(
-        self, name: str, size: int, first: torch.Tensor, counts: torch.Tensor
-    ) -> torch.Tensor:
-        """Records (sum(counts), size): ``counts[i]`` records of ``size`` bytes from record
-        ``first[i]`` on (as :meth:`~sekv_core.store.SpanStore.offload_records`)."""
-        start = first * size
-        return self.offload_ranges(name, start, start + counts * size).view(-1, size)
+    def offload_records(self, name: str, size: int, ranges: RecordRanges) -> torch.Tensor:
+        """Records (sum(counts), size) at ``ranges`` (as
+        :meth:`~sekv_core.store.SpanStore.offload_records`; a read per range)."""
+        start = ranges.first * size
+        return self.offload_ranges(name, start, start + ranges.counts * size).view(-1, size)
 
     def offload_ranges(self, name: str, starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
         """Elements [starts[i], stops[i]) for every i, one after another (a read per range)."""

@@ -2,12 +2,14 @@
 
 A span's rows of one (layer, KV head) are one contiguous range of fixed-size records in the
 offload tier (:mod:`sekv_core.codec`; per part, (L, H, rows, record) in row order, parts one
-after another). All pairs of one layer are read at once per tensor kind and decoded on the host
-in one batched product with the codebook; the rows go to the device in the model dtype.
+after another). All pairs of one layer are read at once, one record index for both kinds, and
+decoded on the host in one product per kind with the codebook; the rows go to the device in the
+model dtype.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,6 +18,16 @@ from .rope import rotate_half
 
 if TYPE_CHECKING:  # the memory passes itself in; this module only reads its tables
     from .zoom import SpanMemory
+
+
+@dataclass
+class RecordRanges:
+    """``counts[i]`` records from record ``first[i]`` on, for every i (host int64), and
+    ``index``, every record's number one range after another (what a mapped file reads)."""
+
+    first: torch.Tensor
+    counts: torch.Tensor
+    index: torch.Tensor
 
 
 def reconstruct(
@@ -27,46 +39,51 @@ def reconstruct(
     Keys are rotated to their positions (bounded memories: kept pre-RoPE, rotated where the
     pool places them).
     """
-    first, lengths = record_ranges(mem, layer, spans, heads)  # the same for K and V
-    pair = torch.repeat_interleave(torch.arange(spans.numel()), lengths)  # (T,) host
-    row_heads = heads[pair]
-    keys = rows(mem, "k", layer, first, lengths, row_heads)  # pre-RoPE
+    order = None
+    if heads.numel() > 1 and not bool((heads[1:] >= heads[:-1]).all()):
+        order = heads.argsort(stable=True)  # the codebook decodes rows grouped by head
+        spans, heads = spans[order], heads[order]
+    ranges, within = record_ranges(mem, layer, spans, heads)
+    row_heads = heads[:, None].expand(within.shape)[within]  # (T,)
+    keys = rows(mem, "k", layer, ranges, row_heads)  # pre-RoPE
+    offsets = torch.arange(within.shape[1])
     if not mem.bounded:
-        within = torch.arange(pair.numel()) - (torch.cumsum(lengths, 0) - lengths)[pair]
-        pos = (mem.starts[spans][pair] + within).clamp(max=mem.context_len - 1)
+        pos = (mem.starts[spans][:, None] + offsets)[within].clamp(max=mem.context_len - 1)
         cos, sin = mem.rope.tables(pos, keys)
         keys = keys * cos + rotate_half(keys) * sin
-    values = rows(mem, "v", layer, first, lengths, row_heads)
+    values = rows(mem, "v", layer, ranges, row_heads)
+    if order is not None:  # back to the pairs' order, token by token
+        first = torch.cumsum(ranges.counts, 0) - ranges.counts  # in the sorted order
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel())
+        counts = ranges.counts[back]
+        tokens = (first[back][:, None] + offsets)[offsets < counts[:, None]]
+        keys, values = keys[tokens.to(keys.device)], values[tokens.to(values.device)]
     return keys, values
 
 
 def record_ranges(
     mem: SpanMemory, layer: int, spans: torch.Tensor, heads: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first record and the record count of each (span, head) pair of ``layer`` in a flat
-    offload buffer of records (``<kind>_rows``; the same for both kinds)."""
-    first = mem.first_row[spans]  # (n,) each span's first row
-    part = torch.searchsorted(mem.part_rows, first, right=True) - 1
-    row0 = mem.part_rows[part]
-    n_rows = mem.part_rows[part + 1] - row0
-    L, H = mem.num_layers, mem.num_kv_heads
-    start = L * H * row0 + (layer * H + heads) * n_rows + (first - row0)
-    return start, mem.ends[spans] - mem.starts[spans]
+) -> tuple[RecordRanges, torch.Tensor]:
+    """The records of (span, head) pairs of ``layer`` in a flat offload buffer of records
+    (``<kind>_rows``; the same for both kinds), and which of the (n, longest span) slots are
+    tokens of their pair's span (bool)."""
+    counts = mem.host_lengths[spans]
+    first = mem.record0[spans] + (layer * mem.num_kv_heads + heads) * mem.record_stride[spans]
+    offsets = torch.arange(int(counts.max()) if counts.numel() else 0)
+    within = offsets < counts[:, None]  # (n, W)
+    index = (first[:, None] + offsets)[within]
+    return RecordRanges(first, counts, index), within
 
 
 def rows(
-    mem: SpanMemory,
-    kind: str,
-    layer: int,
-    first: torch.Tensor,
-    counts: torch.Tensor,
-    row_heads: torch.Tensor,
+    mem: SpanMemory, kind: str, layer: int, ranges: RecordRanges, row_heads: torch.Tensor
 ) -> torch.Tensor:
-    """(T, D) rows of one kind of ``layer``: ``counts[i]`` records from record ``first[i]`` on
-    (:func:`record_ranges`), ``row_heads`` (T,) each row's KV head; keys pre-RoPE, in the
-    model dtype on the device. Every pair's records in one read, decoded at once on the host
-    (where the records and the codebook are)."""
+    """(T, D) rows of one kind of ``layer`` at ``ranges`` (:func:`record_ranges`),
+    ``row_heads`` (T,) each row's KV head; keys pre-RoPE, in the model dtype on the device.
+    Every pair's records in one read, decoded at once on the host (where the records and the
+    codebook are)."""
     code = mem.codebooks[kind]
-    records = mem.store.offload_records(f"{kind}_rows", code.record_bytes, first, counts)
+    records = mem.store.offload_records(f"{kind}_rows", code.record_bytes, ranges)
     decoded = code.decode(records, layer, row_heads, mem.dtype)
     return decoded.to(mem.device, non_blocking=True)

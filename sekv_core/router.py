@@ -85,15 +85,49 @@ def select(
     Greedy in rank order is computed in ``rounds`` batched passes: each pass takes the longest
     prefix (in rank order) of the still-eligible spans that fits in what is left; the spans left
     out are only those the greedy order would skip or reach later. Exact when at most
-    ``rounds - 1`` spans are skipped (else the last pass stops at its cut).
+    ``rounds - 1`` spans are skipped (else the last pass stops at its cut). The passes run over
+    the best-ranked spans only, enough to fill the budget twice over with the shortest spans;
+    for a head whose lower-ranked spans could still have taken part, over every span (so a
+    head's decision never depends on the other heads').
     """
     if margin is None:
         threshold = scores.new_zeros(scores.shape[0])
     else:
         threshold = scores.amax(dim=1) - margin  # (H,)
-    order = scores.argsort(dim=1, descending=True)  # (H, N)
-    ranked_len = lengths[order]  # (H, N)
-    open_ = scores.gather(1, order) >= threshold[:, None]  # above the threshold, undecided
+    N = scores.shape[1]
+    shortest = max(1, int(lengths.min())) if N else 1
+    ranks = min(N, 2 * (budget // shortest) + 4 * rounds)
+    if ranks == N:
+        return _select_ranked(scores, lengths, threshold, budget, rounds), threshold
+    ranked, order = scores.topk(ranks, dim=1)
+    taken, left = greedy_passes(ranked, lengths[order], threshold, budget, rounds)
+    zoom = torch.zeros_like(scores, dtype=torch.bool).scatter(1, order, taken)
+    reachable = (ranked[:, -1] >= threshold) & (left >= shortest)  # (H,)
+    if bool(reachable.any()):  # a head whose lower ranks could still take a span: all of them
+        rows = reachable.nonzero()[:, 0]
+        zoom[rows] = _select_ranked(scores[rows], lengths, threshold[rows], budget, rounds)
+    return zoom, threshold
+
+
+def _select_ranked(
+    scores: torch.Tensor, lengths: torch.Tensor, threshold: torch.Tensor, budget: int, rounds: int
+) -> torch.Tensor:
+    """:func:`select`'s decision over every span of each row of ``scores``."""
+    ranked, order = scores.sort(dim=1, descending=True)  # (H, N)
+    taken, _ = greedy_passes(ranked, lengths[order], threshold, budget, rounds)
+    return torch.zeros_like(taken).scatter(1, order, taken)
+
+
+def greedy_passes(
+    ranked: torch.Tensor,
+    ranked_len: torch.Tensor,
+    threshold: torch.Tensor,
+    budget: int,
+    rounds: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`select`'s passes over spans in rank order: scores ``ranked`` (H, K), lengths
+    ``ranked_len`` (H, K). Returns which are taken (H, K) and the tokens left per head (H,)."""
+    open_ = ranked >= threshold[:, None]  # above the threshold, undecided
     taken = torch.zeros_like(open_)
     left = torch.full_like(ranked_len[:, :1], budget)  # (H, 1) tokens left
     for _ in range(rounds):
@@ -103,5 +137,4 @@ def select(
         taken |= take
         open_ &= ~take
         left = left - (ranked_len * take).sum(dim=1, keepdim=True)
-    zoom = torch.zeros_like(taken).scatter(1, order, taken)
-    return zoom, threshold
+    return taken, left[:, 0]

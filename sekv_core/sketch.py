@@ -145,12 +145,29 @@ def sketch_logits(
     rows of ``layer`` (``rows``: a subset of them; ``values``: those rows already dequantised by
     :func:`sketch_rows`). ``memory`` holds ``sketch``, ``sketch_proj``, ``sketch_scale`` and
     ``sketch_mean`` per layer."""
+    H, G, Tq, _ = q.shape
     proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
-    scale = memory.sketch_scale[layer].to(q.dtype)[:, None, None]  # (H, 1, 1, R)
-    qs = torch.einsum("hgtd,hdr->hgtr", q, proj) * scale
-    sketch = sketch_rows(memory, layer, q.dtype, rows) if values is None else values  # (H, S, R)
-    offset = torch.einsum("hgtd,hd->hgt", q, memory.sketch_mean[layer].to(q.dtype))
-    return torch.einsum("hgtr,hsr->hgts", qs, sketch.to(q.dtype)) + offset[..., None]
+    scale = memory.sketch_scale[layer].to(q.dtype)[:, None]  # (H, 1, R)
+    qs = torch.bmm(q.reshape(H, G * Tq, -1), proj) * scale  # (H, M, R)
+    offset = torch.bmm(q.reshape(H, G * Tq, -1), memory.sketch_mean[layer].to(q.dtype)[..., None])
+    if values is not None:
+        logits = torch.bmm(qs, values.to(q.dtype).transpose(1, 2))
+    else:
+        packed = memory.sketch[layer] if rows is None else memory.sketch[layer][:, rows]
+        logits = code_products(qs, packed)
+    return (logits + offset).view(H, G, Tq, -1)
+
+
+def code_products(qs: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """(H, M, S) products of ``qs`` (H, M, R) with the codes of sketch rows ``packed`` (H, S,
+    ...) as :func:`quantize_sketch` stores them (without their scale), without unpacking the
+    rows: a byte's two 4-bit codes multiply the even and the odd directions of ``qs``."""
+    if packed.dtype == torch.int8:
+        return torch.bmm(qs, packed.to(qs.dtype).transpose(1, 2))
+    low, high = qs.unflatten(-1, (-1, 2)).unbind(-1)  # (H, M, R / 2) each
+    products = torch.bmm(low, (packed & 15).to(qs.dtype).transpose(1, 2))
+    products = products.baddbmm_(high, (packed >> 4).to(qs.dtype).transpose(1, 2))
+    return products - 8 * qs.sum(dim=-1, keepdim=True)  # codes are levels + 8
 
 
 def span_mean_keys(

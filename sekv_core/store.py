@@ -20,9 +20,8 @@ from .config import StoreSettings
 from .documents import Document
 from .format import FILES, FORMAT, FORMAT_VERSION, map_safetensors, sha256
 from .models import LoadedModel
+from .reconstruct import RecordRanges
 from .summary import STORE_DTYPE
-
-SLICED_RANGES = 32  # offload reads of up to this many ranges slice them one by one
 
 
 class StoreInvalid(Exception):
@@ -50,24 +49,10 @@ class SpanStore:
         """Elements [start, stop) of a flat offload buffer (reads only those pages)."""
         return self.offload[name][start:stop]
 
-    def offload_ranges(self, name: str, starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
-        """Elements [starts[i], stops[i]) of a flat offload buffer for every i, one after
-        another (reads only those pages): a few ranges are sliced, many gathered by one index
-        (slicing many short ranges one by one costs more than building their index)."""
-        buf = self.offload[name]
-        if starts.numel() > SLICED_RANGES:
-            return buf[ranges_index(starts, stops)]
-        pairs = zip(starts.tolist(), stops.tolist(), strict=True)
-        return torch.cat([buf[a:b] for a, b in pairs]) if starts.numel() else buf[:0]
-
-    def offload_records(
-        self, name: str, size: int, first: torch.Tensor, counts: torch.Tensor
-    ) -> torch.Tensor:
+    def offload_records(self, name: str, size: int, ranges: RecordRanges) -> torch.Tensor:
         """Records (sum(counts), size) of the flat byte buffer ``name`` read as records of
-        ``size`` bytes: ``counts[i]`` from record ``first[i]`` on, for every i (indexed per
-        record, not per byte)."""
-        table = self.offload[name].view(-1, size)
-        return table[ranges_index(first, first + counts)]
+        ``size`` bytes at ``ranges`` (indexed per record, not per byte)."""
+        return self.offload[name].view(-1, size)[ranges.index]
 
     @property
     def n_spans(self) -> int:
@@ -76,14 +61,6 @@ class SpanStore:
     @property
     def bytes(self) -> dict[str, int]:
         return self.manifest["bytes"]
-
-
-def ranges_index(starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
-    """The indices of ranges [starts[i], stops[i]) one after another (int64)."""
-    sizes = stops - starts
-    first = torch.cumsum(sizes, 0) - sizes
-    which = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
-    return starts[which] + torch.arange(int(sizes.sum())) - first[which]
 
 
 def load_store(

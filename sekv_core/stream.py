@@ -344,6 +344,7 @@ def chunk_policy(budget: int, route_queries: int) -> ZoomPolicy:
         prefilter_spans=STREAM_PREFILTER_SPANS,
         prefilter_keep=STREAM_PREFILTER_KEEP,
         prefilter_blocks=True,
+        ordered=True,
     )
 
 

@@ -19,7 +19,6 @@ class ZoomTrace:
     zoomed: torch.Tensor | None = None  # (L, H, N) bool: (layer, head) zoomed the span
     best_margin: torch.Tensor | None = None  # (N,) best score - threshold when zoomed
     best_score: torch.Tensor | None = None  # (N,) the score at that best margin
-    best_threshold: torch.Tensor | None = None  # (N,) the threshold at that best margin
     tokens_max: torch.Tensor | None = None  # () most reconstructed tokens one (layer, head) used
     mass: torch.Tensor | None = None  # (N + 1,) attention share of zoomed tokens (+ padding)
     calls: int = 0  # attention calls that contributed to ``mass`` (layers x steps)
@@ -38,15 +37,14 @@ class ZoomTrace:
         if self.zoomed is None:
             self.zoomed = torch.zeros(num_layers, H, N, dtype=torch.bool, device=zoom.device)
             self.best_margin = scores.new_full((N,), float("-inf"))
-            self.best_score, self.best_threshold = scores.new_zeros(N), scores.new_zeros(N)
+            self.best_score = scores.new_zeros(N)
             self.tokens_max = lengths.new_zeros(())
         self.zoomed[layer] |= zoom
-        margin = torch.where(zoom, scores - threshold[:, None], float("-inf"))  # (H, N)
+        margin = (scores - threshold[:, None]).masked_fill(~zoom, float("-inf"))  # (H, N)
         best, head = margin.max(dim=0)  # (N,)
         better = best > self.best_margin
-        self.best_margin = torch.where(better, best, self.best_margin)
+        self.best_margin = torch.maximum(best, self.best_margin)
         self.best_score = torch.where(better, scores.gather(0, head[None])[0], self.best_score)
-        self.best_threshold = torch.where(better, threshold[head], self.best_threshold)
         used = (zoom * lengths[None]).sum(dim=1).max()
         self.tokens_max = torch.maximum(self.tokens_max, used)
 
@@ -72,7 +70,7 @@ class ZoomTrace:
                 layers.float(),
                 heads.float(),
                 self.best_score.float(),
-                self.best_threshold.float(),
+                (self.best_score - self.best_margin).float(),  # the threshold then
                 share.float(),
             ],
             dim=1,

@@ -25,7 +25,7 @@ import torch
 
 from .codec import store_codebooks
 from .kvquant import KV_BITS, Rows, row_bytes
-from .pools import ZoomPool, build_pool
+from .pools import ZoomPool, zoom_pool
 from .prefilter import RepBlocks
 from .reconstruct import reconstruct
 from .rope import Rope
@@ -60,7 +60,8 @@ class SpanMemory:
         self.token_bytes = 2 * row_bytes(self.head_dim, kv_bits)  # K + V of one head-token
         self.peak_cached_bytes = 0
         self.reconstructions = 0
-        self.pools: dict[int, ZoomPool] = {}  # per layer: the last pool built
+        self.pools: dict[int, ZoomPool] = {}  # per layer: its pool (sekv_core.pools)
+        self.pooled_tokens = 0  # head-token slots of all pools
 
     def refresh(self) -> None:
         """(Re)read the resident tier from the store (a streamed build appends spans to it)."""
@@ -93,9 +94,15 @@ class SpanMemory:
         # reconstructed pre-RoPE keys are rotated to their positions at use (no resident tables)
         self.context_len = int(self.store.manifest["document"]["context_tokens"])
         # the offload tier: each span's first row, the parts' first rows, the codebooks
-        lengths = self.ends - self.starts
+        lengths = self.host_lengths = self.ends - self.starts  # (N,) host
         self.first_row = torch.cumsum(lengths, 0) - lengths  # (N,) host
         self.part_rows = r["part_rows"]  # (P + 1,) host
+        # a span's records of (layer, head) start at record0 + (layer * H + head) * stride:
+        # its part holds (L, H, rows, record), parts one after another
+        part = torch.searchsorted(self.part_rows, self.first_row, right=True) - 1
+        row0 = self.part_rows[part]
+        self.record_stride = self.part_rows[part + 1] - row0  # (N,) the part's rows
+        self.record0 = self.num_layers * self.num_kv_heads * row0 + self.first_row - row0
         settings = self.store.manifest["settings"]
         # on the host, beside the records they decode
         self.codebooks = store_codebooks(r, settings["key_code"], settings["value_code"])
@@ -144,9 +151,13 @@ class SpanMemory:
 
     def clear(self) -> None:
         """Drop the zoom pools and the answer's counters (between questions)."""
-        self.pools.clear()
+        self.drop_pools()
         self.peak_cached_bytes = 0
         self.reconstructions = 0
+
+    def drop_pools(self) -> None:
+        self.pools.clear()
+        self.pooled_tokens = 0
 
     def reconstruct(
         self, layer: int, spans: torch.Tensor, heads: torch.Tensor
@@ -155,10 +166,10 @@ class SpanMemory:
         (:func:`sekv_core.reconstruct.reconstruct`)."""
         return reconstruct(self, layer, spans, heads)
 
-    def zoom_pool(self, layer: int, zoom: torch.Tensor) -> ZoomPool:
-        """The layer's pool for the picks ``zoom`` (H, N) bool
-        (:func:`sekv_core.pools.build_pool`)."""
-        return build_pool(self, layer, zoom)
+    def zoom_pool(self, layer: int, zoom: torch.Tensor, capacity: int) -> ZoomPool:
+        """The layer's pool for the picks ``zoom`` (H, N) bool, ``capacity`` slots per KV head
+        when new (:func:`sekv_core.pools.zoom_pool`)."""
+        return zoom_pool(self, layer, zoom, capacity)
 
     def entry_bytes(self, pooled: int) -> int:
         """The memory entries one attention call reads in the model dtype (sinks and anchors,
@@ -171,9 +182,10 @@ class SpanMemory:
         return self.span_tokens / self.n_spans if self.n_spans else 0.0
 
     def zoom_bytes(self, tokens: int) -> int:
-        """Peak bytes an answer's zoom takes when every layer's pool holds ``tokens`` per KV head
-        (what :func:`~sekv_core.pools.build_pool` counts at its worst: all pools, one layer's old
-        pool and new reconstructions, bounded memories' unrotated keys, one call's entries in
-        the model dtype). Memory targets turn into zoom budgets with it."""
-        held = self.num_layers + 2 + (0.5 if self.bounded else 0.0)
+        """Peak bytes an answer's zoom takes when every layer's pool holds ``tokens`` per KV head,
+        at most: what :func:`~sekv_core.pools.zoom_pool` counts at its worst (all pools, one
+        layer's pool of new reconstructions, bounded memories' unrotated keys, one call's
+        entries in the model dtype) and one layer's pool more for the new reconstructions as
+        read, before they are encoded. Memory targets turn into zoom budgets with it."""
+        held = self.num_layers * (1.5 if self.bounded else 1.0) + 2
         return int(self.num_kv_heads * tokens * held * self.token_bytes) + self.entry_bytes(tokens)

@@ -133,10 +133,18 @@ def test_reconstruction_decodes_each_spans_own_records(tiny_loaded, tmp_path):
         assert 0 < err < 0.1  # lossy, but close
 
 
-def test_pool_rebuild_reuses_held_spans(tiny_loaded, tmp_path):
-    """A layer whose picks change keeps the tokens of spans it held (copied, not
-    reconstructed again) and reconstructs only the new (span, head) pairs; the pool equals
-    one built from scratch for the same picks."""
+def active_rows(pool, head):
+    """Head ``head``'s active slots of a pool: their tokens (ascending) and K, V rows."""
+    slots = torch.nonzero(pool.active[head])[:, 0]
+    tokens, order = pool.token[head, slots].sort()
+    keys, values = pool.kv(torch.float32)
+    return tokens, keys[head, slots[order]], values[head, slots[order]]
+
+
+def test_pool_update_reuses_held_spans(tiny_loaded, tmp_path):
+    """A layer whose picks change keeps the slots of spans it held and zooms again (nothing is
+    reconstructed again) and reconstructs only the new (span, head) pairs; its active slots
+    hold exactly the picked spans' tokens, with the K/V a pool built from scratch has."""
     method, _ = sekv_method(tiny_loaded, tmp_path)
     spans = method.spans
     H, N = spans.num_kv_heads, spans.n_spans
@@ -146,22 +154,50 @@ def test_pool_rebuild_reuses_held_spans(tiny_loaded, tmp_path):
     second = first.clone()
     second[0, 3] = True  # one new pair
     second[-1, 0] = False  # one dropped
+    budget = int(spans.lengths[:4].sum())
     spans.clear()
-    spans.zoom_pool(0, first)
+    spans.zoom_pool(0, first, budget)
     before = spans.reconstructions
     assert before == 2 * H
-    assert spans.zoom_pool(0, first) is spans.zoom_pool(0, first)  # unchanged picks: reused
-    grown = spans.zoom_pool(0, second)
+    assert spans.zoom_pool(0, first, budget) is spans.zoom_pool(0, first, budget)  # unchanged
+    grown = spans.zoom_pool(0, second, budget)
     assert spans.reconstructions - before == 1
     spans.clear()
-    fresh = spans.zoom_pool(0, second)
-    assert torch.equal(grown.owner, fresh.owner)
-    for a, b in zip(grown.kv(torch.float32), fresh.kv(torch.float32), strict=True):
-        assert torch.equal(a, b)
-    for h in range(H):  # each head: its spans' tokens in document order, then padding
-        want = torch.nonzero(second[h])[:, 0].repeat_interleave(spans.lengths[second[h]])
-        got = fresh.owner[h]
-        assert torch.equal(got[: want.numel()], want) and (got[want.numel() :] == -1).all()
+    fresh = spans.zoom_pool(0, second, budget)
+    for h in range(H):
+        want = torch.nonzero(second[h])[:, 0]
+        rows = [torch.arange(int(spans.lengths[n])) + int(spans.first_row[n]) for n in want]
+        tokens = torch.cat(rows)  # the spans' rows of the sketch order
+        for a, b in zip(active_rows(grown, h), active_rows(fresh, h), strict=True):
+            assert torch.equal(a, b)
+        assert torch.equal(active_rows(grown, h)[0], tokens)
+        assert torch.equal(
+            grown.owner[h][grown.active[h]].sort().values,
+            fresh.owner[h][fresh.active[h]].sort().values,
+        )
+
+
+def test_pool_keeps_dropped_spans_while_room_lasts(tiny_loaded, tmp_path):
+    """A span dropped for a step and picked again comes back without a reconstruction while
+    the pool has free slots; in a full pool the least recently active span gives way."""
+    method, _ = sekv_method(tiny_loaded, tmp_path)
+    spans = method.spans
+    H, N = spans.num_kv_heads, spans.n_spans
+    pick = [torch.zeros(H, N, dtype=torch.bool) for _ in range(3)]
+    pick[0][:, [0, 1]] = True
+    pick[1][:, [0, 2]] = True
+    pick[2][:, [0, 1]] = True
+    lengths = spans.lengths
+    for budget, again in ((int(lengths[:3].sum()), 0), (int(lengths[:2].max() + lengths[0]), H)):
+        spans.clear()
+        for zoom in pick[:2]:
+            spans.zoom_pool(0, zoom, budget)
+        before = spans.reconstructions
+        pool = spans.zoom_pool(0, pick[2], budget)
+        assert spans.reconstructions - before == again
+        assert pool.owner.shape[1] <= max(budget, int(lengths[[0, 2]].sum()))
+        for h in range(H):
+            assert set(pool.owner[h][pool.active[h]].tolist()) == {0, 1}
 
 
 def test_widen_gives_each_span_the_best_score_of_its_neighbours():
@@ -186,6 +222,7 @@ def test_budget_never_exceeded(tiny_loaded, tmp_path, budget):
     assert 0 < policy.trace.zoomed_tokens_max <= budget
     pools = method.spans.pools.values()
     assert pools and all(pool.owner.shape[1] <= budget for pool in pools)
+    assert all((pool.active.sum(dim=1) <= budget).all() for pool in pools)
     assert method.memory()["zoom_peak_bytes"] > 0
 
 
@@ -283,9 +320,10 @@ def test_eight_bit_zoom_rounds_each_row_by_at_most_half_a_step(tiny_loaded, tmp_
     for layer in range(coarse.spans.num_layers):
         for spans in (exact.spans, coarse.spans):
             spans.clear()
-        fine, rounded = exact.spans.zoom_pool(layer, every), coarse.spans.zoom_pool(layer, every)
+        fine = exact.spans.zoom_pool(layer, every, exact.spans.span_tokens)
+        rounded = coarse.spans.zoom_pool(layer, every, coarse.spans.span_tokens)
         assert torch.equal(fine.owner, rounded.owner)
-        for a, b in ((fine.keys, rounded.keys), (fine.values, rounded.values)):
+        for a, b in ((fine.rows, rounded.rows),):  # K and V
             want = a.read(torch.float32)
             got = b.read(torch.float32)
             step = b.scale.float()[..., None]

@@ -89,8 +89,64 @@ def test_usage_errors_exit_2(tmp_path):
     assert run("ask", doc, "q", "--method", "bogus").exit_code == 2
     assert run("ask", doc).exit_code == 2
     assert run("ask", doc, "q", "--budget", "0").exit_code == 2
+    for command in (["ask", doc, "q"], ["chat", doc], ["ingest", doc], ["train"]):
+        assert run(*command, "--threads", "0").exit_code == 2
     for gone in ("--summaries", "--near", "--kv-bits"):  # experiments not adopted: no options
         assert run("ask", doc, "q", gone, "8").exit_code == 2
+
+
+MODEL_COMMANDS = [
+    ["ask", "{doc}", "q"],
+    ["chat", "{doc}"],
+    ["ingest", "{doc}"],
+    ["inspect", "{doc}"],
+    ["train"],
+    ["bench", "suite"],
+    ["bench", "fidelity"],
+    ["bench", "ingest", "{doc}"],
+    ["bench", "needle"],
+    ["bench", "qa", "{doc}"],
+    ["bench", "books"],
+]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=" ".join)
+def test_threads_reach_torch_before_the_model_loads(command, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("SEKV_THREADS", "1")
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\nThe code word is heron.")
+    args = [a.format(doc=doc) for a in command]
+    before = torch.get_num_threads()
+    try:
+        result = run(*args, "--model", "nobody/absent", "--threads", "2")
+        assert result.exit_code == 1 and "not found" in result.stderr  # after the threads
+        assert torch.get_num_threads() == 2  # the option beats $SEKV_THREADS
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_bad_sekv_threads_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEKV_THREADS", "many")
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\nThe code word is heron.")
+    result = run("ingest", doc, "--model", "nobody/absent")
+    assert result.exit_code == 1
+    assert result.stderr == "Error: SEKV_THREADS must be a positive whole number, not 'many'\n"
+
+
+def test_an_empty_question_is_refused_before_anything_is_built(tmp_path, monkeypatch, sekv_home):
+    import sekv_cli.common as common
+
+    monkeypatch.setattr(common, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\nThe code word is heron.")
+    result = run("ask", doc, "  ")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: the question is empty")
+    assert not (sekv_home / "stores").exists()
 
 
 @pytest.mark.parametrize("method", ["full", "sekv"])
@@ -121,7 +177,7 @@ def test_json_contract(tmp_path, tiny_model_dirs, method):
     assert len(data["document"]["sha256"]) == 64
     mem = data["memory"]
     assert {"resident_bytes", "offloaded_bytes", "full_kv_bytes"} <= mem.keys()
-    assert {"total_s", "first_token_s"} <= data["timings"].keys()
+    assert {"total_s", "first_token_s", "threads"} <= data["timings"].keys()
     assert {"path", "cache_hit"} <= data["store"].keys()
     assert 0 < data["tokens_generated"] <= 5
     if method == "full":
@@ -168,6 +224,7 @@ def test_ingest_twice_is_a_cache_hit(tmp_path, tiny_model_dirs, sekv_home):
     assert first.exit_code == 0, first.output
     data = json.loads(first.stdout)
     assert data["store"]["cache_hit"] is False
+    assert data["timings"]["threads"] >= 1
     assert data["spans"] > 0 and data["tokens"] > data["document"]["tokens"]
     mem = data["memory"]
     assert 0 < mem["resident_bytes"] < mem["full_kv_bytes"]
@@ -191,7 +248,9 @@ def test_chat_answers_two_questions_with_one_model_load(tmp_path, tiny_model_dir
 
     loads = []
     real = common.load_model_quietly
-    monkeypatch.setattr(common, "load_model_quietly", lambda m: loads.append(m) or real(m))
+    monkeypatch.setattr(
+        common, "load_model_quietly", lambda m, threads: loads.append(m) or real(m, threads)
+    )
     doc = tmp_path / "d.md"
     doc.write_text("# Notes\n\n" + FILLER)
     stdin = "Which shelf holds 9 jars?\n/budget 16\n/zoom\nAnd shelf 4?\n/bogus\n/quit\n"

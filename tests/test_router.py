@@ -1,6 +1,6 @@
 import torch
 
-from sekv_core.router import segment_max, select
+from sekv_core.router import greedy_passes, segment_max, select
 
 
 def test_select_prefers_best_spans_within_budget_and_margin():
@@ -45,3 +45,23 @@ def test_select_is_greedy_by_score_skipping_what_does_not_fit():
             assert zoom[h].tolist() == want
         few, _ = select(scores, lengths, budget, margin)  # the default rounds
         assert ((few & ~zoom).sum() == 0) and (lengths * few).sum(1).le(budget).all()
+
+
+def test_select_over_the_best_ranks_decides_as_over_every_span():
+    """Many spans, a small budget: the passes over the best-ranked spans pick what the passes
+    over every span pick (scores without ties), and fall back to every span when a span ranked
+    below could still be taken."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(100):
+        N = int(torch.randint(100, 900, (1,), generator=g))
+        scores = torch.randn(3, N, generator=g) * 3
+        lengths = torch.randint(4, 9, (N,), generator=g)
+        if trial % 3 == 0:  # long spans at the top: most of them no longer fit
+            lengths[scores[0].argsort(descending=True)[:40]] = 60
+        budget = int(torch.randint(16, 300, (1,), generator=g))
+        margin = None if trial % 2 else 6.0
+        zoom, thr = select(scores, lengths, budget, margin)
+        ranked, order = scores.sort(dim=1, descending=True)
+        taken, _ = greedy_passes(ranked, lengths[order], thr, budget, 4)
+        want = torch.zeros_like(taken).scatter(1, order, taken)
+        assert torch.equal(zoom, want)

@@ -187,7 +187,7 @@ class SeKV(Method):
             budget = min(budget, first.budget)  # what the memory target leaves the zoom
         chosen = passages.choose(scores, self.span_sentences(), spans.lengths, budget)
         tokens = int(spans.lengths[chosen.to(spans.lengths.device)].sum())
-        spans.pools.clear()  # the first stage's pools go; the answer reads the passages only
+        spans.drop_pools()  # the first stage's pools go; the answer reads the passages only
         spans.pool_end = spans.n_sinks + tokens
         self.policy = ZoomPolicy(
             router=first.router,

@@ -81,8 +81,8 @@ def store_summaries(
     weights = blocks(surprisal[:, None])[..., 0]
     out_k, out_v = [], []
     for layer in range(spans.num_layers):
-        start, counts = record_ranges(spans, layer, spans_all, heads)
-        k, v = (rows(spans, kind, layer, start, counts, row_heads).float().cpu() for kind in "kv")
+        ranges, _ = record_ranges(spans, layer, spans_all, heads)
+        k, v = (rows(spans, kind, layer, ranges, row_heads).float().cpu() for kind in "kv")
         summary_k, summary_v = summarize(
             blocks(k.view(H, -1, D)), blocks(v.view(H, -1, D)), weights, lengths
         )
