@@ -365,3 +365,35 @@ def books_bench(
         print_json({"books": rows})
         return
     typer.echo((out / "results.md").read_text(), nl=False)
+
+
+@bench_app.command("speed")
+@handle_errors
+def speed_bench(
+    sizes: str = typer.Option("2000,4000,7500", help="Document sizes in tokens, comma-separated."),
+    tokens: int = typer.Option(48, min=2, help="Tokens decoded per answer (teacher-forced)."),
+    repeats: int = typer.Option(3, min=1, help="Timed answers per method and size."),
+    processes: bool = typer.Option(True, help="Also `sekv ingest`/`ask` processes: wall, RSS."),
+    contention: bool = typer.Option(False, help="Again beside a CPU-heavy process."),
+    model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
+    out: Path = typer.Option(Path("docs/bench/speed"), help="Directory for the results."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """SeKV vs full KV speed side by side: decode, first token, store build vs prefill.
+
+    Stores are built fresh in a temporary $SEKV_HOME. Writes results.json and results.md.
+    """
+    n_threads, size_list = resolve_threads(threads), comma_list(sizes, int, "--sizes")
+    from sekv_bench.speed import SpeedConfig, bench_speed, progress_line, table_rows
+
+    config = SpeedConfig(size_list, tokens, repeats, processes, contention, model, n_threads)
+    loaded = load_model_quietly(model, n_threads)
+    result = bench_speed(
+        loaded, config, out, lambda r: err.print(progress_line(r), highlight=False)
+    )
+    if json_out:
+        print_json(result)
+        return
+    print_rows(f"SeKV vs full KV speed, {n_threads} threads ({result['machine']['cpu']})",
+               table_rows(result))  # fmt: skip

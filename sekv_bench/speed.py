@@ -1,0 +1,300 @@
+"""Speed: SeKV vs full KV, measured side by side in one run.
+
+Per document size (a generated haystack) both methods answer the same question through the
+engine, decoding the same teacher-forced tokens (:func:`sekv_core.decode.forced`: neither stops
+early). Reported per method: the preparation (full KV's prefill; SeKV's store build in an empty
+``$SEKV_HOME``, then a second session loading that store from disk), time to first token of a
+fresh session (preparation + first token) and of a question on a prepared session, and decode
+speed (median over ``repeats`` answers, taken alternately full, sekv, full, … after one
+warm-up answer each). Optionally the same while a CPU-heavy neighbour runs (decode speed is
+what a shared machine changes most), and `sekv` run as child processes
+(:mod:`.speed_env`): the whole-process wall time of a question and the peak RSS of the store
+build vs full KV's prefill.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sekv_core.decode import forced
+from sekv_core.documents import Document, load_document
+from sekv_core.engine import Answer, Session
+from sekv_core.models import LoadedModel
+
+from .haystack import NEEDLES, haystack
+from .rows import resident_share
+from .speed_env import cpu_neighbour, fresh_home, machine, process_runs
+
+NEEDLE = NEEDLES[0]
+NEUTRAL = (
+    "The notes were read aloud in the hall, one page after another, and the clerk wrote down "
+    "each ordinary item in the book before the meeting closed for the evening."
+)
+WARM_UP_TOKENS = 200  # a small haystack both methods answer once before anything is timed
+
+
+@dataclass
+class SpeedConfig:
+    """What one run measures: haystack ``sizes`` (tokens), ``tokens`` decoded per answer,
+    ``repeats`` timed answers per method, the child-process runs (``processes``, with the
+    ``model`` name they load and their ``threads``) and a second, ``contention`` pass."""
+
+    sizes: list[int]
+    tokens: int = 48
+    repeats: int = 3
+    processes: bool = True
+    contention: bool = False
+    model: str | None = None
+    threads: int = 1
+
+
+def forced_tokens(tokenizer, count: int) -> list[int]:
+    """``count`` token ids of a neutral sentence (repeated as needed): the answer both methods
+    are fed, so each decodes exactly ``count`` tokens."""
+    ids = tokenizer(" " + NEUTRAL, add_special_tokens=False)["input_ids"]
+    return (ids * (count // len(ids) + 1))[:count]
+
+
+def forced_answer(session: Session, ids: list[int]) -> Answer:
+    """The needle question answered with ``ids`` fed as the answer (teacher forcing)."""
+    with forced(ids):
+        return session.ask(NEEDLE.question, len(ids))
+
+
+def write_haystack(tokenizer, tokens: int, folder: Path) -> Document:
+    """A generated haystack of about ``tokens`` tokens (needle at mid depth), loaded."""
+    path = folder / f"haystack-{tokens}.txt"
+    path.write_text(haystack(tokenizer, tokens, 0.5, NEEDLE, seed=tokens))
+    return load_document(path)
+
+
+def repeated(answers: list[Answer]) -> dict[str, Any]:
+    """Medians over the timed answers of one prepared session."""
+    speeds = [a.timings["decode_tokens_per_s"] for a in answers]
+    firsts = [a.timings["first_token_s"] - a.timings["prepare_s"] for a in answers]
+    return {
+        "decode_tokens_per_s": round(statistics.median(speeds), 2),
+        "decode_runs": speeds,
+        "first_token_prepared_s": round(statistics.median(firsts), 4),
+        "tokens_decoded": answers[0].tokens_generated,
+    }
+
+
+def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: int) -> dict:
+    """Both methods on ``document``: preparations, fresh first tokens, then the timed answers
+    alternately (the store home must not hold this document's store yet)."""
+    full = Session(loaded, document, "full")
+    full_fresh = forced_answer(full, ids)  # warm-up: prefill + first token
+    built = Session(loaded, document, "sekv")  # an empty store home: the store is built
+    build = {
+        "build_s": round(built.prepare_s, 4),
+        "build_cache_hit": built.method.store_info()["cache_hit"],
+        "build_first_token_s": forced_answer(built, ids).timings["first_token_s"],  # warm-up
+    }
+    del built  # one SeKV session in memory while timing
+    cached = Session(loaded, document, "sekv")  # the store loaded from disk
+    cached_fresh = forced_answer(cached, ids)
+    runs: dict[str, list[Answer]] = {"full": [], "sekv": []}
+    for _ in range(repeats):
+        runs["full"].append(forced_answer(full, ids))
+        runs["sekv"].append(forced_answer(cached, ids))
+    return {
+        "tokens": full.doc_tokens,
+        "context_tokens": len(full.context),
+        "full": {
+            "prefill_s": round(full.prepare_s, 4),
+            "first_token_fresh_s": full_fresh.timings["first_token_s"],
+            **repeated(runs["full"]),
+        },
+        "sekv": {
+            **build,
+            "load_s": round(cached.prepare_s, 4),
+            "load_cache_hit": cached.method.store_info()["cache_hit"],
+            "first_token_fresh_s": cached_fresh.timings["first_token_s"],
+            "resident_share": resident_share(cached_fresh.memory, 4),
+            **repeated(runs["sekv"]),
+        },
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a is not None and b else None
+
+
+def ratios(row: dict[str, Any]) -> dict[str, float | None]:
+    """SeKV over full KV (below 1: SeKV takes less; for decode, above 1: SeKV is faster)."""
+    f, s, p = row["full"], row["sekv"], row.get("processes")
+    out = {
+        "decode": ratio(s["decode_tokens_per_s"], f["decode_tokens_per_s"]),
+        "first_token_fresh": ratio(s["first_token_fresh_s"], f["first_token_fresh_s"]),
+        "first_token_prepared": ratio(s["first_token_prepared_s"], f["first_token_prepared_s"]),
+        "build_over_prefill": ratio(s["build_s"], f["prefill_s"]),
+        "load_over_prefill": ratio(s["load_s"], f["prefill_s"]),
+        "process_wall": None,
+        "build_rss_over_prefill_rss": None,
+    }
+    if p is not None:
+        out["process_wall"] = ratio(p["ask_sekv"]["wall_s"], p["ask_full"]["wall_s"])
+        out["build_rss_over_prefill_rss"] = ratio(
+            p["build"]["peak_rss_bytes"], p["ask_full"]["peak_rss_bytes"]
+        )
+    return out
+
+
+@contextmanager
+def condition(name: str, folder: Path) -> Iterator[None]:
+    """An empty store home for the pass, and a CPU-heavy neighbour when ``contended``."""
+    with cpu_neighbour() if name == "contended" else nullcontext(), fresh_home(folder):
+        yield
+
+
+def warm_up(loaded: LoadedModel, folder: Path, ids: list[int]) -> None:
+    """One untimed answer per method on a small haystack (first-call costs land here)."""
+    document = write_haystack(loaded.tokenizer, WARM_UP_TOKENS, folder)
+    for method in ("full", "sekv"):
+        forced_answer(Session(loaded, document, method), ids)
+
+
+def run_pass(
+    loaded: LoadedModel, config: SpeedConfig, name: str, folder: Path, on_row: Callable | None
+) -> list[dict[str, Any]]:
+    """Every size measured under condition ``name`` (idle or contended); the idle pass also
+    runs the child processes when ``config.processes``."""
+    ids = forced_tokens(loaded.tokenizer, config.tokens)
+    rows = []
+    with condition(name, folder):
+        warm_up(loaded, folder, ids)
+        for size in config.sizes:
+            document = write_haystack(loaded.tokenizer, size, folder)
+            row = {"target_tokens": size, "condition": name}
+            row.update(measure(loaded, document, ids, config.repeats))
+            if config.processes and name == "idle":
+                row["processes"] = process_runs(
+                    document.path, NEEDLE.question, config.tokens, config.model, config.threads
+                )
+            row["ratios"] = ratios(row)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    return rows
+
+
+def bench_speed(
+    loaded: LoadedModel,
+    config: SpeedConfig,
+    out: Path,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Measure every size idle (and contended when asked); write ``out/results.json`` and
+    ``out/results.md``; return the results."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = ["idle", "contended"] if config.contention else ["idle"]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sekv-speed-") as tmp:
+        for name in names:
+            rows += run_pass(loaded, config, name, Path(tmp), on_row)
+    result = {
+        "model": loaded.model_id,
+        "machine": machine(str(loaded.device)),
+        "config": asdict(config),
+        "question": NEEDLE.question,
+        "rows": rows,
+        "summary": summary(rows),
+        "files": {"results": "results.json", "table": "results.md"},
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(result))
+    return result
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size: the ratios, with the contended decode ratio beside the idle one."""
+    idle = [r for r in rows if r["condition"] == "idle"]
+    contended = {r["target_tokens"]: r for r in rows if r["condition"] == "contended"}
+    out = []
+    for r in idle:
+        other = contended.get(r["target_tokens"])
+        out.append(
+            {
+                "tokens": r["tokens"],
+                **r["ratios"],
+                "decode_contended": other["ratios"]["decode"] if other else None,
+            }
+        )
+    return out
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    """One line per measured size (progress on stderr)."""
+    q = row["ratios"]
+    return (
+        f"{row['tokens']:,} tokens ({row['condition']}): decode sekv/full {times(q['decode'])}, "
+        f"first token {times(q['first_token_fresh'])}, build/prefill "
+        f"{times(q['build_over_prefill'])}"
+    )
+
+
+def seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def times(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
+    """One display row per measured size and condition (the Markdown and terminal table)."""
+    shown = []
+    for r in result["rows"]:
+        f, s, q = r["full"], r["sekv"], r["ratios"]
+        shown.append(
+            {
+                "tokens": f"{r['tokens']:,}",
+                "run": r["condition"],
+                "decode tok/s full / sekv": f"{f['decode_tokens_per_s']:.1f} / "
+                f"{s['decode_tokens_per_s']:.1f}",
+                "decode ×": times(q["decode"]),
+                "1st token s full / sekv": f"{seconds(f['first_token_fresh_s'])} / "
+                f"{seconds(s['first_token_fresh_s'])}",
+                "1st token ×": times(q["first_token_fresh"]),
+                "prefill / build / load s": f"{seconds(f['prefill_s'])} / "
+                f"{seconds(s['build_s'])} / {seconds(s['load_s'])}",
+                "build ×": times(q["build_over_prefill"]),
+                "ask wall ×": times(q["process_wall"]),
+                "peak RSS ×": times(q["build_rss_over_prefill_rss"]),
+            }
+        )
+    return shown
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """results.md: the table, the machine and what each column means."""
+    rows = table_rows(result)
+    m, c = result["machine"], result["config"]
+    lines = [
+        "# SeKV vs full KV: speed",
+        "",
+        f"Model {result['model']} on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch "
+        f"threads, torch {m['torch']}, {m['device']}); {c['tokens']} tokens decoded per answer "
+        f"(teacher-forced, both methods), median of {c['repeats']} answers each.",
+        "",
+        "| " + " | ".join(rows[0]) + " |",
+        "|" + "---|" * len(rows[0]),
+        *("| " + " | ".join(row.values()) + " |" for row in rows),
+        "",
+        "×: SeKV over full KV (decode: above 1, SeKV is faster; the others: below 1, SeKV "
+        "takes less). 1st token: a fresh session's first answer (full KV: prefill + first "
+        "token; SeKV: the store loaded from disk + first token). Build: SeKV's first session "
+        "on the document (an empty store home) vs full KV's prefill. Ask wall: `sekv ask` as "
+        "a whole process on a cached store vs `sekv ask --method full`. Peak RSS: `sekv "
+        "ingest` vs `sekv ask --method full` (its prefill).",
+        "",
+    ]
+    return "\n".join(lines)
