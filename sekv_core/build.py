@@ -47,17 +47,20 @@ def build_store(
     lengths = ends - starts
     fixed = torch.from_numpy(np.flatnonzero(seg.roles != SPAN))  # sinks + anchors, ascending
     keys, values = pre.keys.float(), pre.values.float()  # (L, H, T, D) post-RoPE
-    rope = Rope(loaded.model)
-    keys_pre = rope.unrotate(keys, torch.arange(len(context)))  # bases compress pre-RoPE keys
+    pre.keys = pre.values = None  # the rows below are the only copies kept
+    fixed_k, fixed_v = keys[:, :, fixed].to(STORE_DTYPE), values[:, :, fixed].to(STORE_DTYPE)
     span_tokens = torch.from_numpy(np.flatnonzero(seg.roles == SPAN))  # spans in order
+    span_keys = keys[:, :, span_tokens]
+    v_rows = values[:, :, span_tokens]  # (L, H, S, D)
+    del keys, values
     with one_thread():
-        span_keys = keys[:, :, span_tokens]
         basis = sketch_basis(span_keys, pre.query_moment, settings.sketch_dim)
         sketch = basis.project(span_keys)
     timings["segment_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    k_rows, v_rows = keys_pre[:, :, span_tokens], values[:, :, span_tokens]  # (L, H, S, D)
+    k_rows = Rope(loaded.model).unrotate(span_keys, span_tokens)  # codes of pre-RoPE keys
+    del span_keys
     k_code = Codebook.fit(k_rows, settings.key_code, "store.key_code")
     v_code = Codebook.fit(v_rows, settings.value_code, "store.value_code")
     offload = {"k_rows": k_code.encode(k_rows).flatten(), "v_rows": v_code.encode(v_rows).flatten()}
@@ -66,8 +69,8 @@ def build_store(
     quantized = quantize_sketch(sketch, settings.sketch_bits)
     resident = {
         "fixed_pos": fixed,
-        "fixed_k": keys[:, :, fixed].to(STORE_DTYPE),
-        "fixed_v": values[:, :, fixed].to(STORE_DTYPE),
+        "fixed_k": fixed_k,
+        "fixed_v": fixed_v,
         "span_starts": starts,
         "span_ends": ends,
         "sketch_proj": basis.query_proj.to(STORE_DTYPE),

@@ -51,13 +51,15 @@ class Codebook:
             eye = torch.eye(D).expand(L, H, D, D).contiguous()
             return cls(eye, x.new_zeros(L, H, D), x.new_ones(L, H, D), tiers)
         mean = x.mean(dim=2)
-        centred = x - mean[:, :, None]
-        cov = centred.transpose(-1, -2) @ centred  # (L, H, D, D)
-        _, vecs = torch.linalg.eigh(cov)
-        basis = vecs.flip(-1).contiguous()  # strongest direction first
-        coef = centred @ basis
-        span = coef.abs().amax(dim=2).clamp(min=1e-6)
-        return cls(basis, mean, span, tiers)
+        bases, spans = [], []
+        for layer in range(x.shape[0]):  # one layer at a time: bounded working memory
+            centred = x[layer] - mean[layer][:, None]
+            cov = centred.transpose(-1, -2) @ centred  # (H, D, D)
+            _, vecs = torch.linalg.eigh(cov)
+            basis = vecs.flip(-1).contiguous()  # strongest direction first
+            bases.append(basis)
+            spans.append((centred @ basis).abs().amax(dim=1).clamp(min=1e-6))
+        return cls(torch.stack(bases), mean, torch.stack(spans), tiers)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         return {
@@ -77,8 +79,14 @@ class Codebook:
         return record_bytes(self.tiers)
 
     def encode(self, rows: torch.Tensor) -> torch.Tensor:
-        """Records (L, H, S, B) uint8 of rows (L, H, S, D)."""
-        coef = ((rows.float() - self.mean[:, :, None]) @ self.basis) / self.range[:, :, None]
+        """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
+        return torch.stack([self.encode_layer(rows[i], i) for i in range(rows.shape[0])])
+
+    def encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
+        """Records (H, S, B) uint8 of one layer's rows (H, S, D)."""
+        coef = ((rows.float() - self.mean[layer][:, None]) @ self.basis[layer]) / self.range[layer][
+            :, None
+        ]
         pieces, at = [], 0
         for tier in self.tiers:
             part = coef[..., at : at + tier.count]

@@ -80,6 +80,18 @@ def prefill(model, ids: list[int], chunk: int = 512, progress: Progress | None =
             prev_logits = logits[-1]
             if progress:
                 progress(min(start + chunk, len(ids)), len(ids))
-    keys = torch.stack([layer.keys[0] for layer in cache.layers]).cpu()  # (L, H, T, D)
-    values = torch.stack([layer.values[0] for layer in cache.layers]).cpu()
+    keys, values = host_kv(cache)
     return Prefill(keys, values, surprisal, moments.moment())
+
+
+def host_kv(cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache's K, V as (L, H, T, D) host tensors, each layer's freed once copied (the
+    build's peak memory holds one copy of the document's K/V, not two)."""
+    layers = cache.layers
+    shape = (len(layers), *layers[0].keys.shape[1:])
+    keys = torch.empty(shape, dtype=layers[0].keys.dtype)
+    values = torch.empty(shape, dtype=layers[0].values.dtype)
+    for i, layer in enumerate(layers):
+        keys[i], values[i] = layer.keys[0], layer.values[0]
+        layer.keys = layer.values = None
+    return keys, values
