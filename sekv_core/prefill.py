@@ -34,6 +34,7 @@ class Prefill:
     query_moment: torch.Tensor | None = None
 
 
+NLL_ROWS = 128  # logits over the vocabulary computed for this many tokens at a time
 MOMENTS = "sekv_moments"  # attention implementation: sdpa that also records query moments
 
 
@@ -52,32 +53,33 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def prefill(model, ids: list[int], chunk: int = 512, progress: Progress | None = None) -> Prefill:
     """Run ``ids`` through ``model`` in chunks of ``chunk`` tokens.
 
-    Only one chunk's logits ([chunk, vocab]) exist at a time: the log-probability of each
-    realised next token is gathered chunk by chunk. The queries' second moments are summed on
-    the way (attention runs as sdpa).
+    The log-probability of each realised next token comes from the chunk's last hidden states,
+    ``NLL_ROWS`` rows of logits over the vocabulary at a time (a chunk's whole [chunk, vocab]
+    logits would be the build's largest tensor). The queries' second moments are summed on the
+    way (attention runs as sdpa).
     """
     moments = QueryMoments()
     device = next(model.parameters()).device
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
     cache = DynamicCache(config=model.config)
     surprisal = np.zeros(len(ids), dtype=np.float32)
     token_ids = torch.tensor(ids, device=device)
-    prev_logits = None  # (vocab,) logits of the last token of the previous chunk
+    prev = None  # (hidden,) the last hidden state of the previous chunk
     # sdpa's own mask: a custom name gets none (wrong causality)
     with use_attention(model, MOMENTS, _attention_with_moments, mask=sdpa_mask):
         for start in range(0, len(ids), chunk):
             piece = token_ids[start : start + chunk]
-            out = model(input_ids=piece[None], cache=cache, use_cache=True, sekv_moments=moments)
-            logits = out.logits[0]  # (c, V)
-            if prev_logits is not None:
-                logits = torch.cat([prev_logits[None], logits])  # predicts piece[0] first
-                targets = piece
-                offset = start
+            out = decoder(input_ids=piece[None], cache=cache, use_cache=True, sekv_moments=moments)
+            hidden = out.last_hidden_state[0]  # (c, hidden)
+            if prev is not None:
+                hidden, targets, offset = torch.cat([prev[None], hidden]), piece, start
             else:
-                targets = piece[1:]
-                offset = 1
-            nll = token_nll(logits[: len(targets)], targets)  # (c,)
-            surprisal[offset : offset + len(targets)] = nll.cpu().numpy()
-            prev_logits = logits[-1]
+                targets, offset = piece[1:], 1
+            prev = hidden[-1]
+            for at in range(0, len(targets), NLL_ROWS):
+                rows = slice(at, min(at + NLL_ROWS, len(targets)))
+                nll = token_nll(head(hidden[rows]), targets[rows])
+                surprisal[offset + rows.start : offset + rows.stop] = nll.cpu().numpy()
             if progress:
                 progress(min(start + chunk, len(ids)), len(ids))
     keys, values = host_kv(cache)
