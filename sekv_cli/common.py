@@ -21,6 +21,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from sekv_core.config import check_question
 from sekv_core.errors import SekvError
 from sekv_core.method_names import METHOD_NAMES
 from sekv_core.threads import THREADS_ENV, apply_threads, default_threads
@@ -84,12 +85,6 @@ def check_method(method: str) -> None:
     """A usage error unless ``method`` names an answering method."""
     if method not in METHOD_NAMES:
         raise typer.BadParameter(f"choose one of: {', '.join(METHOD_NAMES)}", param_hint="--method")
-
-
-def check_question(question: str) -> None:
-    """Refuse an empty question before the model loads or anything is built."""
-    if not question.strip():
-        raise SekvError("the question is empty; ask something about the document")
 
 
 def load_model_quietly(name: str | None, threads: int):

@@ -19,7 +19,7 @@ from .config import StoreSettings
 from .documents import Document
 from .format import code_stats, nbytes, store_manifest, tier_bytes, trace_tensors, write_atomically
 from .models import LoadedModel
-from .prefill import Progress, prefill
+from .prefill import Progress, prefill, release_freed_memory
 from .prompt import Context
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
@@ -53,17 +53,22 @@ def build_store(
     span_keys = keys[:, :, span_tokens]
     v_rows = values[:, :, span_tokens]  # (L, H, S, D)
     del keys, values
+    release_freed_memory()  # (each big free below too: the build's peak memory)
     with one_thread():
         basis = sketch_basis(span_keys, pre.query_moment, settings.sketch_dim)
         sketch = basis.project(span_keys)
     timings["segment_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    k_rows = Rope(loaded.model).unrotate(span_keys, span_tokens)  # codes of pre-RoPE keys
-    del span_keys
+    rope = Rope(loaded.model)  # codes of pre-RoPE keys: un-rotated in place, layer by layer
+    k_rows = span_keys
+    for i in range(k_rows.shape[0]):
+        k_rows[i] = rope.unrotate(k_rows[i], span_tokens)
     k_code = Codebook.fit(k_rows, settings.key_code, "store.key_code")
     v_code = Codebook.fit(v_rows, settings.value_code, "store.value_code")
     offload = {"k_rows": k_code.encode(k_rows).flatten(), "v_rows": v_code.encode(v_rows).flatten()}
+    del k_rows, v_rows
+    release_freed_memory()
     timings["code_s"] = time.perf_counter() - t0
 
     quantized = quantize_sketch(sketch, settings.sketch_bits)

@@ -202,3 +202,9 @@ def _parse(value: str, hint: Any, full: str) -> Any:
         except ValueError:
             continue
     raise SekvError(f"{full}={value!r}: expected {getattr(hint, '__name__', hint)}")
+
+
+def check_question(question: str) -> None:
+    """Refuse an empty question (the engine, and the CLI before the model loads)."""
+    if not question.strip():
+        raise SekvError("the question is empty; ask something about the document")

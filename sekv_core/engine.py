@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import MethodSettings, exceeds_window
+from .config import MethodSettings, check_question, exceeds_window
 from .decode import TextStream
 from .documents import Document, token_pages
 from .errors import SekvError
@@ -81,8 +81,7 @@ class Session:
         self, question: str, max_new_tokens: int = 128, on_text: Callable[[str], None] | None = None
     ) -> Answer:
         """Answer ``question`` greedily; ``on_text`` receives text deltas as they are decoded."""
-        if not question.strip():
-            raise SekvError("the question is empty; ask something about the document")
+        check_question(question)
         tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
         q_ids = encode_question(tokenizer, self.template, question)
         position = getattr(self.method, "question_position", None)  # books: bounded positions
