@@ -17,7 +17,6 @@ from .common import (
     MODEL_OPTION,
     ROUTER_OPTION,
     THREADS_OPTION,
-    check_method,
     handle_errors,
     open_session,
     print_json,
@@ -47,7 +46,6 @@ def ask(
 ) -> None:
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
     start = time.perf_counter()
-    check_method(method)
     n_threads = resolve_threads(threads)
     settings = MethodSettings(budget=budget, router=router, warn=warn)
     session, load_s = open_session(file, model, method, settings, n_threads, question)

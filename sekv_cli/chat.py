@@ -15,7 +15,6 @@ from .common import (
     MODEL_OPTION,
     ROUTER_OPTION,
     THREADS_OPTION,
-    check_method,
     err,
     handle_errors,
     open_session,
@@ -41,7 +40,6 @@ def chat(
     threads: int | None = THREADS_OPTION,
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
-    check_method(method)
     settings = MethodSettings(budget=budget, router=router, warn=warn)
     session, _ = open_session(file, model, method, settings, resolve_threads(threads))
     document = session.document

@@ -184,8 +184,7 @@ def open_store(file, model: str | None, threads: int):
 def open_session(
     file, model: str | None, method: str, settings, threads: int, question: str | None = None
 ):
-    """Load document and model, prepare the session for ``method`` (checked by the caller with
-    :func:`check_method`); progress on stderr.
+    """Check the method, load document and model, prepare the session (progress on stderr).
 
     A ``question`` given is checked once the document is read, before the model loads.
     Returns (session, seconds spent loading document and model).
@@ -194,6 +193,7 @@ def open_session(
 
     from sekv_core.documents import load_document
 
+    check_method(method)
     start = time.perf_counter()
     document = load_document(file)
     if question is not None:

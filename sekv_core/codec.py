@@ -115,14 +115,13 @@ class Codebook:
 
     def coefficients(self, records: torch.Tensor) -> torch.Tensor:
         """Coefficients (T, D) float32 of records (T, B), dropped directions 0."""
-        pieces, byte, dims = [], 0, 0
+        pieces, byte = [], 0
         for tier in self.tiers:
             if tier.bits:
                 pieces.append(_decode_tier(records[:, byte : byte + tier.nbytes], tier))
                 byte += tier.nbytes
             else:
                 pieces.append(records.new_zeros(records.shape[0], tier.count, dtype=torch.float))
-            dims += tier.count
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
     @cached_property

@@ -51,6 +51,7 @@ class ZoomPool:
     pool_end: int | None
     token: torch.Tensor
     rotated: Rows | None = None
+    order: torch.Tensor | None = None  # see document_order
     updates: int = 0
 
     @property
@@ -74,7 +75,7 @@ def in_document_order(
     on what the pool held before (a streamed build resumed from a checkpoint attends exactly as
     one never interrupted)."""
     P = int(pool.active.sum(dim=1).max()) if pool.active.numel() else 0
-    order = torch.where(pool.active, pool.token, NEVER).argsort(dim=1)[:, :P]  # (H, P)
+    order = document_order(pool)[:, :P]  # (H, P)
     keys, values = pool.kv(dtype)
     index = order[..., None].expand(-1, -1, keys.shape[-1])
     return (
@@ -112,13 +113,23 @@ def zoom_pool(memory: SpanMemory, layer: int, zoom: torch.Tensor, capacity: int)
     pool.last.masked_fill_(active, pool.updates)
     pool.active, pool.zoom, pool.pool_end = active, zoom, memory.pool_end  # zoom: not mutated
     pool.bias = torch.where(active, 0.0, torch.finfo(torch.float32).min)
+    pool.order = None  # of the previous picks
     if memory.bounded:
         pool.rotated = rotated_keys(memory, pool)
-    H, C = owner.shape
     raw_keys = memory.pooled_tokens // 2 if memory.bounded else 0  # unrotated keys stay too
     live = (memory.pooled_tokens + new + raw_keys) * memory.token_bytes
-    memory.peak_cached_bytes = max(memory.peak_cached_bytes, live + memory.entry_bytes(C))
+    memory.peak_cached_bytes = max(
+        memory.peak_cached_bytes, live + memory.entry_bytes(owner.shape[1])
+    )
     return pool
+
+
+def document_order(pool: ZoomPool) -> torch.Tensor:
+    """(H, C) each head's slots, its active ones first in document order (computed once per
+    update: a bounded pool's positions and an ordered read both follow it)."""
+    if pool.order is None:
+        pool.order = torch.where(pool.active, pool.token, NEVER).argsort(dim=1)
+    return pool.order
 
 
 def of_span(table: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
@@ -202,7 +213,7 @@ def rotated_keys(memory: SpanMemory, pool: ZoomPool) -> Rows:
     right before ``pool_end`` (head h's n_h tokens at pool_end - n_h, ...)."""
     assert memory.pool_end is not None
     H, C = pool.owner.shape
-    order = torch.where(pool.active, pool.token, NEVER).argsort(dim=1)
+    order = document_order(pool)
     slots = torch.arange(C, device=order.device).expand(H, C)
     rank = torch.empty_like(order).scatter_(1, order, slots)
     size = pool.active.sum(dim=1, keepdim=True)
