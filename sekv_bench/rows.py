@@ -45,3 +45,13 @@ def group(rows: Iterable[dict], *keys: str) -> dict[tuple, list[dict]]:
     for r in rows:
         out[(r["method"], r["memory_share"], *(r[k] for k in keys))].append(r)
     return out
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Lines of a Markdown table of ``rows`` (dicts with the same keys; the header)."""
+    head = list(rows[0])
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(str(row[k]) for k in head) + " |" for row in rows),
+    ]

@@ -29,7 +29,7 @@ from sekv_core.engine import Answer, Session
 from sekv_core.models import LoadedModel
 
 from .haystack import NEEDLES, haystack
-from .rows import resident_share
+from .rows import markdown_table, resident_share
 from .speed_env import cpu_neighbour, fresh_home, machine, process_runs
 
 NEEDLE = NEEDLES[0]
@@ -285,9 +285,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"threads, torch {m['torch']}, {m['device']}); {c['tokens']} tokens decoded per answer "
         f"(teacher-forced, both methods), median of {c['repeats']} answers each.",
         "",
-        "| " + " | ".join(rows[0]) + " |",
-        "|" + "---|" * len(rows[0]),
-        *("| " + " | ".join(row.values()) + " |" for row in rows),
+        *markdown_table(rows),
         "",
         "×: SeKV over full KV (decode: above 1, SeKV is faster; the others: below 1, SeKV "
         "takes less). 1st token: a fresh session's first answer (full KV: prefill + first "

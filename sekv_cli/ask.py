@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
@@ -17,12 +18,16 @@ from .common import (
     MODEL_OPTION,
     ROUTER_OPTION,
     THREADS_OPTION,
+    check_writable,
+    err,
     handle_errors,
     open_session,
     print_json,
     stream_text,
     warn,
+    write_text_atomically,
 )
+from .render import print_sources, print_zoom
 
 
 @handle_errors
@@ -39,13 +44,33 @@ def ask(
         "a book reads this many tokens of passages, default 512).",
     ),
     router: str = ROUTER_OPTION,
-    show_zoom: bool = typer.Option(False, "--show-zoom", help="Print the spans zoomed into."),
+    sources: bool = typer.Option(
+        True, "--sources/--no-sources", help="Print the passages the answer drew on, with pages."
+    ),
+    show_zoom: bool = typer.Option(
+        False,
+        "--show-zoom",
+        help="Say per source how much of the answer's attention it held "
+        "and why it was zoomed; the zoom and memory used.",
+    ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="With --show-zoom: the router's scores per zoomed span."
+    ),
+    html_out: Path | None = typer.Option(
+        None,
+        "--html",
+        metavar="OUT",
+        help="Write the answer view to OUT: the document with the sources highlighted and the "
+        "zoomed spans shaded by attention (one self-contained HTML file).",
+    ),
     json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
     threads: int | None = THREADS_OPTION,
 ) -> None:
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
     start = time.perf_counter()
+    if html_out is not None:
+        check_writable(html_out)
     n_threads = resolve_threads(threads)
     settings = MethodSettings(budget=budget, router=router, warn=warn)
     session, load_s = open_session(file, model, method, settings, n_threads, question)
@@ -53,11 +78,17 @@ def ask(
     result.timings["load_s"] = round(load_s, 4)
     result.timings["threads"] = n_threads
     result.timings["total_s"] = round(time.perf_counter() - start, 4)
+    if html_out is not None:
+        from sekv_core.html_answer import render_answer_html  # torch: loaded by now
+
+        page = render_answer_html(result, session.document, session.context, question)
+        write_text_atomically(html_out, page)
+        err.print(Text(f"wrote {html_out}"))
     if json_out:
         print_json(result.to_json())
         return
     sys.stdout.write("\n")
-    if show_zoom:
-        from .render import print_zoom
-
-        print_zoom(result)
+    if sources:
+        print_sources(result)
+    if show_zoom or verbose:
+        print_zoom(result, verbose)

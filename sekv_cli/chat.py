@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
@@ -21,9 +22,11 @@ from .common import (
     stream_text,
     warn,
 )
+from .render import print_sources, print_zoom
 
 HELP = """Commands:
-  /zoom       toggle the zoom trace after each answer
+  /sources    the last answer's sources again
+  /zoom       toggle why each source was zoomed, after each answer
   /budget N   tokens reconstructed per layer and KV head (sekv)
   /help       this help
   /quit       leave (Ctrl-D too)"""
@@ -48,6 +51,7 @@ def chat(
     except ImportError:
         pass
     show_zoom = False
+    last = None  # the last answer
     interactive = sys.stdin.isatty()
     err.print(
         f"[bold]{document.path.name}[/bold]: {session.doc_tokens:,} tokens, "
@@ -67,22 +71,26 @@ def chat(
                 return
             if cmd == "/help":
                 err.print(HELP)
+            elif cmd == "/sources":
+                if last is not None and last.sources:
+                    print_sources(last)
+                else:
+                    err.print("no sources yet: ask a question first")
             elif cmd == "/zoom":
                 show_zoom = not show_zoom
-                err.print(f"zoom trace {'on' if show_zoom else 'off'}")
+                err.print(f"zoom explanations {'on' if show_zoom else 'off'}")
             elif cmd == "/budget" and arg.strip().isdigit() and int(arg) > 0:
                 session.method.settings.budget = int(arg)
                 err.print(f"budget {int(arg)} tokens")
             else:
-                err.print(f"unknown or malformed command {line!r}; /help lists them")
+                err.print(Text(f"unknown or malformed command {line!r}; /help lists them"))
             continue
         try:
-            result = session.ask(line, max_new_tokens, on_text=stream_text)
+            last = session.ask(line, max_new_tokens, on_text=stream_text)
         except KeyboardInterrupt:
             err.print("\n(interrupted)")
             continue
         sys.stdout.write("\n")
+        print_sources(last)
         if show_zoom:
-            from .render import print_zoom
-
-            print_zoom(result)
+            print_zoom(last)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -211,3 +214,33 @@ def stream_text(delta: str) -> None:
     """Write an answer's text as it is decoded."""
     sys.stdout.write(delta)
     sys.stdout.flush()
+
+
+def check_writable(path: Path) -> None:
+    """Fail before the (slow) model work if ``path`` cannot be written."""
+    if path.is_dir():
+        raise SekvError(f"cannot write '{path}': it is a directory; pass a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        raise SekvError(f"cannot write '{path}': no such directory '{parent}'")
+    if not os.access(parent, os.W_OK):
+        raise SekvError(f"cannot write '{path}': permission denied")
+
+
+def write_text_atomically(path: Path, content: str) -> None:
+    """Write ``content`` to ``path`` via a temporary sibling file and a rename; the file gets
+    the permissions the user's umask gives a new file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise SekvError(f"cannot write '{path}': {exc.strerror or exc}") from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

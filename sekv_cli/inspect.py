@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +10,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sekv_core.errors import SekvError
 from sekv_core.html_report import render_html, scale_top
 from sekv_core.html_style import INK, SCALE
 from sekv_core.threads import resolve_threads
@@ -20,10 +17,12 @@ from sekv_core.threads import resolve_threads
 from .common import (
     MODEL_OPTION,
     THREADS_OPTION,
+    check_writable,
     err,
     handle_errors,
     open_store,
     print_json,
+    write_text_atomically,
 )
 from .render import human_bytes
 
@@ -48,13 +47,13 @@ def inspect(
 ) -> None:
     """Show FILE's span segmentation: text coloured by surprisal, spans, anchors, bytes."""
     if html_out is not None:
-        _check_writable(html_out)
+        check_writable(html_out)
     loaded, document, _, store, _, _ = open_store(file, model, resolve_threads(threads))
     from sekv_core.report import build_report  # torch: loaded by now
 
     report = build_report(store, document, loaded.tokenizer)
     if html_out is not None:
-        write_atomically(html_out, render_html(report))
+        write_text_atomically(html_out, render_html(report))
         err.print(f"wrote {html_out}", highlight=False, soft_wrap=True)
     if json_out:
         print_json(report)
@@ -65,33 +64,6 @@ def inspect(
         out.print(_text(report, plain=out.color_system is None))
         out.print(_table(report))
     out.print(_summary(report), highlight=False)
-
-
-def write_atomically(path: Path, content: str) -> None:
-    """Write ``content`` to ``path`` via a temporary sibling file and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise SekvError(f"cannot write '{path}': {exc.strerror or exc}") from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _check_writable(path: Path) -> None:
-    """Fail before the (slow) model work if the HTML cannot be written."""
-    if path.is_dir():
-        raise SekvError(f"cannot write '{path}': it is a directory; pass a file name")
-    parent = path.parent
-    if not parent.is_dir():
-        raise SekvError(f"cannot write '{path}': no such directory '{parent}'")
-    if not os.access(parent, os.W_OK):
-        raise SekvError(f"cannot write '{path}': permission denied")
 
 
 def _header(report: dict[str, Any]) -> str:

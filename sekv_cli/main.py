@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .ask import ask
-from .bench import bench_app
+from .bench_answers import bench_app  # every bench command registered
 from .chat import chat
 from .common import HELP_SETTINGS
 from .ingest import ingest

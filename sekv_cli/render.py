@@ -1,35 +1,113 @@
-"""Rich rendering of answers' explanations (zoom traces, memory)."""
+"""Rich rendering of answers' explanations: sources, the zoom in plain words, diagnostics.
+
+Document text is never read as Rich markup: it goes into ``Text`` objects, styled by range.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sekv_core.html_report import human_bytes
 
 if TYPE_CHECKING:
     from sekv_core.engine import Answer
 
-__all__ = ["human_bytes", "print_rows", "print_zoom"]
+__all__ = ["human_bytes", "print_rows", "print_sources", "print_zoom"]
 
-out = Console()
-SHOWN = 8  # spans listed in the terminal (all are in --json)
+out = Console(highlight=False)
+SHOWN = 8  # spans listed by --verbose (all are in --json)
 
 
-def print_zoom(result: Answer) -> None:
-    mem = result.memory
-    if not result.zoom:
-        out.print(f"[dim]No spans zoomed (method {result.method} keeps token-level KV).[/dim]")
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def emphasised(text: str, words: list[str], style: str = "bold") -> Text:
+    """``text`` as plain Text with each whole occurrence of ``words`` in ``style``."""
+    rich = Text(text)
+    for word in words:
+        for m in re.finditer(rf"(?<!\w){re.escape(word)}(?!\w)", text):
+            rich.stylize(style, m.start(), m.end())
+    return rich
+
+
+def source_line(n: int, source: dict[str, Any]) -> Text:
+    """``[1] p. 5  "…quote…"`` with the words it shares with the answer in bold."""
+    line = Text(f"[{n}] p. {source['page']}  ", style="cyan")
+    line.append('"')
+    line.append_text(emphasised(source["text"], source.get("matched", [])))
+    line.append('"')
+    return line
+
+
+def print_sources(result: Answer) -> None:
+    """The answer's sources, best first (nothing for methods that do not record them)."""
+    if not result.sources:
+        return
+    out.print(Text("Sources", style="bold"))
+    for n, source in enumerate(result.sources, 1):
+        out.print(source_line(n, source))
+
+
+def zoom_words(facts: dict[str, Any]) -> str:
+    """What SeKV did for one source, in plain words (see ``Method.explain``)."""
+    rank = f"ranked {ordinal(facts['rank'])} of {facts['spans']:,} spans"
+    if facts["ranked_by"] == "question":
+        reason = f"read as a passage: {rank} by the question's attention"
     else:
+        reason = f"{rank} by how often the router zoomed it"
+    return (
+        f"zoomed in {facts['layers_zoomed']} of {facts['layers']} layers "
+        f"({facts['zoomed_heads']} of {facts['heads']} layer-heads); {reason}"
+    )
+
+
+def print_zoom(result: Answer, verbose: bool = False) -> None:
+    """Per source, its share of the answer's attention and why it was zoomed; the zoom and
+    memory in one line each. ``verbose``: the router's diagnostics per zoomed span too."""
+    for n, source in enumerate(result.sources, 1):
+        line = Text(f"[{n}] ", style="cyan")
+        line.append(f"{source['share']:.0%} of the answer's attention on the document")
+        if facts := source.get("zoom"):
+            line.append(f"; {zoom_words(facts)}")
+        out.print(line)
+    if not result.zoom:
+        out.print(Text(f"No spans zoomed (method {result.method} keeps token-level KV).", "dim"))
+    elif result.routing:
+        r, tokens = result.routing, result.document["tokens"]
+        out.print(
+            f"zoom: at most {r['zoomed_tokens_max']:,} of the document's {tokens:,} tokens per "
+            f"layer and KV head, {r['router']} router"
+        )
+    mem = result.memory
+    out.print(
+        f"memory: resident {human_bytes(mem['resident_bytes'])} (incl. zoom peak), offloaded "
+        f"{human_bytes(mem['offloaded_bytes'])}, full KV {human_bytes(mem['full_kv_bytes'])}"
+    )
+    if verbose:
+        print_diagnostics(result)
+
+
+def print_diagnostics(result: Answer) -> None:
+    """The router's view: spans by the attention they received, scores against thresholds."""
+    if result.zoom:
         table = Table(title="Zoomed spans, by the attention they received", expand=True)
-        table.add_column("span", justify="right")
-        table.add_column("page", justify="right")
-        table.add_column("tokens", no_wrap=True)
-        table.add_column("attn", justify="right")
-        table.add_column("layers/heads", justify="right")
-        table.add_column("score / thr", no_wrap=True)
+        for col, justify in [
+            ("span", "right"),
+            ("page", "right"),
+            ("tokens", "left"),
+            ("attention", "right"),
+            ("layers", "right"),
+            ("layer-heads", "right"),
+            ("best score / threshold", "left"),
+        ]:
+            table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         table.add_column("preview", min_width=30, ratio=1)
         for z in result.zoom[:SHOWN]:
             table.add_row(
@@ -37,15 +115,14 @@ def print_zoom(result: Answer) -> None:
                 str(z.get("page", "")),
                 f"{z['start']}–{z['end']}",
                 f"{z['attention']:.1%}",
-                f"{z['layers']}/{z['heads']}",
+                str(z["layers"]),
+                str(z["heads"]),
                 f"{z['score']:.1f} / {z['threshold']:.1f}",
-                z.get("preview", ""),
+                Text(z.get("preview", "")),
             )
         out.print(table)
         if len(result.zoom) > SHOWN:
-            out.print(
-                f"[dim]… and {len(result.zoom) - SHOWN} more spans zoomed less (--json)[/dim]"
-            )
+            out.print(Text(f"… and {len(result.zoom) - SHOWN} more zoomed spans (--json)", "dim"))
     if result.routing:
         r = result.routing
         rule = "gate > 0" if r["margin"] is None else f"margin {r['margin']:g}"
@@ -53,12 +130,9 @@ def print_zoom(result: Answer) -> None:
             rule += f", {r['neighbours']} neighbour(s) on each side"
         out.print(
             f"routing: {r['router']} router, budget {r['budget']} tokens per layer and head, "
-            f"{rule}; at most {r['zoomed_tokens_max']} tokens zoomed"
+            f"{rule}; {r['reconstructions']:,} span reconstructions, zoom rate "
+            f"{r['zoom_rate']:.1%}"
         )
-    out.print(
-        f"memory: resident {human_bytes(mem['resident_bytes'])} (incl. zoom peak), offloaded "
-        f"{human_bytes(mem['offloaded_bytes'])}, full KV {human_bytes(mem['full_kv_bytes'])}"
-    )
 
 
 def print_rows(title: str, rows: list[dict]) -> None:

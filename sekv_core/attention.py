@@ -54,6 +54,7 @@ class ZoomPolicy:
     trace: ZoomTrace = field(default_factory=ZoomTrace)
     route_queries: int | None = None  # route with this many of the queries (evenly spaced)
     track_mass: bool = True  # record the attention share of zoomed spans (off: a fused kernel)
+    attribute: bool = True  # with track_mass: what the answer drew on (sekv_core.sources)
     prefilter_spans: int = PREFILTER_SPANS  # above this many spans, the router scores ...
     prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
     # their representative tokens): see sekv_core.prefilter.candidates
@@ -111,8 +112,8 @@ def mixed_attention(
 
     q : (Hkv, G, Tq, D); k_local, v_local : (Hkv, Tl, D), the last Tq of which are the queries';
     k_mem, v_mem : (Hkv, M, D); bias_mem : (Hkv, M) additive logit bias (-inf = absent).
-    Returns the output (Hkv, G, Tq, D) and the attention mass of each memory entry summed over
-    the group's heads and the queries (Hkv, M) — or None without ``with_mass``: then the fused
+    Returns the output (Hkv, G, Tq, D) and the attention mass of each memory entry per query,
+    summed over the group's heads (Hkv, Tq, M) — or None without ``with_mass``: then the fused
     ``scaled_dot_product_attention`` runs (a streamed chunk: many queries, long window).
     """
     Tq, Tl = q.shape[2], k_local.shape[1]
@@ -155,7 +156,7 @@ def mixed_attention(
     out = torch.einsum("hgtm,hmd->hgtd", probs[..., :M], v_mem) + torch.einsum(
         "hgtl,hld->hgtd", probs[..., M:], v_local
     )
-    return out, probs[..., :M].float().sum(dim=(1, 2))
+    return out, probs[..., :M].float().sum(dim=1)
 
 
 def sekv_attention_forward(
@@ -198,9 +199,10 @@ def sekv_attention_forward(
 
     pool = memory.zoom_pool(layer, zoom, policy.budget)
     if policy.ordered:
-        pool_k, pool_v, pool_bias, owner = in_document_order(pool, q.dtype)
+        pool_k, pool_v, pool_bias, owner, slots = in_document_order(pool, q.dtype)
     else:  # (Hkv, C, D) every slot, read back in the model dtype; inactive ones absent
         (pool_k, pool_v), pool_bias, owner = pool.kv(q.dtype), pool.bias, pool.owner
+        slots = pool.token
     fixed_k, fixed_v = memory.fixed_kv(layer, q.dtype)  # (Hkv, F, D)
     fixed_bias = fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32)
     k_mem = torch.cat([fixed_k, pool_k], dim=1)
@@ -210,9 +212,16 @@ def sekv_attention_forward(
     out, mass = mixed_attention(
         q, k_loc, v_loc, k_mem, v_mem, bias, scaling, with_mass=policy.track_mass
     )
-    if mass is not None:
-        pool_mass = mass[:, mass.shape[1] - owner.shape[1] :] / (Hq * Tq)  # (Hkv, P)
+    if mass is not None:  # (Hkv, Tq, M)
+        P = owner.shape[1]
+        pool_mass = mass[:, :, -P:].sum(dim=1) / (Hq * Tq)  # (Hkv, P)
         policy.trace.add_mass(owner, pool_mass, memory.n_spans)
+    if mass is not None and policy.attribute:
+        # the last query predicts the next answer token: what the answer drew on
+        positions = torch.cat([memory.fixed_positions[layer], memory.token_positions(slots)], 1)
+        policy.trace.add_answer(
+            layer, memory.num_layers, positions, mass[:, -1] / Hq, memory.context_len
+        )
     return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
 
 

@@ -108,6 +108,9 @@ class MethodSettings:
     passages : books (beyond the window): tokens of whole-sentence passages every layer reads
         for the answer, chosen by the question's attention (:mod:`sekv_core.passages`); a
         ``budget`` given sets it too.
+    sources : full KV records the attention its answer pays the document, to name the answer's
+        sources (:mod:`sekv_core.sources`; one more product per layer and step). SeKV's come
+        with its attention at no cost.
     """
 
     budget: int | None = None
@@ -116,6 +119,7 @@ class MethodSettings:
     margin: float = 6.0
     neighbours: int = 1
     passages: int = 512
+    sources: bool = True
     prefill_chunk: int = 512
     store: StoreSettings = field(default_factory=StoreSettings)
     blocks: BlockSettings = field(default_factory=BlockSettings)

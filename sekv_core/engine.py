@@ -15,6 +15,7 @@ from .methods import METHODS
 from .models import LoadedModel
 from .prefill import Progress
 from .prompt import Context, chat_template, encode_context, encode_question
+from .sources import answer_sources
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Answer:
     memory: dict[str, int]
     timings: dict[str, float]
     store: dict[str, Any]
+    sources: list[dict[str, Any]] = field(default_factory=list)  # see sekv_core.sources
     zoom: list[dict[str, Any]] = field(default_factory=list)
     routing: dict[str, Any] = field(default_factory=dict)
     tokens_generated: int = 0
@@ -116,18 +118,35 @@ class Session:
         memory = dict(self.method.memory())
         memory["full_kv_bytes"] = spec.kv_bytes(len(self.context), 2)  # fp16: every share's unit
         memory["resident_share"] = round(memory["resident_bytes"] / memory["full_kv_bytes"], 5)
+        text = stream.text.strip()
         return Answer(
-            answer=stream.text.strip(),
+            answer=text,
             method=self.method.name,
             model=self.loaded.model_id,
             document=self.document_info(),
             memory=memory,
             timings=timings,
             store=self.method.store_info(),
+            sources=self.sources(text),
             zoom=self.method.zoom_trace(),
             routing=self.method.routing(),
             tokens_generated=n,
         )
+
+    def sources(self, answer: str) -> list[dict[str, Any]]:
+        """The last answer's sources (:mod:`sekv_core.sources`), each with what the method did
+        for it (``zoom``: see :meth:`Method.explain`)."""
+        attention = self.method.answer_attention()
+        if attention is None or not answer:
+            return []
+        found = answer_sources(attention, self.document, self.context, self.pages, answer)
+        out = []
+        for source in found:
+            row = source.to_json()
+            if facts := self.method.explain(source.start, source.end):
+                row["zoom"] = facts
+            out.append(row)
+        return out
 
     def document_info(self) -> dict[str, Any]:
         doc = self.document

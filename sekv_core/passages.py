@@ -24,12 +24,17 @@ CONTEXT_SENTENCES = 1  # sentences each side of a chosen span's own
 
 
 def span_sentences(text: str, char_starts: np.ndarray) -> torch.Tensor:
-    """(N,) sentence index of each span (spans in document order), from its first character.
+    """(N,) sentence index of each span (spans in document order), from its first character."""
+    return torch.from_numpy(sentence_index(text, char_starts))
+
+
+def sentence_index(text: str, char_starts: np.ndarray) -> np.ndarray:
+    """Sentence index (int64) of each character offset in ``char_starts``.
 
     A sentence ends at ``.``, ``!`` or ``?`` before white space, or at a line break.
     """
     ends = np.array([m.end() for m in SENTENCE_END.finditer(text)], dtype=np.int64)
-    return torch.from_numpy(np.searchsorted(ends, char_starts, side="right").astype(np.int64))
+    return np.searchsorted(ends, char_starts, side="right").astype(np.int64)
 
 
 def choose(

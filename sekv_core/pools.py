@@ -69,8 +69,8 @@ class ZoomPool:
 
 def in_document_order(
     pool: ZoomPool, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """K, V (H, P, D), bias and owner (H, P) of the active slots only, each head's in
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K, V (H, P, D), bias, owner and token (H, P) of the active slots only, each head's in
     document order (P: the most any head holds, padding absent): entries that do not depend
     on what the pool held before (a streamed build resumed from a checkpoint attends exactly as
     one never interrupted)."""
@@ -83,6 +83,7 @@ def in_document_order(
         values.gather(1, index),
         pool.bias.gather(1, order),
         pool.owner.gather(1, order),
+        pool.token.gather(1, order),
     )
 
 

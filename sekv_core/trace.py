@@ -22,6 +22,10 @@ class ZoomTrace:
     tokens_max: torch.Tensor | None = None  # () most reconstructed tokens one (layer, head) used
     mass: torch.Tensor | None = None  # (N + 1,) attention share of zoomed tokens (+ padding)
     calls: int = 0  # attention calls that contributed to ``mass`` (layers x steps)
+    # (L, H, T + 1) per layer and KV head the most attention one query predicting an answer token
+    # paid each context token (its group's query heads summed / all query heads; the last column
+    # collects free slots): see sekv_core.sources
+    answer: torch.Tensor | None = None
 
     def record(
         self,
@@ -54,6 +58,15 @@ class ZoomTrace:
             self.mass = pool_mass.new_zeros(n_spans + 1)  # the last slot collects padding
         self.mass.index_add_(0, owner.flatten() % (n_spans + 1), pool_mass.flatten())
         self.calls += 1
+
+    def add_answer(
+        self, layer: int, num_layers: int, positions: torch.Tensor, mass: torch.Tensor, T: int
+    ) -> None:
+        """Keep the most attention per context token: one step's mass (H, M) per memory entry,
+        whose context positions are ``positions`` (H, M) (``T``: no token)."""
+        if self.answer is None:
+            self.answer = mass.new_zeros(num_layers, mass.shape[0], T + 1)
+        self.answer[layer].scatter_reduce_(1, positions, mass, reduce="amax")
 
     def spans(self) -> list[dict]:
         """Per zoomed span: layers, (layer, head) pairs, best score/threshold, attention share.

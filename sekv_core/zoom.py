@@ -80,6 +80,7 @@ class SpanMemory:
         self.sketch_dims = r["sketch_proj"].shape[-1]  # stored directions, strongest first
         dims, self.routed_dims = self.routed_dims, None  # re-placed from the (grown) store
         self.place_sketch(dims)
+        self.context_len = int(self.store.manifest["document"]["context_tokens"])
         self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
         self.lengths = (self.ends - self.starts).to(device)
         self.log_len = self.lengths.float().log()  # (N,)
@@ -88,11 +89,19 @@ class SpanMemory:
         self.sketch_span = torch.repeat_interleave(
             torch.arange(self.n_spans), self.ends - self.starts
         ).to(device)  # (S,) span of each span token
+        first = torch.cumsum(self.ends - self.starts, 0) - (self.ends - self.starts)
+        rows = torch.arange(self.span_tokens)
+        span = self.sketch_span.cpu()
+        # (S + 1,) each span token's context position; the last entry (a free slot's -1) is
+        # the context length: no token
+        self.span_positions = torch.cat(
+            [self.starts[span] + rows - first[span], torch.tensor([self.context_len])]
+        ).to(device)
+        # (L, H, F) context positions of the sinks and anchors
+        self.fixed_positions = r["fixed_pos"].long().to(device).expand(fixed_k.shape[:3])
         # each span's highest-surprisal sketch rows, for the prefilter of long documents
         self.span_reps = r.get("span_reps")  # (N, 4)
         self.num_layers, self.num_kv_heads, self.fixed_tokens, self.head_dim = fixed_k.shape
-        # reconstructed pre-RoPE keys are rotated to their positions at use (no resident tables)
-        self.context_len = int(self.store.manifest["document"]["context_tokens"])
         # the offload tier: each span's first row, the parts' first rows, the codebooks
         lengths = self.host_lengths = self.ends - self.starts  # (N,) host
         self.first_row = torch.cumsum(lengths, 0) - lengths  # (N,) host
@@ -129,6 +138,11 @@ class SpanMemory:
         """Sinks' and anchors' K, V (H, F, D) of ``layer`` in ``dtype``."""
         k, v = self.fixed
         return k.layer(layer).read(dtype), v.layer(layer).read(dtype)
+
+    def token_positions(self, rows: torch.Tensor) -> torch.Tensor:
+        """Context positions of span-token ``rows`` (any shape; -1, a free slot: the context
+        length)."""
+        return self.span_positions[rows]
 
     def resident_bytes(self) -> int:
         """Bytes of the resident tier held on the device (routing structures included). The

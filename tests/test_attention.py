@@ -81,6 +81,7 @@ def test_no_zoom_equals_hand_computed_coarse_attention():
     bias = torch.cat([torch.zeros(Hkv, F), log_len.expand(Hkv, N)], 1)
     scale = D**-0.5
     out, mass = mixed_attention(q, k_loc, v_loc, k_mem, v_mem, bias, scale)
+    expected_mass = torch.zeros(Hkv, Tq, F + N)
     for h in range(Hkv):
         for g in range(G):
             for t in range(Tq):
@@ -91,7 +92,9 @@ def test_no_zoom_equals_hand_computed_coarse_attention():
                 w = torch.stack(logits).softmax(0)
                 vals = torch.cat([fixed_v[h], sum_v[h], v_loc[h, : visible + 1]])
                 assert torch.allclose(out[h, g, t], w @ vals, atol=1e-5)
-    assert mass.shape == (Hkv, F + N)
+                expected_mass[h, t] += w[: F + N]
+    # per query: the memory entries' attention summed over the group's heads
+    assert torch.allclose(mass, expected_mass, atol=1e-5)
 
 
 def test_reconstruction_decodes_each_spans_own_records(tiny_loaded, tmp_path):

@@ -253,7 +253,10 @@ def test_chat_answers_two_questions_with_one_model_load(tmp_path, tiny_model_dir
     )
     doc = tmp_path / "d.md"
     doc.write_text("# Notes\n\n" + FILLER)
-    stdin = "Which shelf holds 9 jars?\n/budget 16\n/zoom\nAnd shelf 4?\n/bogus\n/quit\n"
+    stdin = (
+        "Which shelf holds 9 jars?\n/budget 16\n/zoom\nAnd shelf 4?\n/sources\n"
+        "/bogus [/bold]\n/quit\n"
+    )
     result = runner.invoke(
         app,
         ["chat", str(doc), "--model", str(tiny_model_dirs["llama"]), "--max-new-tokens", "3"],
@@ -262,9 +265,13 @@ def test_chat_answers_two_questions_with_one_model_load(tmp_path, tiny_model_dir
     assert result.exit_code == 0, result.output
     assert len(loads) == 1
     answers = [line for line in result.stdout.splitlines() if line.strip()]
-    assert len(answers) >= 2  # two answers (+ the zoom table after the second)
-    assert "Zoomed spans" in result.stdout or "No spans zoomed" in result.stdout
-    assert "budget 16 tokens" in result.stderr and "unknown or malformed" in result.stderr
+    assert len(answers) >= 2  # two answers (+ the zoom explanation after the second)
+    assert "zoom: at most" in result.stdout or "No spans zoomed" in result.stdout
+    assert "memory: resident" in result.stdout
+    # sources after each answer, and /sources shows the last ones again
+    assert result.stdout.count("Sources\n") == 3
+    assert "budget 16 tokens" in result.stderr
+    assert "unknown or malformed command '/bogus [/bold]'" in result.stderr  # not markup
 
 
 def test_chat_exits_cleanly_on_eof(tmp_path, tiny_model_dirs):

@@ -93,3 +93,45 @@ def test_the_shipped_router_fits_the_default_model(default_model):
     answer = session.ask(item["question"], max_new_tokens=24)
     assert answer.routing["router"] == "trained", answer.routing
     assert item["answer"].lower() in answer.answer.lower(), answer.answer
+
+
+@pytest.mark.parametrize("method", ["sekv", "full"])
+def test_sources_name_the_sentence_and_the_page(default_model, method):
+    """The answer's first source is the sentence holding the answer, on its page, from SeKV's
+    attention over zoomed tokens as from full KV's over the whole document."""
+    item = next(i for i in qa("handbook.pdf") if "Security" in i["question"])
+    session = Session(default_model, load_document(SAMPLES / "handbook.pdf"), method)
+    answer = session.ask(item["question"], max_new_tokens=32)
+    assert item["answer"] in answer.answer
+    first = answer.sources[0]
+    assert item["answer"] in first["text"], answer.sources
+    assert first["page"] == item["page"]
+    assert {"Marta", "Quill"} <= set(first["matched"])
+    assert 0 < sum(s["share"] for s in answer.sources) <= 1
+    if method == "sekv":
+        facts = first["zoom"]
+        assert 1 <= facts["layers_zoomed"] <= facts["layers"]
+        assert 1 <= facts["rank"] <= facts["spans"]
+
+
+def test_cli_ask_prints_sources_and_explains_them(default_model, shared_home):
+    """`sekv ask` ends with the sources ([1] p. N "quote"); --show-zoom says in words how much
+    of the answer's attention each held and why it was zoomed."""
+    item = next(i for i in qa("handbook.pdf") if "Security" in i["question"])
+    env = dict(os.environ, SEKV_HOME=str(shared_home))
+    doc = str(SAMPLES / "handbook.pdf")
+    ask = [sys.executable, "-m", "sekv_cli", "ask", doc, item["question"], "--router", "sketch"]
+    proc = subprocess.run(
+        [*ask, "--show-zoom"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    first = lines[lines.index("Sources") + 1]
+    assert first.startswith(f'[1] p. {item["page"]}  "') and item["answer"] in first
+    assert "of the answer's attention on the document; zoomed in" in proc.stdout
+    assert "spans by how often the router zoomed it" in proc.stdout
+    assert "score" not in proc.stdout  # diagnostics only with --verbose
+    proc = subprocess.run(
+        [*ask, "--no-sources"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0 and "Sources" not in proc.stdout

@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import torch
+
 from ..config import MethodSettings
 from ..decode import PositionedStep
 from ..documents import Document
@@ -63,6 +65,17 @@ class Method(ABC):
     def zoom_trace(self) -> list[dict[str, Any]]:
         """Spans zoomed for the last answer (empty for methods without spans)."""
         return []
+
+    def answer_attention(self) -> torch.Tensor | None:
+        """(L, H_kv, T): the most attention one query predicting a token of the last answer
+        paid each context token, per layer and KV head (:mod:`sekv_core.sources`), or None for
+        methods that do not record it."""
+        return None
+
+    def explain(self, start: int, end: int) -> dict[str, Any]:
+        """What the method did for context tokens [start, end) during the last answer, in terms
+        a reader follows (SeKV: layers zoomed, the router's rank); empty if n/a."""
+        return {}
 
     def routing(self) -> dict[str, Any]:
         """How the last answer routed (router, budget, ...); empty if n/a."""

@@ -1,4 +1,8 @@
-"""Full KV: the reference method. The whole context's K/V stay resident."""
+"""Full KV: the reference method. The whole context's K/V stay resident.
+
+With ``settings.sources`` the answer runs through :func:`attributed_attention`: sdpa as usual,
+plus the attention the query predicting each answer token pays the context (its sources).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,58 @@ from collections.abc import Iterator
 
 import torch
 from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
+from ..backend import use_attention
 from ..decode import greedy
 from ..prompt import stop_ids
 from .base import Method, Progress
 
+ATTRIBUTED = "sekv_attributed"
 
-def answer_over(loaded, cache: DynamicCache, question_ids: list[int], max_new_tokens: int):
-    """Greedy answer token ids to ``question_ids`` over a full ``cache`` (it grows with them)."""
+
+def attributed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sekv_answer: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """sdpa; and ``sekv_answer`` (L, H_kv, T) keeps the most attention the last query (it sees
+    every key: no mask) paid each of the first T keys, per layer and KV head (its group's query
+    heads summed / all query heads, as SeKV's trace counts it)."""
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if sekv_answer is not None:
+        _, Hq, _, D = query.shape
+        Hkv, T = key.shape[1], sekv_answer.shape[2]
+        scaling = kwargs.get("scaling") or D**-0.5
+        q = query[0, :, -1].view(Hkv, Hq // Hkv, D)
+        probs = (torch.einsum("hgd,htd->hgt", q, key[0]).float() * scaling).softmax(-1)
+        layer = sekv_answer[module.layer_idx]
+        torch.maximum(layer, probs[..., :T].sum(dim=1) / Hq, out=layer)
+    return out, None
+
+
+def answer_over(
+    loaded,
+    cache: DynamicCache,
+    question_ids: list[int],
+    max_new_tokens: int,
+    attention: torch.Tensor | None = None,
+):
+    """Greedy answer token ids to ``question_ids`` over a full ``cache`` (it grows with them);
+    ``attention`` (L, H_kv, T): see :func:`attributed_attention`."""
     model, device = loaded.model, loaded.device
+    extra = {} if attention is None else {"sekv_answer": attention}
 
     @torch.inference_mode()
     def step(ids: torch.Tensor) -> torch.Tensor:
-        out = model(input_ids=ids.to(device), cache=cache, use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=ids.to(device), cache=cache, use_cache=True, logits_to_keep=1, **extra
+        )
         return out.logits[:, -1].float()
 
     yield from greedy(step, question_ids, stop_ids(loaded.tokenizer), max_new_tokens)
@@ -29,6 +72,7 @@ class FullKV(Method):
     follows_memory_share = False  # it holds the whole cache (the bench runs it once)
 
     cache: DynamicCache | None = None
+    attention: torch.Tensor | None = None  # (L, H_kv, T) the last answer's (settings.sources)
 
     def prepare(self, progress: Progress | None = None) -> None:
         self.cache = prefill_cache(
@@ -38,7 +82,22 @@ class FullKV(Method):
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         assert self.cache is not None, "prepare() first"
         truncate(self.cache, len(self.context))  # every question starts from the document alone
-        yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
+        if not self.settings.sources:
+            self.attention = None
+            yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
+            return
+        model = self.loaded.model
+        spec = self.loaded.spec
+        self.attention = torch.zeros(
+            spec.num_layers, spec.num_kv_heads, len(self.context), device=self.loaded.device
+        )
+        with use_attention(model, ATTRIBUTED, attributed_attention, mask=sdpa_mask):
+            yield from answer_over(
+                self.loaded, self.cache, question_ids, max_new_tokens, self.attention
+            )
+
+    def answer_attention(self) -> torch.Tensor | None:
+        return self.attention
 
     def memory(self) -> dict[str, int]:
         spec, n = self.loaded.spec, len(self.context)

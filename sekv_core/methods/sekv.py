@@ -80,6 +80,7 @@ class SeKV(Method):
             margin=margin,
             neighbours=s.neighbours,
             observer=self.observer,
+            attribute=s.sources,
         )
 
     def router_choice(self) -> str:
@@ -195,6 +196,7 @@ class SeKV(Method):
             margin=first.margin,
             neighbours=first.neighbours,
             observer=self.observer,
+            attribute=first.attribute,
             pinned=chosen.to(scores.device),
             pinned_scores=scores.float(),
         )
@@ -242,6 +244,40 @@ class SeKV(Method):
         if p.pinned is not None:  # a book: the passages every layer read
             out["passages"] = {"spans": int(p.pinned.sum()), "tokens": p.budget}
         return out
+
+    def answer_attention(self) -> torch.Tensor | None:
+        answer = self.policy.trace.answer if self.policy is not None else None
+        return answer[..., :-1] if answer is not None else None
+
+    def explain(self, start: int, end: int) -> dict[str, Any]:
+        """For the spans overlapping context tokens [start, end): in how many layers any head
+        zoomed one, and the best one's rank among the document's spans — by how many (layer,
+        KV head) pairs zoomed it, or for a book by the question's attention that chose the
+        passages."""
+        p = self.policy
+        zoomed = p.trace.zoomed if p is not None else None
+        if zoomed is None:
+            return {}
+        spans = self.spans
+        inside = (spans.starts < end) & (spans.ends > start)
+        index = inside.nonzero()[:, 0].to(zoomed.device)
+        if not index.numel():
+            return {}
+        L, H, N = zoomed.shape
+        if p.pinned_scores is not None:
+            score, by = p.pinned_scores, "question"
+        else:
+            score, by = zoomed.sum(dim=(0, 1)).float(), "router"
+        best = score[index].max()
+        return {
+            "layers_zoomed": int(zoomed[:, :, index].any(dim=2).any(dim=1).sum()),
+            "layers": L,
+            "zoomed_heads": int(zoomed[:, :, index].any(dim=2).sum()),
+            "heads": L * H,
+            "rank": int((score > best).sum()) + 1,
+            "spans": N,
+            "ranked_by": by,
+        }
 
     def zoom_trace(self) -> list[dict[str, Any]]:
         if self.policy is None:
