@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from sekv_core.explain import zoom_words
 from sekv_core.html_report import human_bytes
 
 if TYPE_CHECKING:
@@ -19,13 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["human_bytes", "print_rows", "print_sources", "print_zoom"]
 
-out = Console(highlight=False)
+out = Console(highlight=False, soft_wrap=True)  # lines the terminal wraps, pipes keep whole
 SHOWN = 8  # spans listed by --verbose (all are in --json)
-
-
-def ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def emphasised(text: str, words: list[str], style: str = "bold") -> Text:
@@ -53,19 +49,6 @@ def print_sources(result: Answer) -> None:
     out.print(Text("Sources", style="bold"))
     for n, source in enumerate(result.sources, 1):
         out.print(source_line(n, source))
-
-
-def zoom_words(facts: dict[str, Any]) -> str:
-    """What SeKV did for one source, in plain words (see ``Method.explain``)."""
-    rank = f"ranked {ordinal(facts['rank'])} of {facts['spans']:,} spans"
-    if facts["ranked_by"] == "question":
-        reason = f"read as a passage: {rank} by the question's attention"
-    else:
-        reason = f"{rank} by how often the router zoomed it"
-    return (
-        f"zoomed in {facts['layers_zoomed']} of {facts['layers']} layers "
-        f"({facts['zoomed_heads']} of {facts['heads']} layer-heads); {reason}"
-    )
 
 
 def print_zoom(result: Answer, verbose: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""The inspect page's stylesheet and script (inlined: the page is self-contained)."""
+"""The inspect and answer pages' stylesheets and script (inlined: each page is self-contained)."""
 
 # sequential scale for surprisal (low -> high), then the text colour readable on each
 SCALE = ("#ffffff", "#fff7db", "#ffebb0", "#fed98a", "#fdbb63", "#fb9447", "#ef5b3a", "#c81e1e")
@@ -93,3 +93,37 @@ SCRIPT = """
   });
 })();
 """
+
+# the answer view (sekv_core.html_answer): zoomed spans shaded by their share of the answer's
+# attention (light -> strong), source highlights drawn over the shading
+ZOOM_SCALE = ("#eef2ff", "#dbe4ff", "#c3d2fe", "#a5b8fc", "#8197f8")
+ANSWER_CSS = """
+.question{font-size:13px;color:var(--mute);text-transform:uppercase;letter-spacing:.05em}
+.q{font-size:17px;margin:2px 0 14px}
+.a{font-size:19px;line-height:1.45;font-weight:500;white-space:pre-wrap}
+.a strong,.quote strong{background:#fef3c7;border-radius:3px;padding:0 2px;font-weight:650}
+.facts{color:var(--mute);font-size:12px;margin-top:12px}
+ol.sources{margin:0;padding:0;list-style:none}
+ol.sources li{display:grid;grid-template-columns:120px 1fr;gap:2px 14px;padding:10px 0;
+ border-top:1px solid #f1f5f9}
+ol.sources li:first-child{border-top:0}
+ol.sources li:target{background:#fffbeb}
+.cite a{color:#b45309;font-weight:700;text-decoration:none;font-variant-numeric:tabular-nums}
+.cite .share{display:block;font-size:12px;color:var(--mute);font-variant-numeric:tabular-nums}
+.quote{color:#1f2937}
+.quote::before{content:"\\201c"}.quote::after{content:"\\201d"}
+.zoomfacts{font-size:12px;color:#4338ca;margin-top:2px}
+.none{color:var(--mute);font-style:italic}
+mark.src{background:#fde68a;color:inherit;border-radius:3px;padding:1px 0;
+ box-shadow:0 0 0 1px #f59e0b;-webkit-box-decoration-break:clone;box-decoration-break:clone}
+mark.src:target{box-shadow:0 0 0 2px #d97706;background:#fcd34d}
+mark.src .z{background:none;box-shadow:inset 0 -4px var(--z)}
+a.badge{font-size:10px;font-weight:700;color:#fff;background:#d97706;border-radius:8px;
+ padding:0 5px;margin-right:2px;vertical-align:2px;line-height:1;text-decoration:none;
+ white-space:nowrap;font-variant-numeric:tabular-nums}
+.z{background:var(--z);border-radius:2px}
+.pagebreak{display:flex;align-items:center;gap:10px;color:var(--mute);font-size:11px;
+ font-weight:600;letter-spacing:.06em;text-transform:uppercase;line-height:1.6;margin:4px 0}
+.pagebreak::before,.pagebreak::after{content:"";flex:1;border-top:1px dashed #cbd5e1}
+"""
+ANSWER_CSS += "".join(f".z{i}{{--z:{c}}}" for i, c in enumerate(ZOOM_SCALE))

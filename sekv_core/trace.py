@@ -7,7 +7,8 @@ answer (:meth:`ZoomTrace.spans`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,6 +27,11 @@ class ZoomTrace:
     # paid each context token (its group's query heads summed / all query heads; the last column
     # collects free slots): see sekv_core.sources
     answer: torch.Tensor | None = None
+    # (N,) each span's best rank (1: the top) among all spans in any KV head's scores at the
+    # first routing of each layer (the question's), and (N,) the layer where it ranked so
+    question_rank: torch.Tensor | None = None
+    rank_layer: torch.Tensor | None = None
+    ranked_layers: set[int] = field(default_factory=set)
 
     def record(
         self,
@@ -51,6 +57,23 @@ class ZoomTrace:
         self.best_score = torch.where(better, scores.gather(0, head[None])[0], self.best_score)
         used = (zoom * lengths[None]).sum(dim=1).max()
         self.tokens_max = torch.maximum(self.tokens_max, used)
+        if layer not in self.ranked_layers:
+            self.ranked_layers.add(layer)
+            self.record_ranks(layer, scores)
+
+    def record_ranks(self, layer: int, scores: torch.Tensor) -> None:
+        """Each span's rank in each KV head's ``scores`` (H, N): 1 + the spans scoring higher;
+        the best over heads kept per span, with its layer."""
+        H, N = scores.shape
+        ascending = scores.float().sort(dim=1).values
+        higher = N - torch.searchsorted(ascending, scores.float().contiguous(), right=True)
+        rank = (higher + 1).min(dim=0).values  # (N,)
+        if self.question_rank is None:
+            self.question_rank, self.rank_layer = rank, torch.full_like(rank, layer)
+            return
+        better = rank < self.question_rank
+        self.question_rank = torch.where(better, rank, self.question_rank)
+        self.rank_layer = torch.where(better, layer, self.rank_layer)
 
     def add_mass(self, owner: torch.Tensor, pool_mass: torch.Tensor, n_spans: int) -> None:
         """Accumulate the attention share of zoomed tokens per span (stays on the device)."""
@@ -67,6 +90,27 @@ class ZoomTrace:
         if self.answer is None:
             self.answer = mass.new_zeros(num_layers, mass.shape[0], T + 1)
         self.answer[layer].scatter_reduce_(1, positions, mass, reduce="amax")
+
+    def explain(self, index: torch.Tensor, ranked_by: str) -> dict[str, Any]:
+        """For spans ``index`` (a source's): in how many layers (and layer-heads) any was
+        zoomed, and the best one's rank among all spans for this question (``record_ranks``),
+        with its layer; empty when nothing was recorded."""
+        if self.zoomed is None or self.question_rank is None or not index.numel():
+            return {}
+        index = index.to(self.zoomed.device)
+        L, H, N = self.zoomed.shape
+        held = self.zoomed[:, :, index].any(dim=2)  # (L, H)
+        best = index[self.question_rank[index].argmin()]
+        return {
+            "layers_zoomed": int(held.any(dim=1).sum()),
+            "layers": L,
+            "zoomed_heads": int(held.sum()),
+            "heads": L * H,
+            "rank": int(self.question_rank[best]),
+            "rank_layer": int(self.rank_layer[best]),
+            "spans": N,
+            "ranked_by": ranked_by,
+        }
 
     def spans(self) -> list[dict]:
         """Per zoomed span: layers, (layer, head) pairs, best score/threshold, attention share.

@@ -1,6 +1,7 @@
 """The CLI contract: exit codes, `Error:` lines, --json keys (tiny random models, no download)."""
 
 import json
+import os
 import re
 
 import pytest
@@ -11,7 +12,17 @@ from sekv_cli.main import app
 
 runner = CliRunner()
 FILLER = " ".join(f"Shelf {i} holds {i * 3} jars." for i in range(40))
-CONTRACT = {"answer", "method", "model", "document", "memory", "timings", "store", "zoom"}
+CONTRACT = {
+    "answer",
+    "method",
+    "model",
+    "document",
+    "memory",
+    "timings",
+    "store",
+    "sources",
+    "zoom",
+}
 
 
 def run(*args: str):
@@ -180,6 +191,13 @@ def test_json_contract(tmp_path, tiny_model_dirs, method):
     assert {"total_s", "first_token_s", "threads"} <= data["timings"].keys()
     assert {"path", "cache_hit"} <= data["store"].keys()
     assert 0 < data["tokens_generated"] <= 5
+    if data["answer"]:  # any answer drew on some passage of the document
+        assert 1 <= len(data["sources"]) <= 5
+    for source in data["sources"]:
+        assert {"page", "start", "end", "chars", "text", "share", "matched"} <= source.keys()
+        assert source["page"] in (1, 2) and 0 < source["share"] <= 1
+        assert source["end"] > source["start"] and source["chars"][1] > source["chars"][0]
+    assert sum(s["share"] for s in data["sources"]) <= 1 + 1e-6
     if method == "full":
         assert data["zoom"] == [] and mem["resident_bytes"] == mem["full_kv_bytes"]
         return
@@ -203,15 +221,50 @@ def test_json_contract(tmp_path, tiny_model_dirs, method):
     assert data["routing"]["zoomed_tokens_max"] <= 32
 
 
-def test_plain_output_is_the_answer(tmp_path, tiny_model_dirs):
+def test_plain_output_is_the_answer_then_its_sources(tmp_path, tiny_model_dirs):
     doc = tmp_path / "d.md"
     doc.write_text("# Notes\n\nThe code word is heron.")
-    result = run(
-        "ask", doc, "Code word?", "--model", tiny_model_dirs["qwen2"], "--max-new-tokens", "4"
-    )
+    ask = ["ask", doc, "Code word?", "--model", tiny_model_dirs["qwen2"], "--max-new-tokens", "4"]
+    result = run(*ask)
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip()  # the (random) model's answer, nothing else on stdout
+    answer, _, sources = result.stdout.partition("\nSources\n")
+    assert answer.strip() and sources.startswith('[1] p. 1  "')
     assert "Error" not in result.stdout
+    result = run(*ask, "--no-sources")
+    assert result.exit_code == 0 and result.stdout.strip() == answer.strip()
+
+
+def test_ask_html_writes_the_answer_view(tmp_path, tiny_model_dirs):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\nThe code word is heron. <script>alert(1)</script>")
+    page = tmp_path / "answer.html"
+    result = run(
+        "ask", doc, "Code word?", "--model", tiny_model_dirs["llama"], "--max-new-tokens", "4",
+        "--html", page,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    assert html.startswith("<!doctype html>") and "Code word?" in html
+    assert 'id="source-1"' in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert f"wrote {page}" in result.stderr
+    assert page.stat().st_mode & 0o777 == 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_ask_html_into_a_missing_directory_fails_before_the_model_loads(tmp_path, monkeypatch):
+    import sekv_cli.common as common
+
+    monkeypatch.setattr(common, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\nThe code word is heron.")
+    result = run("ask", doc, "Code word?", "--html", tmp_path / "nowhere" / "a.html")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: cannot write") and "no such directory" in result.stderr
 
 
 def test_ingest_twice_is_a_cache_hit(tmp_path, tiny_model_dirs, sekv_home):

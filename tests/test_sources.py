@@ -143,3 +143,20 @@ def test_sentence_ends_cover_the_text():
     ends = sentence_ends(WRAPPED)
     assert ends[-1] == len(WRAPPED)
     assert np.all(np.diff(ends) > 0)
+
+
+def test_router_rank_is_each_spans_best_over_heads_at_each_layers_first_routing():
+    from sekv_core.trace import ZoomTrace
+
+    trace = ZoomTrace()
+    lengths = torch.tensor([4, 4, 4, 4])
+    zoom = torch.zeros(2, 4, dtype=torch.bool)
+    # layer 0: head 0 ranks span 2 first, head 1 span 0 (a tie for 2nd: both count 1 higher)
+    trace.record(0, 2, zoom, torch.tensor([[1.0, 0.0, 5.0, 1.0], [9.0, 3.0, 1.0, 2.0]]),
+                 torch.zeros(2), lengths)  # fmt: skip
+    assert trace.question_rank.tolist() == [1, 2, 1, 2]
+    # a later step of layer 0 (an answer token) does not count; layer 1's question routing does
+    trace.record(0, 2, zoom, torch.tensor([[0.0, 0.0, 0.0, 9.0]] * 2), torch.zeros(2), lengths)
+    trace.record(1, 2, zoom, torch.tensor([[0.0, 9.0, 0.0, 0.0]] * 2), torch.zeros(2), lengths)
+    assert trace.question_rank.tolist() == [1, 1, 1, 2]
+    assert trace.rank_layer.tolist() == [0, 1, 0, 0]

@@ -230,7 +230,15 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
         app,
         ["ask", str(doc), "Who is the keeper?", "--model", model, "--router", str(out)]
         + ["--show-zoom", "--max-new-tokens", "2"],
-    )  # a learned gate has no margin: the explanation names its rule
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "zoom: at most" in shown.output and "trained router" in shown.output
+    assert "gate > 0" not in shown.output  # the router's rule: diagnostics, with --verbose
+    shown = runner.invoke(
+        app,
+        ["ask", str(doc), "Who is the keeper?", "--model", model, "--router", str(out)]
+        + ["--show-zoom", "--verbose", "--max-new-tokens", "2"],
+    )  # a learned gate has no margin: the diagnostics name its rule
     assert shown.exit_code == 0, shown.output
     assert "routing: trained router" in shown.output and "gate > 0" in shown.output
 

@@ -30,19 +30,26 @@ def attributed_attention(
     sekv_answer: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """sdpa; and ``sekv_answer`` (L, H_kv, T) keeps the most attention the last query (it sees
-    every key: no mask) paid each of the first T keys, per layer and KV head (its group's query
-    heads summed / all query heads, as SeKV's trace counts it)."""
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if sekv_answer is not None:
-        _, Hq, _, D = query.shape
-        Hkv, T = key.shape[1], sekv_answer.shape[2]
-        scaling = kwargs.get("scaling") or D**-0.5
-        q = query[0, :, -1].view(Hkv, Hq // Hkv, D)
-        probs = (torch.einsum("hgd,htd->hgt", q, key[0]).float() * scaling).softmax(-1)
-        layer = sekv_answer[module.layer_idx]
-        torch.maximum(layer, probs[..., :T].sum(dim=1) / Hq, out=layer)
-    return out, None
+    """Attention that also keeps, in ``sekv_answer`` (L, H_kv, T), the most attention the last
+    query paid each of the first T keys, per layer and KV head (its group's query heads summed
+    / all query heads, as SeKV's trace counts it). The last query sees every key (no mask).
+
+    A decoding step (one query) computes its probabilities once and uses them for the output
+    too; a longer input (the question) runs sdpa, plus the last query's probabilities.
+    """
+    if sekv_answer is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    _, Hq, Tq, D = query.shape
+    Hkv, T = key.shape[1], sekv_answer.shape[2]
+    scaling = kwargs.get("scaling") or D**-0.5
+    q = query[0, :, -1].view(Hkv, Hq // Hkv, D)
+    probs = (torch.einsum("hgd,htd->hgt", q, key[0]).float() * scaling).softmax(-1)
+    layer = sekv_answer[module.layer_idx]
+    torch.maximum(layer, probs[..., :T].sum(dim=1) / Hq, out=layer)
+    if Tq > 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    out = torch.einsum("hgt,htd->hgd", probs.to(value.dtype), value[0])  # (Hkv, G, D)
+    return out.reshape(1, 1, Hq, D), None
 
 
 def answer_over(

@@ -17,6 +17,7 @@ from .. import passages
 from ..attention import Observer, ZoomPolicy, sekv_attention
 from ..config import DEFAULT_BUDGET
 from ..decode import PositionedStep, greedy
+from ..documents import Document
 from ..ingest import open_or_build
 from ..prompt import stop_ids
 from ..rope import Rope
@@ -250,59 +251,44 @@ class SeKV(Method):
         return answer[..., :-1] if answer is not None else None
 
     def explain(self, start: int, end: int) -> dict[str, Any]:
-        """For the spans overlapping context tokens [start, end): in how many layers any head
-        zoomed one, and the best one's rank among the document's spans — by how many (layer,
-        KV head) pairs zoomed it, or for a book by the question's attention that chose the
-        passages."""
-        p = self.policy
-        zoomed = p.trace.zoomed if p is not None else None
-        if zoomed is None:
+        """See :meth:`sekv_core.trace.ZoomTrace.explain` (a book ranks by the question's
+        attention that chose its passages)."""
+        t = self.policy.trace if self.policy is not None else None
+        if t is None:
             return {}
-        spans = self.spans
-        inside = (spans.starts < end) & (spans.ends > start)
-        index = inside.nonzero()[:, 0].to(zoomed.device)
-        if not index.numel():
-            return {}
-        L, H, N = zoomed.shape
-        if p.pinned_scores is not None:
-            score, by = p.pinned_scores, "question"
-        else:
-            score, by = zoomed.sum(dim=(0, 1)).float(), "router"
-        best = score[index].max()
-        return {
-            "layers_zoomed": int(zoomed[:, :, index].any(dim=2).any(dim=1).sum()),
-            "layers": L,
-            "zoomed_heads": int(zoomed[:, :, index].any(dim=2).sum()),
-            "heads": L * H,
-            "rank": int((score > best).sum()) + 1,
-            "spans": N,
-            "ranked_by": by,
-        }
+        inside = ((self.spans.starts < end) & (self.spans.ends > start)).nonzero()[:, 0]
+        return t.explain(inside, "question" if self.policy.pinned is not None else "router")
 
     def zoom_trace(self) -> list[dict[str, Any]]:
         if self.policy is None:
             return []
-        text = self.document.text
-        pages, offsets = self.store.trace["pages"], self.store.trace["offsets"]
-        out = []
-        for z in self.policy.trace.spans():
-            s, e = int(self.spans.starts[z["span"]]), int(self.spans.ends[z["span"]])
-            c0, c1 = int(offsets[s][0]), int(offsets[e - 1][1])
-            preview = " ".join(text[c0:c1].split())
-            out.append(
-                {
-                    "span": z["span"],
-                    "start": s,
-                    "end": e,
-                    "page": int(pages[s]),
-                    "layers": z["layers"],
-                    "heads": z["heads"],
-                    "attention": round(z["attention"], 5),
-                    "score": round(z["score"], 3),
-                    "threshold": round(z["threshold"], 3),
-                    "preview": preview[:PREVIEW_CHARS]
-                    + ("…" if len(preview) > PREVIEW_CHARS else ""),
-                }
-            )
-        out.sort(key=lambda z: -z["attention"])  # the spans the answer actually read first
-        return out
+        return zoom_rows(self.policy.trace.spans(), self.spans, self.store.trace, self.document)
+
+
+def zoom_rows(
+    traced: list[dict], spans: SpanMemory, trace: dict[str, torch.Tensor], document: Document
+) -> list[dict[str, Any]]:
+    """The zoom trace's rows (``ZoomTrace.spans``) with each span's tokens, page and a preview
+    of its text, the spans the answer read most first."""
+    pages, offsets = trace["pages"], trace["offsets"]
+    out = []
+    for z in traced:
+        s, e = int(spans.starts[z["span"]]), int(spans.ends[z["span"]])
+        c0, c1 = int(offsets[s][0]), int(offsets[e - 1][1])
+        preview = " ".join(document.text[c0:c1].split())
+        out.append(
+            {
+                "span": z["span"],
+                "start": s,
+                "end": e,
+                "page": int(pages[s]),
+                "layers": z["layers"],
+                "heads": z["heads"],
+                "attention": round(z["attention"], 5),
+                "score": round(z["score"], 3),
+                "threshold": round(z["threshold"], 3),
+                "preview": preview[:PREVIEW_CHARS] + ("…" if len(preview) > PREVIEW_CHARS else ""),
+            }
+        )
+    out.sort(key=lambda z: -z["attention"])
+    return out

@@ -1,0 +1,230 @@
+"""The answer view (:mod:`sekv_core.html_answer`): escaping, source highlights, page markers,
+zoom shading, and the page as a browser parses and draws it (tiny random models)."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from test_inspect import CHROMIUM, make_md, make_pdf
+
+from sekv_core.documents import load_document
+from sekv_core.engine import Answer, Session
+from sekv_core.explain import ordinal, zoom_words
+from sekv_core.html_answer import render_answer_html
+from sekv_core.html_style import SCRIPT
+from sekv_core.models import load_model
+
+QUESTION = "What is the vault code?"
+EVIL = "<script>alert(1)</script> and <img src=x onerror=alert(1)>"
+
+
+def ask(model_dir: Path, path: Path, method: str = "sekv") -> tuple[Answer, Session]:
+    session = Session(load_model(str(model_dir), device="cpu"), load_document(path), method)
+    return session.ask(QUESTION, max_new_tokens=8), session
+
+
+def page_for(answer: Answer, session: Session, question: str = QUESTION) -> str:
+    return render_answer_html(answer, session.document, session.context, question)
+
+
+def with_source(answer: Answer, text: str, phrase: str, page: int = 1) -> Answer:
+    """``answer`` with one source: the characters of ``phrase`` in ``text``."""
+    c0 = text.index(phrase)
+    source = {
+        "page": page,
+        "start": 0,
+        "end": 1,
+        "chars": [c0, c0 + len(phrase)],
+        "text": phrase,
+        "share": 0.42,
+        "matched": ["7781"],
+    }
+    return dataclasses.replace(answer, answer="The code is 7781.", sources=[source])
+
+
+def plain(fragment: str) -> str:
+    """The text a browser shows for ``fragment`` (tags dropped, entities decoded)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def highlight(page: str, n: int) -> str:
+    """The inner HTML of source ``n``'s highlight (its zoom shading nested inside)."""
+    m = re.search(rf'<mark class="src" id="source-{n}"[^>]*>(.*?)</mark>', page, re.S)
+    assert m, f"no highlight for source {n}"
+    return m.group(1)
+
+
+class Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        if self.tags and self.tags[-1][0] == "script" and data.strip():
+            self.scripts.append(data)
+
+
+def test_markup_in_document_question_and_answer_stays_text(tmp_path, tiny_model_dirs):
+    doc = make_md(tmp_path / "notes.md")
+    doc.write_text(doc.read_text() + f"\n\nEvil line: {EVIL}\n")
+    answer, session = ask(tiny_model_dirs["llama"], doc)
+    text = session.document.text
+    answer = dataclasses.replace(with_source(answer, text, EVIL), answer=f"It says {EVIL}")
+    page = page_for(answer, session, question=f"Why {EVIL}?")
+
+    parser = Tags()
+    parser.feed(page)
+    assert {tag for tag, _ in parser.tags}.isdisjoint({"img", "b", "iframe", "object"})
+    assert [tag for tag, _ in parser.tags].count("script") == 1 and parser.scripts == [SCRIPT]
+    assert not [a for _, attrs in parser.tags for a in attrs if a.startswith("on")]
+    assert "<script>alert" not in page and "<img" not in page
+    shown = plain(page)
+    assert f"Why {EVIL}?" in shown and f"It says {EVIL}" in shown
+    assert "<b>bold</b>" in shown and "AT&T" in shown
+    assert plain(highlight(page, 1)) == EVIL
+    # self-contained: nothing from elsewhere, every link inside the page
+    assert "http://" not in page and "https://" not in page and "url(" not in page
+    assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', page))
+
+
+def test_source_highlight_wraps_its_characters_and_links_both_ways(tmp_path, tiny_model_dirs):
+    answer, session = ask(tiny_model_dirs["llama"], make_pdf(tmp_path / "log.pdf"))
+    text = session.document.text
+    phrase = "The vault code is 7781"
+    page = page_for(with_source(answer, text, phrase, page=2), session)
+
+    assert plain(highlight(page, 1)) == phrase
+    assert page.count('id="source-1"') == 1 and 'id="source-2"' not in page
+    assert '<a href="#source-1">[1] p. 2</a>' in page and "42.0% of attention" in page
+    assert '<li id="cite-1">' in page and '<a class="badge" href="#cite-1">1</a>' in page
+    assert '<div class="a">The code is 7781.</div>' in page  # the answer as it is
+    assert "No sources" not in page
+
+
+def test_an_answer_without_sources_says_so(tmp_path, tiny_model_dirs):
+    answer, session = ask(tiny_model_dirs["llama"], make_md(tmp_path / "notes.md"))
+    page = page_for(dataclasses.replace(answer, sources=[]), session)
+    assert "No sources: the answer points to no passage of the document." in page
+    assert '<mark class="src" id=' not in page
+
+
+def test_page_markers_divide_a_multi_page_pdf(tmp_path, tiny_model_dirs):
+    answer, session = ask(tiny_model_dirs["llama"], make_pdf(tmp_path / "log.pdf"))
+    document = session.document
+    page = page_for(dataclasses.replace(answer, sources=[]), session)
+    doc = page[page.index('<div class="doc">') :].split("</div>")[0]
+    marked = re.sub(r'<span class="pagebreak" id="page-(\d+)">page \1</span>', "\x00\\1\x00", doc)
+    _, *parts = re.split("\x00(\\d+)\x00", plain(marked))
+    numbers, texts = parts[::2], parts[1::2]
+    assert numbers == ["1", "2", "3"]
+    assert "".join(texts) == document.text
+    # each marker stands exactly where its page's text begins
+    assert [sum(map(len, texts[:i])) for i in range(3)] == list(document.page_starts)
+
+
+def test_zoomed_spans_shaded_for_sekv_only(tmp_path, tiny_model_dirs):
+    pdf = make_pdf(tmp_path / "log.pdf")
+    answer, session = ask(tiny_model_dirs["llama"], pdf, "sekv")
+    assert answer.zoom, "the tiny model's SeKV answer zooms some spans"
+    page = page_for(answer, session)
+    shaded = re.findall(r'<span class="z z(\d)" title="([^"]*)">', page)
+    assert shaded and {int(k) for k, _ in shaded} <= set(range(5))
+    top = max(answer.zoom, key=lambda z: z["attention"])
+    assert any(k == "4" and t.startswith(f"span {top['span']} · ") for k, t in shaded)
+    assert re.fullmatch(r"span \d+ · \d+\.\d% of attention · zoomed in \d+ layers?", shaded[0][1])
+    assert "share of the answer's attention: low" in page
+
+    full, session = ask(tiny_model_dirs["llama"], pdf, "full")
+    assert full.zoom == []
+    page = page_for(with_source(full, session.document.text, "The vault code is 7781"), session)
+    assert 'class="z ' not in page and "attention: low" not in page
+    assert plain(highlight(page, 1)) == "The vault code is 7781"
+
+
+def test_zoom_facts_in_plain_words():
+    facts = {
+        "layers_zoomed": 28,
+        "layers": 30,
+        "zoomed_heads": 41,
+        "heads": 90,
+        "rank": 2,
+        "spans": 526,
+        "ranked_by": "router",
+    }
+    assert zoom_words(facts) == (
+        "zoomed in 28 of 30 layers (41 of 90 layer-heads); ranked 2nd of 526 spans by the "
+        "router for this question"
+    )
+    assert zoom_words({**facts, "rank_layer": 14}).endswith("(in layer 14, its best)")
+    facts.update(ranked_by="question", rank=13, spans=1200)
+    assert "ranked 13th of 1,200 spans by the question's attention" in zoom_words(facts)
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 102, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "102nd", "111th"
+    ]  # fmt: skip
+
+
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / "chromium-profile"
+    try:
+        return subprocess.run(
+            [
+                str(CHROMIUM),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                *args,
+            ],
+            check=True,
+            timeout=120,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")
+def test_answer_page_renders_in_headless_chromium(tmp_path, tiny_model_dirs):
+    from PIL import Image  # fpdf2 depends on Pillow
+
+    answer, session = ask(tiny_model_dirs["llama"], make_pdf(tmp_path / "log.pdf"))
+    answer = with_source(answer, session.document.text, "The vault code is 7781", page=2)
+    out = tmp_path / "answer.html"
+    out.write_text(page_for(answer, session))
+
+    png = tmp_path / "answer.png"
+    chromium(tmp_path, "--window-size=1200,1400", f"--screenshot={png}", out.as_uri())
+    assert png.stat().st_size > 20_000
+    with Image.open(png) as image:
+        assert image.size == (1200, 1400)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 200, "a rendered page, not a blank one"
+
+    dom = chromium(tmp_path, "--dump-dom", out.as_uri()).stdout  # after the browser parsed it
+    assert plain(highlight(dom, 1)) == "The vault code is 7781"
+    assert '<a href="#source-1">[1] p. 2</a>' in dom
+    assert 'data-tip="span ' in dom  # the tooltip script ran over the shaded spans
+
+
+def test_spans_the_answer_barely_read_stay_unshaded():
+    from sekv_core.html_answer import UNSHADED, shade
+
+    assert shade(1.0, 1.0) == 4 and shade(0.25, 1.0) == 2
+    assert shade(UNSHADED * 0.9, 1.0) is None and shade(0.0, 0.0) is None
