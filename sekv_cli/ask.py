@@ -78,6 +78,9 @@ def ask(
     result.timings["load_s"] = round(load_s, 4)
     result.timings["threads"] = n_threads
     result.timings["total_s"] = round(time.perf_counter() - start, 4)
+    if not json_out:
+        sys.stdout.write("\n")  # the streamed answer's line ends before anything else
+        sys.stdout.flush()
     if html_out is not None:
         from sekv_core.html_answer import render_answer_html  # torch: loaded by now
 
@@ -87,7 +90,6 @@ def ask(
     if json_out:
         print_json(result.to_json())
         return
-    sys.stdout.write("\n")
     if sources:
         print_sources(result)
     if show_zoom or verbose:

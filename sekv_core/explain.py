@@ -5,11 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-RANKED_BY = {
-    "router": "by the router for this question",
-    "question": "by the question's attention (the passages a book's answer reads)",
-}
-
 
 def ordinal(n: int) -> str:
     """1st, 2nd, 3rd, 4th, …, 11th, 12th, 13th, 21st."""
@@ -18,12 +13,16 @@ def ordinal(n: int) -> str:
 
 
 def zoom_words(facts: dict[str, Any]) -> str:
-    """e.g. "zoomed in 21 of 30 layers (40 of 90 layer-heads); ranked 2nd of 526 spans by the
-    router for this question (in layer 14, its best)"."""
-    where = f" (in layer {facts['rank_layer']}, its best)" if "rank_layer" in facts else ""
-    return (
-        f"zoomed in {facts['layers_zoomed']} of {facts['layers']} layers "
-        f"({facts['zoomed_heads']} of {facts['heads']} layer-heads); ranked "
-        f"{ordinal(facts['rank'])} of {facts['spans']:,} spans "
-        f"{RANKED_BY.get(facts.get('ranked_by', ''), '')}{where}"
-    )
+    """e.g. "picked for the question by 23 of 90 layer-heads (43rd of 526 spans), the first
+    choice of 4; zoomed in 21 of 30 layers while answering". A book's passage: "read as a
+    passage: 2nd of 12,000 spans by the question's attention; …"."""
+    rank = f"{ordinal(facts['rank'])} of {facts['spans']:,} spans"
+    if facts["ranked_by"] == "question":
+        why = f"read as a passage: {rank} by the question's attention"
+    else:
+        first = facts["first_choice"]
+        why = (
+            f"picked for the question by {facts['question_heads']} of {facts['heads']} "
+            f"layer-heads ({rank})" + (f", the first choice of {first}" if first else "")
+        )
+    return f"{why}; zoomed in {facts['layers_zoomed']} of {facts['layers']} layers while answering"

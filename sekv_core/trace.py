@@ -27,10 +27,10 @@ class ZoomTrace:
     # paid each context token (its group's query heads summed / all query heads; the last column
     # collects free slots): see sekv_core.sources
     answer: torch.Tensor | None = None
-    # (N,) each span's best rank (1: the top) among all spans in any KV head's scores at the
-    # first routing of each layer (the question's), and (N,) the layer where it ranked so
-    question_rank: torch.Tensor | None = None
-    rank_layer: torch.Tensor | None = None
+    # at the first routing of each layer (the question's): (N,) how many KV heads zoomed each
+    # span (summed over layers), and (L, H) each layer-head's first choice
+    question_zoom: torch.Tensor | None = None
+    question_top: torch.Tensor | None = None
     ranked_layers: set[int] = field(default_factory=set)
 
     def record(
@@ -57,23 +57,13 @@ class ZoomTrace:
         self.best_score = torch.where(better, scores.gather(0, head[None])[0], self.best_score)
         used = (zoom * lengths[None]).sum(dim=1).max()
         self.tokens_max = torch.maximum(self.tokens_max, used)
-        if layer not in self.ranked_layers:
+        if layer not in self.ranked_layers:  # the question's routing
             self.ranked_layers.add(layer)
-            self.record_ranks(layer, scores)
-
-    def record_ranks(self, layer: int, scores: torch.Tensor) -> None:
-        """Each span's rank in each KV head's ``scores`` (H, N): 1 + the spans scoring higher;
-        the best over heads kept per span, with its layer."""
-        H, N = scores.shape
-        ascending = scores.float().sort(dim=1).values
-        higher = N - torch.searchsorted(ascending, scores.float().contiguous(), right=True)
-        rank = (higher + 1).min(dim=0).values  # (N,)
-        if self.question_rank is None:
-            self.question_rank, self.rank_layer = rank, torch.full_like(rank, layer)
-            return
-        better = rank < self.question_rank
-        self.question_rank = torch.where(better, rank, self.question_rank)
-        self.rank_layer = torch.where(better, layer, self.rank_layer)
+            if self.question_zoom is None:
+                self.question_zoom = zoom.new_zeros(N, dtype=torch.long)
+                self.question_top = torch.full((num_layers, H), -1, device=zoom.device)
+            self.question_zoom = self.question_zoom + zoom.sum(dim=0)
+            self.question_top[layer] = scores.argmax(dim=1)
 
     def add_mass(self, owner: torch.Tensor, pool_mass: torch.Tensor, n_spans: int) -> None:
         """Accumulate the attention share of zoomed tokens per span (stays on the device)."""
@@ -91,25 +81,29 @@ class ZoomTrace:
             self.answer = mass.new_zeros(num_layers, mass.shape[0], T + 1)
         self.answer[layer].scatter_reduce_(1, positions, mass, reduce="amax")
 
-    def explain(self, index: torch.Tensor, ranked_by: str) -> dict[str, Any]:
-        """For spans ``index`` (a source's): in how many layers (and layer-heads) any was
-        zoomed, and the best one's rank among all spans for this question (``record_ranks``),
-        with its layer; empty when nothing was recorded."""
-        if self.zoomed is None or self.question_rank is None or not index.numel():
+    def explain(self, index: torch.Tensor, scores: torch.Tensor | None = None) -> dict[str, Any]:
+        """For spans ``index`` (a source's): in how many layers (and layer-heads) any was zoomed
+        while answering; for the question, how many layer-heads zoomed the best of them and
+        its rank among all spans by that count, and how many made one their first choice. A
+        book's passages are ranked by the question's attention ``scores`` (N,) instead.
+        Empty when nothing was recorded."""
+        if self.zoomed is None or self.question_zoom is None or not index.numel():
             return {}
         index = index.to(self.zoomed.device)
         L, H, N = self.zoomed.shape
         held = self.zoomed[:, :, index].any(dim=2)  # (L, H)
-        best = index[self.question_rank[index].argmin()]
+        by = self.question_zoom.float() if scores is None else scores.float()
+        best = index[by[index].argmax()]
         return {
             "layers_zoomed": int(held.any(dim=1).sum()),
             "layers": L,
             "zoomed_heads": int(held.sum()),
             "heads": L * H,
-            "rank": int(self.question_rank[best]),
-            "rank_layer": int(self.rank_layer[best]),
+            "question_heads": int(self.question_zoom[best]),
+            "first_choice": int(torch.isin(self.question_top, index).sum()),
+            "rank": int((by > by[best]).sum()) + 1,
             "spans": N,
-            "ranked_by": ranked_by,
+            "ranked_by": "router" if scores is None else "question",
         }
 
     def spans(self) -> list[dict]:

@@ -154,21 +154,25 @@ def test_zoomed_spans_shaded_for_sekv_only(tmp_path, tiny_model_dirs):
 
 def test_zoom_facts_in_plain_words():
     facts = {
-        "layers_zoomed": 28,
+        "layers_zoomed": 21,
         "layers": 30,
         "zoomed_heads": 41,
         "heads": 90,
-        "rank": 2,
+        "question_heads": 23,
+        "first_choice": 9,
+        "rank": 43,
         "spans": 526,
         "ranked_by": "router",
     }
     assert zoom_words(facts) == (
-        "zoomed in 28 of 30 layers (41 of 90 layer-heads); ranked 2nd of 526 spans by the "
-        "router for this question"
+        "picked for the question by 23 of 90 layer-heads (43rd of 526 spans), the first choice "
+        "of 9; zoomed in 21 of 30 layers while answering"
     )
-    assert zoom_words({**facts, "rank_layer": 14}).endswith("(in layer 14, its best)")
-    facts.update(ranked_by="question", rank=13, spans=1200)
-    assert "ranked 13th of 1,200 spans by the question's attention" in zoom_words(facts)
+    assert ", the first choice" not in zoom_words({**facts, "first_choice": 0})
+    facts.update(ranked_by="question", rank=2, spans=12000)
+    assert zoom_words(facts).startswith(
+        "read as a passage: 2nd of 12,000 spans by the question's attention; zoomed in 21"
+    )
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 102, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "102nd", "111th"
     ]  # fmt: skip

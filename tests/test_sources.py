@@ -145,18 +145,27 @@ def test_sentence_ends_cover_the_text():
     assert np.all(np.diff(ends) > 0)
 
 
-def test_router_rank_is_each_spans_best_over_heads_at_each_layers_first_routing():
+def test_the_questions_routing_explains_a_source():
     from sekv_core.trace import ZoomTrace
 
     trace = ZoomTrace()
     lengths = torch.tensor([4, 4, 4, 4])
-    zoom = torch.zeros(2, 4, dtype=torch.bool)
-    # layer 0: head 0 ranks span 2 first, head 1 span 0 (a tie for 2nd: both count 1 higher)
-    trace.record(0, 2, zoom, torch.tensor([[1.0, 0.0, 5.0, 1.0], [9.0, 3.0, 1.0, 2.0]]),
-                 torch.zeros(2), lengths)  # fmt: skip
-    assert trace.question_rank.tolist() == [1, 2, 1, 2]
-    # a later step of layer 0 (an answer token) does not count; layer 1's question routing does
-    trace.record(0, 2, zoom, torch.tensor([[0.0, 0.0, 0.0, 9.0]] * 2), torch.zeros(2), lengths)
-    trace.record(1, 2, zoom, torch.tensor([[0.0, 9.0, 0.0, 0.0]] * 2), torch.zeros(2), lengths)
-    assert trace.question_rank.tolist() == [1, 1, 1, 2]
-    assert trace.rank_layer.tolist() == [0, 1, 0, 0]
+
+    def route(layer, scores, zoom):
+        zoom = torch.tensor(zoom, dtype=torch.bool)
+        trace.record(layer, 2, zoom, torch.tensor(scores), torch.zeros(2), lengths)
+
+    # layer 0 (the question): head 0 zooms spans 2, 3 (first choice 2), head 1 zooms 0 and 2
+    route(0, [[1.0, 0.0, 5.0, 4.0], [9.0, 3.0, 8.0, 2.0]], [[0, 0, 1, 1], [1, 0, 1, 0]])
+    # a later step of layer 0 (an answer token) is not the question's routing
+    route(0, [[0.0, 9.0, 0.0, 0.0]] * 2, [[0, 1, 0, 0]] * 2)
+    route(1, [[0.0, 0.0, 0.0, 9.0]] * 2, [[0, 0, 0, 1]] * 2)  # layer 1: both heads pick 3
+    assert trace.question_zoom.tolist() == [1, 0, 2, 3]
+    facts = trace.explain(torch.tensor([1, 2]))  # a source of spans 1 and 2
+    assert facts["question_heads"] == 2 and facts["rank"] == 2  # span 3 was picked more
+    assert facts["first_choice"] == 1  # head 0 of layer 0
+    assert facts["layers_zoomed"] == 1 and facts["zoomed_heads"] == 2  # layer 0, both heads
+    assert (facts["heads"], facts["spans"], facts["ranked_by"]) == (4, 4, "router")
+    book = trace.explain(torch.tensor([0]), scores=torch.tensor([0.5, 0.9, 0.1, 0.2]))
+    assert book["rank"] == 2 and book["ranked_by"] == "question"
+    assert trace.explain(torch.tensor([], dtype=torch.long)) == {}

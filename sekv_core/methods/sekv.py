@@ -251,13 +251,13 @@ class SeKV(Method):
         return answer[..., :-1] if answer is not None else None
 
     def explain(self, start: int, end: int) -> dict[str, Any]:
-        """See :meth:`sekv_core.trace.ZoomTrace.explain` (a book ranks by the question's
-        attention that chose its passages)."""
+        """See :meth:`sekv_core.trace.ZoomTrace.explain` (a book's passages rank by the
+        question's attention that chose them)."""
         t = self.policy.trace if self.policy is not None else None
         if t is None:
             return {}
         inside = ((self.spans.starts < end) & (self.spans.ends > start)).nonzero()[:, 0]
-        return t.explain(inside, "question" if self.policy.pinned is not None else "router")
+        return t.explain(inside, self.policy.pinned_scores)
 
     def zoom_trace(self) -> list[dict[str, Any]]:
         if self.policy is None:
