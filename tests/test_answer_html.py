@@ -6,13 +6,11 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
-import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from test_inspect import CHROMIUM, make_md, make_pdf
+from test_inspect import CHROMIUM, chromium, make_md, make_pdf
 
 from sekv_core.documents import load_document
 from sekv_core.engine import Answer, Session
@@ -176,32 +174,6 @@ def test_zoom_facts_in_plain_words():
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 102, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "102nd", "111th"
     ]  # fmt: skip
-
-
-def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    profile = tmp_path / "chromium-profile"
-    try:
-        return subprocess.run(
-            [
-                str(CHROMIUM),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                *args,
-            ],
-            check=True,
-            timeout=120,
-            capture_output=True,
-            text=True,
-        )
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")

@@ -157,6 +157,33 @@ def test_span_index():
     assert span_index(starts, ends, 11).tolist() == [-1, -1, 0, 0, 0, -1, 1, 1, 1, 2, -1]
 
 
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium with a throwaway profile and no network extras (the pages' checks)."""
+    profile = tmp_path / "chromium-profile"
+    try:
+        return subprocess.run(
+            [
+                str(CHROMIUM),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                *args,
+            ],
+            check=True,
+            timeout=120,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")
 def test_html_renders_in_headless_chromium(tmp_path, tiny_model_dirs):
     from PIL import Image  # fpdf2 depends on Pillow
@@ -165,28 +192,7 @@ def test_html_renders_in_headless_chromium(tmp_path, tiny_model_dirs):
     html = tmp_path / "page.html"
     assert run(doc, "--html", html, "--model", tiny_model_dirs["llama"]).exit_code == 0
     png = tmp_path / "page.png"
-    profile = tmp_path / "chromium-profile"
-    subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--window-size=1200,1400",
-            f"--screenshot={png}",
-            html.as_uri(),
-        ],
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
-    shutil.rmtree(profile, ignore_errors=True)
+    chromium(tmp_path, "--window-size=1200,1400", f"--screenshot={png}", html.as_uri())
     assert png.stat().st_size > 20_000
     with Image.open(png) as image:
         assert image.size == (1200, 1400)

@@ -1,9 +1,11 @@
-"""Render `sekv inspect --html` for a document and screenshot it with headless Chromium.
+"""The docs' screenshots: `sekv inspect --html` and `sekv ask --html` (the answer view) of a
+document, rendered by headless Chromium.
 
-    python scripts/screenshot_inspect.py [DOC] [--out docs/inspect.png] [--model M]
+    python scripts/screenshots.py [DOC] [--question Q] [--out docs] [--model M]
 
-Needs Chromium (Debian: ``apt-get install -y chromium``). Runs the real default model unless
-``--model`` is given; ``$SEKV_HOME`` picks the store cache as usual.
+writes OUT/inspect.png and OUT/answer.png. Needs Chromium (Debian: ``apt-get install -y
+chromium``). Runs the real default model unless ``--model`` is given; ``$SEKV_HOME`` picks the
+store cache as usual.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def find_chromium() -> str | None:
     return None
 
 
-def screenshot(html: Path, png: Path, size: str = "1400,1800", timeout: float = 120) -> None:
+def screenshot(html: Path, png: Path, size: str = "1200,1400", timeout: float = 120) -> None:
     """Headless Chromium screenshot of a local HTML file (no network, throwaway profile)."""
     chromium = find_chromium()
     if chromium is None:
@@ -61,19 +63,25 @@ def screenshot(html: Path, png: Path, size: str = "1400,1800", timeout: float = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("doc", nargs="?", default=str(ROOT / "sample_docs" / "lighthouse.md"))
-    parser.add_argument("--out", default=str(ROOT / "docs" / "inspect.png"))
+    parser.add_argument("doc", nargs="?", default=str(ROOT / "sample_docs" / "handbook.pdf"))
+    parser.add_argument("--question", default="Who is the head of the Security team?")
+    parser.add_argument("--out", default=str(ROOT / "docs"))
     parser.add_argument("--model", default=None)
-    parser.add_argument("--size", default="1400,1800", help="window WIDTH,HEIGHT in pixels")
+    parser.add_argument("--size", default="1200,1400", help="window WIDTH,HEIGHT in pixels")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="sekv-inspect-") as tmp:
-        html = Path(tmp) / "inspect.html"
-        cmd = [sys.executable, "-m", "sekv_cli", "inspect", args.doc, "--html", str(html)]
-        if args.model:
-            cmd += ["--model", args.model]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        screenshot(html, Path(args.out), args.size)
-    print(f"wrote {args.out}")
+    model = ["--model", args.model] if args.model else []
+    pages = {
+        "inspect": ["inspect", args.doc],
+        "answer": ["ask", args.doc, args.question],
+    }
+    with tempfile.TemporaryDirectory(prefix="sekv-screenshots-") as tmp:
+        for name, command in pages.items():
+            html = Path(tmp) / f"{name}.html"
+            cmd = [sys.executable, "-m", "sekv_cli", *command, "--html", str(html), *model]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            png = Path(args.out) / f"{name}.png"
+            screenshot(html, png, args.size)
+            print(f"wrote {png}")
 
 
 if __name__ == "__main__":
