@@ -14,6 +14,7 @@ from sekv_core.threads import resolve_threads
 
 from .common import (
     JSON_OPTION,
+    MAX_TOKENS_OPTION,
     METHOD_HELP,
     MODEL_OPTION,
     ROUTER_OPTION,
@@ -66,6 +67,7 @@ def ask(
     json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
     threads: int | None = THREADS_OPTION,
+    max_tokens: int = MAX_TOKENS_OPTION,
 ) -> None:
     """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
     start = time.perf_counter()
@@ -73,7 +75,7 @@ def ask(
         check_writable(html_out)
     n_threads = resolve_threads(threads)
     settings = MethodSettings(budget=budget, router=router, warn=warn)
-    session, load_s = open_session(file, model, method, settings, n_threads, question)
+    session, load_s = open_session(file, model, method, settings, n_threads, question, max_tokens)
     result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)
     result.timings["load_s"] = round(load_s, 4)
     result.timings["threads"] = n_threads

@@ -24,6 +24,7 @@ from .common import (
     err,
     handle_errors,
     load_model_quietly,
+    log,
     print_json,
 )
 from .render import print_rows
@@ -143,9 +144,9 @@ def suite(
 
     run = Suite(load_model_quietly(model, resolve_threads(threads)), config, out)
     sessions = len(run.samples) * len(run.configs)
-    err.print(f"{len(run.samples)} samples, {sessions} sessions, {run.total} answers -> {out}/")
+    log.print(f"{len(run.samples)} samples, {sessions} sessions, {run.total} answers -> {out}/")
     with Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -158,7 +159,9 @@ def suite(
             on_row=lambda row: bar.update(
                 task, advance=1, description=f"{row['sample']} {row['method']}"
             ),
-            on_sample=lambda line: bar.console.print(line, soft_wrap=True, highlight=False),
+            on_sample=lambda line: bar.console.print(
+                line, soft_wrap=True, highlight=False, markup=False
+            ),
         )
     if json_out:
         print_json(summary)
@@ -201,10 +204,9 @@ def fidelity(
         out,
         answer_tokens,
         every_span=every_span,
-        on_row=lambda row: err.print(
+        on_row=lambda row: log.print(
             f"{row['sample']} {config_name(row)}: {row['agree']}/{row['tokens']} tokens agree, "
             f"resident {row['resident_share']:.1%}",
-            highlight=False,
         ),
     )
     if json_out:
@@ -270,9 +272,7 @@ def speed_bench(
 
     config = SpeedConfig(size_list, tokens, repeats, processes, contention, model, n_threads)
     loaded = load_model_quietly(model, n_threads)
-    result = bench_speed(
-        loaded, config, out, lambda r: err.print(progress_line(r), highlight=False)
-    )
+    result = bench_speed(loaded, config, out, lambda r: log.print(progress_line(r)))
     if json_out:
         print_json(result)
         return

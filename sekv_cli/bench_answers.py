@@ -21,9 +21,9 @@ from .common import (
     JSON_OPTION,
     MODEL_OPTION,
     THREADS_OPTION,
-    err,
     handle_errors,
     load_model_quietly,
+    log,
     print_json,
 )
 from .render import print_rows
@@ -54,7 +54,7 @@ def needle_bench(
         budget=budget,
         recall=recall,
         settings=settings,
-        progress=lambda row: err.print(
+        progress=lambda row: log.print(
             f"{row['tokens']} tokens, depth {row['depth']}: full {row['full_ok']}, "
             f"sekv {row['sekv_ok']}, resident {row['resident_share']:.1%}, "
             f"recall {row['recall_vs_oracle']}"
@@ -134,10 +134,9 @@ def books_bench(
         facts,
         settings,
         max_new_tokens,
-        on_row=lambda r: err.print(
+        on_row=lambda r: log.print(
             f"{r['tokens']:,} tokens {r['method']} {r['kind']} depth {r['depth']}: "
             f"{'ok' if r['correct'] else 'miss'} ({r['answer'][:50]!r})",
-            highlight=False,
         ),
     )
     if json_out:
@@ -192,11 +191,10 @@ def sources_bench(
         chosen,
         settings,
         max_new_tokens,
-        on_row=lambda r: err.print(
+        on_row=lambda r: log.print(
             f"{r['document']} {r['method']}: {'ok' if r['correct'] else 'miss'}, first source "
             f"{'holds it' if r['first_has_answer'] else 'does not'} (p. {r['first_page']} of "
             f"{r['page']})",
-            highlight=False,
         ),
     )
     table = summary(rows, chosen)

@@ -12,6 +12,7 @@ from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
 
 from .common import (
+    MAX_TOKENS_OPTION,
     METHOD_HELP,
     MODEL_OPTION,
     ROUTER_OPTION,
@@ -40,11 +41,14 @@ def chat(
     budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
     router: str = ROUTER_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
+    max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
     settings = MethodSettings(budget=budget, router=router, warn=warn)
-    session, _ = open_session(file, model, method, settings, resolve_threads(threads))
+    session, _ = open_session(
+        file, model, method, settings, resolve_threads(threads), max_tokens=max_tokens
+    )
     document = session.document
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -54,8 +58,10 @@ def chat(
     last = None  # the last answer
     interactive = sys.stdin.isatty()
     err.print(
-        f"[bold]{document.path.name}[/bold]: {session.doc_tokens:,} tokens, "
-        f"method {method}. Ask a question; /help for commands."
+        Text(document.path.name, style="bold")
+        + Text(
+            f": {session.doc_tokens:,} tokens, method {method}. Ask a question; /help for commands."
+        )
     )
     while True:
         try:
@@ -70,7 +76,7 @@ def chat(
             if cmd in ("/quit", "/exit"):
                 return
             if cmd == "/help":
-                err.print(HELP)
+                err.print(Text(HELP))
             elif cmd == "/sources":
                 if last is not None and last.sources:
                     print_sources(last)

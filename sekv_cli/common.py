@@ -1,4 +1,8 @@
-"""Shared CLI plumbing: the stderr console, error handling, model loading with a spinner."""
+"""Shared CLI plumbing: the stderr console, error handling, cheap checks, model loading with a
+spinner, prefill progress.
+
+Text from documents, files and the user reaches the terminal as Rich ``Text``, never as markup.
+"""
 
 from __future__ import annotations
 
@@ -24,14 +28,16 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from sekv_core.config import check_question
+from sekv_core.config import MAX_TOKENS, StoreSettings, check_question
 from sekv_core.errors import SekvError
 from sekv_core.method_names import METHOD_NAMES
+from sekv_core.paths import sekv_home
 from sekv_core.threads import THREADS_ENV, apply_threads, default_threads
 
-from .eta import Eta
+from .eta import Eta, ProgressLog, clock_time
 
 err = Console(stderr=True)
+log = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)  # plain text lines
 HELP_SETTINGS = {"help_option_names": ["--help", "-h"]}  # Typer context_settings: -h too
 
 MODEL_OPTION = typer.Option(
@@ -46,6 +52,14 @@ THREADS_OPTION = typer.Option(
     f"else {default_threads()} here).",
 )
 METHOD_HELP = f"One of: {', '.join(METHOD_NAMES)}."
+MAX_TOKENS_OPTION = typer.Option(
+    MAX_TOKENS,
+    "--max-tokens",
+    min=1,
+    help="Refuse a document of more tokens than this unless its store is built already (a "
+    "streamed ingest reads ~100-200 tokens/s on a CPU); a file too big for that many tokens is "
+    "refused before it is read.",
+)
 ROUTER_OPTION = typer.Option(
     "auto",
     "--router",
@@ -81,7 +95,8 @@ def handle_errors(fn: F) -> F:
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]Warning:[/yellow] {message}")
+    """``Warning: message`` on stderr, the message as plain text, one line however long."""
+    err.print(Text("Warning: ", style="yellow") + Text(message), soft_wrap=True)
 
 
 def check_method(method: str) -> None:
@@ -95,7 +110,7 @@ def load_model_quietly(name: str | None, threads: int):
     from sekv_core.models import load_model
 
     apply_threads(threads)
-    with err.status(f"Loading {name or 'the default model'}…"):
+    with err.status(Text(f"Loading {name or 'the default model'}…")):
         return load_model(name)
 
 
@@ -113,19 +128,20 @@ class EtaColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         left = task.fields.get("eta")
-        if left is None:
-            return Text("-:--:--", style="progress.remaining")
-        m, s = divmod(int(round(left)), 60)
-        h, m = divmod(m, 60)
-        return Text(f"{h}:{m:02d}:{s:02d}", style="progress.remaining")
+        return Text("-:--:--" if left is None else clock_time(left), style="progress.remaining")
 
 
 @contextmanager
 def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
     """A Rich progress bar on stderr (tokens, tokens/s, elapsed, ETA); yields
-    progress(done, total). A first call past 0 (a resumed ingest) does not count as speed."""
+    progress(done, total). A first call past 0 (a resumed ingest) does not count as speed.
+    When stderr is not a terminal, periodic plain log lines instead (:class:`ProgressLog`)."""
+    if not err.is_terminal:
+        log = ProgressLog(label, lambda line: err.print(Text(line), soft_wrap=True))
+        yield log.update
+        return
     with Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # file names are text
         BarColumn(),
         TokenCount(),
         TimeElapsedColumn(),
@@ -133,7 +149,6 @@ def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
         EtaColumn(),
         console=err,
         transient=True,
-        disable=not err.is_terminal,  # no bar (nor its blank line) when stderr is a file
     ) as bar:
         task = bar.add_task(label, total=None, eta=None)
         first = True
@@ -155,7 +170,7 @@ def print_json(data: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def open_store(file, model: str | None, threads: int):
+def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKENS):
     """Load document and model, then find or build the document's span store (progress on stderr).
 
     Returns (loaded, document, context, store, cache_hit, seconds).
@@ -165,13 +180,15 @@ def open_store(file, model: str | None, threads: int):
     from sekv_core.documents import load_document
 
     start = time.perf_counter()
-    document = load_document(file)
-    from sekv_core.engine import check_window  # torch: only once the document is readable
+    document = load_document(file, max_tokens)
+    check_home()
+    from sekv_core.engine import check_window  # torch: only once the input is known to be usable
     from sekv_core.ingest import open_or_build
     from sekv_core.prompt import chat_template, encode_context
 
     loaded = load_model_quietly(model, threads)
     context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+    check_document_tokens(loaded, document, context, max_tokens, StoreSettings())
     check_window(loaded, document, context, books=True)  # books are streamed
     with prefill_progress(f"Ingesting {document.path.name}") as progress:
         store, hit = open_or_build(
@@ -185,11 +202,18 @@ def open_store(file, model: str | None, threads: int):
 
 
 def open_session(
-    file, model: str | None, method: str, settings, threads: int, question: str | None = None
+    file,
+    model: str | None,
+    method: str,
+    settings,
+    threads: int,
+    question: str | None = None,
+    max_tokens: int = MAX_TOKENS,
 ):
     """Check the method, load document and model, prepare the session (progress on stderr).
 
-    A ``question`` given is checked once the document is read, before the model loads.
+    A ``question`` given and ``$SEKV_HOME`` are checked once the document is read, before the
+    model loads; the document's tokens before anything is prefilled.
     Returns (session, seconds spent loading document and model).
     """
     import time
@@ -198,16 +222,48 @@ def open_session(
 
     check_method(method)
     start = time.perf_counter()
-    document = load_document(file)
+    document = load_document(file, max_tokens)
     if question is not None:
         check_question(question)
+    check_home()
     from sekv_core.engine import Session  # torch: only once the input is known to be usable
+    from sekv_core.prompt import chat_template, encode_context
 
     loaded = load_model_quietly(model, threads)
+    if len(document.text.encode()) > max_tokens:  # else too few bytes: a token holds one at least
+        context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+        check_document_tokens(loaded, document, context, max_tokens, settings.store)
     load_s = time.perf_counter() - start
     with prefill_progress(f"Reading {document.path.name}") as progress:
         session = Session(loaded, document, method, settings, progress)
     return session, load_s
+
+
+def check_home() -> None:
+    """Fail before the model loads if ``$SEKV_HOME`` (stores, routers, the default model's
+    converted copy) cannot be written, rather than after a prefill."""
+    home = sekv_home()  # created if need be, else an error naming SEKV_HOME
+    for folder in (home, home / "stores"):
+        try:
+            if folder.is_dir():
+                with tempfile.TemporaryFile(dir=folder):  # what os.access misses: root, read-only
+                    pass
+        except OSError:
+            where = "" if folder == home else f" ({folder})"
+            raise SekvError(
+                f"SEKV_HOME {home} is not writable{where}; set SEKV_HOME to a writable directory"
+            ) from None
+
+
+def check_document_tokens(loaded, document, context, max_tokens: int, store_settings) -> None:
+    """Refuse a document over ``max_tokens`` tokens before it is prefilled, unless its span
+    store for ``store_settings`` is built already (nothing left to read)."""
+    from sekv_core.documents import check_tokens
+    from sekv_core.ingest import store_path
+
+    tokens = len(context) - context.doc_start
+    if tokens > max_tokens and not store_path(loaded, document, context, store_settings).exists():
+        check_tokens(document, tokens, max_tokens)
 
 
 def stream_text(delta: str) -> None:

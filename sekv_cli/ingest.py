@@ -7,11 +7,13 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sekv_core.threads import resolve_threads
 
 from .common import (
     JSON_OPTION,
+    MAX_TOKENS_OPTION,
     MODEL_OPTION,
     THREADS_OPTION,
     handle_errors,
@@ -26,11 +28,12 @@ def ingest(
     file: Path = typer.Argument(..., help="Document to ingest: .pdf, .txt or .md."),
     model: str | None = MODEL_OPTION,
     json_out: bool = JSON_OPTION,
+    max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
     """Read FILE once and save its SeKV span store; later questions start from it."""
     n_threads = resolve_threads(threads)
-    _, document, context, store, hit, seconds = open_store(file, model, n_threads)
+    _, document, context, store, hit, seconds = open_store(file, model, n_threads, max_tokens)
     m = store.manifest
     b, stats = m["bytes"], m["stats"]
     full = b["full_kv_fp16"]
@@ -72,6 +75,7 @@ def ingest(
     table = Table(show_header=False, box=None)
     mem = data["memory"]
     rows = [
+        ("document", str(document.path)),
         ("store", f"{store.path} ({'cache hit' if hit else 'built'})"),
         (
             "tokens",
@@ -105,5 +109,5 @@ def ingest(
             ),
         )
     for k, v in rows:
-        table.add_row(f"[bold]{k}[/bold]", v)
+        table.add_row(Text(k, style="bold"), Text(v))  # paths are text, not markup
     Console().print(table)

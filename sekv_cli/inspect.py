@@ -15,6 +15,7 @@ from sekv_core.html_style import INK, SCALE
 from sekv_core.threads import resolve_threads
 
 from .common import (
+    MAX_TOKENS_OPTION,
     MODEL_OPTION,
     THREADS_OPTION,
     check_writable,
@@ -43,18 +44,19 @@ def inspect(
         metavar="OUT",
         help="Write a self-contained HTML page of the report to OUT (no network needed).",
     ),
+    max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
     """Show FILE's span segmentation: text coloured by surprisal, spans, anchors, bytes."""
     if html_out is not None:
         check_writable(html_out)
-    loaded, document, _, store, _, _ = open_store(file, model, resolve_threads(threads))
+    loaded, document, _, store, _, _ = open_store(file, model, resolve_threads(threads), max_tokens)
     from sekv_core.report import build_report  # torch: loaded by now
 
     report = build_report(store, document, loaded.tokenizer)
     if html_out is not None:
         write_text_atomically(html_out, render_html(report))
-        err.print(f"wrote {html_out}", highlight=False, soft_wrap=True)
+        err.print(Text(f"wrote {html_out}"), soft_wrap=True)
     if json_out:
         print_json(report)
         return
@@ -66,11 +68,11 @@ def inspect(
     out.print(_summary(report), highlight=False)
 
 
-def _header(report: dict[str, Any]) -> str:
+def _header(report: dict[str, Any]) -> Text:
     doc, st = report["document"], report["stats"]
     sl = st["span_len"]
-    return (
-        f"[bold]{doc['name']}[/bold] · {report['model']} · {_n(doc['tokens'], 'token')}, "
+    return Text(doc["name"], style="bold") + Text(
+        f" · {report['model']} · {_n(doc['tokens'], 'token')}, "
         f"{_n(doc['pages'], 'page')} · {_n(st['spans'], 'span')} "
         f"(length p50 {sl['p50']:g}, {sl['min']}–{sl['max']}) · {_n(st['anchors'], 'anchor')} "
         f"({st['anchors_pct']:g}%) · threshold {st['threshold_nats']:.2f} nats"
@@ -155,10 +157,10 @@ def _table(report: dict[str, Any]) -> Table:
     return table
 
 
-def _summary(report: dict[str, Any]) -> str:
+def _summary(report: dict[str, Any]) -> Text:
     b, r = report["bytes"], report["ratios"]
-    return (
-        f"[bold]memory[/bold]: resident {human_bytes(b['resident'])} "
+    return Text("memory", style="bold") + Text(
+        f": resident {human_bytes(b['resident'])} "
         f"({r['resident']:.1%} of fp16 full KV) · offloaded {human_bytes(b['offloaded'])} "
         f"({r['offloaded']:.1%}) · trace {human_bytes(b['trace'])} · on disk "
         f"{human_bytes(b['store'])} ({r['store']:.1%}) · full KV "

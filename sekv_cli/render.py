@@ -124,5 +124,5 @@ def print_rows(title: str, rows: list[dict]) -> None:
     for col in rows[0]:
         table.add_column(col)
     for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
+        table.add_row(*(Text(str(v)) for v in row.values()))  # names are text, not markup
     out.print(table)

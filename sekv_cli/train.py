@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 from sekv_core.threads import resolve_threads
 
@@ -13,6 +14,7 @@ from .common import (
     JSON_OPTION,
     MODEL_OPTION,
     THREADS_OPTION,
+    check_home,
     err,
     handle_errors,
     load_model_quietly,
@@ -54,10 +56,12 @@ def train(
     low, high = (int(p) for p in parts)
     if not 32 <= low < high:
         raise typer.BadParameter("give MIN,MAX with 32 <= MIN < MAX", param_hint="--doc-tokens")
+    from sekv_core.router_files import user_router_path
     from sekv_core.train.loop import train as run  # torch: only once the options are checked
     from sekv_core.train.settings import TrainSettings
-    from sekv_core.zoomnet import user_router_path
 
+    if out is None:  # the router goes under $SEKV_HOME/routers: checked before the slow part
+        check_home()
     loaded = load_model_quietly(model, resolve_threads(threads))
     out = out or user_router_path(loaded.model_id, loaded.fingerprint)
     settings = TrainSettings(
@@ -84,7 +88,7 @@ def train(
             loaded,
             out,
             settings,
-            log=lambda line: err.print(line, highlight=False),
+            log=lambda line: err.print(Text(line), soft_wrap=True),  # paths: text, not markup
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     if json_out:
@@ -97,6 +101,8 @@ def train(
         if k.startswith("target_recall@")
     )
     err.print(
-        f"Router written to {out}: {metrics['parameters']:,} parameters. Held-out recall of the "
-        f"teacher's spans at zoom budget share {recall}"
+        Text(
+            f"Router written to {out}: {metrics['parameters']:,} parameters. Held-out recall of "
+            f"the teacher's spans at zoom budget share {recall}"
+        )
     )

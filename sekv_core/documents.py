@@ -3,8 +3,9 @@
 A :class:`Document` holds the whole text of a file after light normalisation (hyphenated line
 breaks joined, running PDF headers/footers removed, whitespace tidied) and the character offset at
 which each page begins, so that any token of the tokenised text can be traced back to its page
-(:func:`token_pages`). Problems the user can fix (missing, encrypted, scanned, empty or binary
-input) raise :class:`~sekv_core.errors.SekvError` with a one-line message naming the file.
+(:func:`token_pages`). Problems the user can fix (missing, not a regular file, too big,
+encrypted, scanned, empty or binary input) raise :class:`~sekv_core.errors.SekvError` with a
+one-line message naming the file.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import re
+import stat
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -22,9 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
+from sekv_core.config import MAX_TOKENS
 from sekv_core.errors import SekvError
 
 SUPPORTED_SUFFIXES = {".pdf": "pdf", ".txt": "txt", ".md": "md"}
+# Before it is read, a file is refused above max_tokens (config.MAX_TOKENS unless asked for) times
+# these bytes per token: text is ~4 bytes per token; a PDF's bytes are mostly fonts and images.
+TEXT_BYTES_PER_TOKEN = 16
+TYPICAL_TEXT_BYTES_PER_TOKEN = 4
+PDF_BYTES_PER_TOKEN = 256
 
 _HEADER_MAX_CHARS = 100  # running headers/footers are short lines
 
@@ -94,29 +103,24 @@ def token_pages(doc: Document, offsets: Sequence[tuple[int, int]]) -> list[int]:
     return np.clip(pages, 1, doc.pages).tolist()
 
 
-def load_document(path: str | Path) -> Document:
+def load_document(path: str | Path, max_tokens: int | None = MAX_TOKENS) -> Document:
     """Read a .pdf, .txt or .md file into a :class:`Document`.
+
+    Only a regular file is read (a FIFO, a device or a symlink to one is refused without being
+    opened for reading), and only one of at most :func:`max_bytes` for ``max_tokens`` (None: no
+    limit), checked before it is read.
 
     Raises
     ------
     SekvError
-        If the file is missing, a directory, of an unsupported type, encrypted with a password,
-        unreadable, has no extractable text (scanned PDF), is empty, or is binary.
+        If the file is missing, a directory or not a regular file, of an unsupported type, too
+        big, encrypted with a password, unreadable, has no extractable text (scanned PDF), is
+        empty, or is binary.
     """
     path = Path(path)
     name = str(path)
-    if not path.exists():
-        raise SekvError(f"cannot read '{name}': no such file")
-    if path.is_dir():
-        raise SekvError(f"cannot read '{name}': it is a directory; pass a file")
     kind = SUPPORTED_SUFFIXES.get(path.suffix.lower())
-    if kind is None:
-        supported = ", ".join(SUPPORTED_SUFFIXES)
-        raise SekvError(f"cannot read '{name}': unsupported file type; supported: {supported}")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SekvError(f"cannot read '{name}': {exc.strerror or exc}") from exc
+    raw = _read_regular(path, name, kind, max_tokens)
     if not raw.strip():
         raise SekvError(f"cannot read '{name}': the file is empty")
 
@@ -137,6 +141,86 @@ def load_document(path: str | Path) -> Document:
         page_starts=page_starts,
         kind=kind,
     )
+
+
+def max_bytes(kind: str, max_tokens: int) -> int:
+    """The largest file of ``kind`` read for a document of at most ``max_tokens`` tokens."""
+    return max_tokens * (PDF_BYTES_PER_TOKEN if kind == "pdf" else TEXT_BYTES_PER_TOKEN)
+
+
+def check_tokens(document: Document, tokens: int, max_tokens: int | None = MAX_TOKENS) -> None:
+    """Refuse a document of more than ``max_tokens`` tokens (None: no limit), saying how to go
+    ahead; called once it is tokenised, before any prefill."""
+    if max_tokens is not None and tokens > max_tokens:
+        raise SekvError(
+            f"'{document.path}' is {tokens:,} tokens, more than --max-tokens {max_tokens:,} "
+            f"allows; to read it anyway, pass --max-tokens {tokens}"
+        )
+
+
+def _read_regular(path: Path, name: str, kind: str | None, max_tokens: int | None) -> bytes:
+    """The bytes of ``path`` if it is a regular file of a supported kind within the limit.
+
+    The file is stat-ed before it is opened, and opened non-blocking (a FIFO swapped in after
+    the check does not hang), then checked again on the open descriptor.
+    """
+    try:
+        what = _not_regular(os.stat(path).st_mode)
+    except FileNotFoundError:
+        raise SekvError(f"cannot read '{name}': no such file") from None
+    except OSError as exc:
+        raise SekvError(f"cannot read '{name}': {exc.strerror or exc}") from None
+    if what == "a directory":
+        raise SekvError(f"cannot read '{name}': it is a directory; pass a file")
+    if what:
+        raise SekvError(f"cannot read '{name}': it is {what}, not a regular file; pass a file")
+    if kind is None:
+        supported = ", ".join(SUPPORTED_SUFFIXES)
+        raise SekvError(f"cannot read '{name}': unsupported file type; supported: {supported}")
+    limit = None if max_tokens is None else max_bytes(kind, max_tokens)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if what := _not_regular(st.st_mode):
+                raise SekvError(f"cannot read '{name}': it is {what}, not a regular file")
+            if limit is not None and st.st_size > limit:
+                _too_big(name, kind, st.st_size, limit, max_tokens)
+            raw = f.read() if limit is None else f.read(limit + 1)
+    except OSError as exc:
+        raise SekvError(f"cannot read '{name}': {exc.strerror or exc}") from None
+    if limit is not None and len(raw) > limit:  # it grew while being read
+        _too_big(name, kind, len(raw), limit, max_tokens)
+    return raw
+
+
+def _not_regular(mode: int) -> str:
+    """What a file of ``mode`` is when it is not a regular file ('' when it is)."""
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
+
+
+def _too_big(name: str, kind: str, size: int, limit: int, max_tokens: int) -> None:
+    """Refuse a file over ``limit`` bytes, suggesting a --max-tokens that reads it."""
+    per_token = PDF_BYTES_PER_TOKEN if kind == "pdf" else TYPICAL_TEXT_BYTES_PER_TOKEN
+    suggest = max(-(-size // per_token), max_tokens + 1)
+    raise SekvError(
+        f"cannot read '{name}': it is {_size(size)}, more than the {_size(limit)} read for "
+        f"--max-tokens {max_tokens:,}; to read it anyway, pass --max-tokens {suggest} or more"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
 
 
 def _decode_text(raw: bytes, name: str) -> str:

@@ -13,7 +13,11 @@ tensors (never pickle):
 - ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets);
 - ``manifest.json`` — format version, model id + fingerprint, tokenizer, settings, document,
   positions (``original``, or ``bounded`` for books: keys pre-RoPE, see :mod:`sekv_core.zoom`),
-  sha256 + size of every file, bytes per tier, statistics. Written last.
+  sha256 + size of every file, bytes per tier, statistics, and ``digest``: the sha256 of all of
+  that (:func:`manifest_digest`), so no value in it is trusted unchecked. Written last.
+
+A store is written into a ``.tmp-*`` sibling that records its writer (a dead writer's is removed
+at the next build, :mod:`sekv_core.locks`), then renamed into place; store directories are 0700.
 
 ``bytes`` in the manifest: ``resident`` is the device tier as an answer holds it (sinks' and
 anchors' K/V as 8-bit rows, :mod:`sekv_core.kvquant`), the number ``sekv ask --json`` reports
@@ -35,7 +39,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -44,16 +48,18 @@ from safetensors.torch import save_file
 from .config import StoreSettings
 from .documents import Document, token_pages
 from .kvquant import KV_BITS, row_bytes
+from .locks import WRITER, mark_writer
 from .models import LoadedModel
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 6  # 6: coded offload tier (5: books keep no anchors)
+FORMAT_VERSION = 7  # 7: manifest digest (6: coded offload tier; 5: books keep no anchors)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
 # the offload code's codebooks (float32, host index: zoomed rows are decoded on the host)
 CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in ("basis", "mean", "range"))
+DIGEST = "digest"  # the manifest's own checksum (of every other field)
 
 
 def store_key(loaded: LoadedModel, document: Document, context: Context, settings: Any) -> str:
@@ -164,10 +170,12 @@ def write_atomically(
     writers: dict[str, Callable[[Path], None]] | None = None,
 ) -> None:
     """Write ``files`` (and the files ``writers`` write to the path they get) + the manifest
-    into a temporary sibling directory, then rename it to ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    (with its sizes, checksums and digest) into a temporary sibling directory (0700, marked
+    with this writer), then rename it to ``path``."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))  # 0700
     try:
+        mark_writer(tmp)
         manifest["files"] = {}
         for name in [*files, *(writers or {})]:
             if name in files:
@@ -185,23 +193,47 @@ def write_atomically(
             if "offload.safetensors" in files_bytes:
                 sizes["offloaded"] = files_bytes["offload.safetensors"]
             sizes["store"] = sum(files_bytes.values())
+        manifest.pop(DIGEST, None)
+        manifest[DIGEST] = manifest_digest(json.loads(json.dumps(manifest)))  # as it reads back
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        if path.exists():  # a stale or corrupt store being replaced
-            trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
-            os.replace(path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, path)
+        _replace(tmp, path)
+        (path / WRITER).unlink(missing_ok=True)  # (killed just before: a harmless extra file)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def map_safetensors(path: Path, names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
-    """Memory-map the 1-D tensors (``names``: only those) of a safetensors file as read-only
-    torch views (no copy)."""
-    with open(path, "rb") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(header_len))
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename the finished ``tmp`` to ``path``, a stale or corrupt store there deleted first
+    (renamed away, so a reader never sees half of it)."""
+    if path.exists():
+        trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+        shutil.rmtree(trash, ignore_errors=True)  # a dead process's of the same pid
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The sha256 of the canonical manifest (sorted-keys compact JSON of every field but
+    :data:`DIGEST`): it covers the files' checksums and sizes, positions, document, bytes."""
+    body = {k: v for k, v in manifest.items() if k != DIGEST}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def map_safetensors(
+    source: Path | BinaryIO, names: tuple[str, ...] | None = None
+) -> dict[str, torch.Tensor]:
+    """Memory-map the 1-D tensors (``names``: only those) of a safetensors file (a path, or a
+    file open for binary reading: the maps stay valid after it is replaced or deleted) as
+    read-only torch views (no copy)."""
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            return map_safetensors(f, names)
+    source.seek(0)
+    header_len = int.from_bytes(source.read(8), "little")
+    header = json.loads(source.read(header_len))
     dtypes = {
         "F16": np.float16,
         "F32": np.float32,
@@ -221,7 +253,7 @@ def map_safetensors(path: Path, names: tuple[str, ...] | None = None) -> dict[st
             out[name] = torch.zeros(0, dtype=getattr(torch, dtype.name))
             continue
         array = np.memmap(
-            path, dtype=dtype, mode="r", offset=8 + header_len + start, shape=(count,)
+            source, dtype=dtype, mode="r", offset=8 + header_len + start, shape=(count,)
         )
         with warnings.catch_warnings():  # read-only map: torch warns it is not writable
             warnings.simplefilter("ignore")
@@ -233,9 +265,13 @@ def nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def sha256(path: Path) -> str:
+def sha256(source: Path | BinaryIO) -> str:
+    """Hex sha256 of a file (a path, or an open binary file read from its start)."""
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            return sha256(f)
+    source.seek(0)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
+    for block in iter(lambda: source.read(1 << 22), b""):
+        h.update(block)
     return h.hexdigest()

@@ -1,7 +1,10 @@
 """Ingest: the document's span store, loaded when a valid one exists, else built.
 
 The only module that knows both builders: a context that fits the model window is built in one
-prefill (:mod:`sekv_core.build`), a longer one is streamed (:mod:`sekv_core.stream`).
+prefill (:mod:`sekv_core.build`), a longer one is streamed (:mod:`sekv_core.stream`). One process
+builds a given store at a time (:func:`sekv_core.locks.store_lock`); another that wants it waits,
+then loads what the first built. What killed builders left behind is cleaned before a build
+(:func:`sekv_core.locks.clean_leftovers`).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from .config import StoreSettings, exceeds_window
 from .documents import Document
 from .errors import SekvError
 from .format import store_key
+from .locks import clean_leftovers, store_lock
 from .models import LoadedModel
-from .paths import sekv_home
+from .parts import STATE_VERSION
+from .paths import stores_dir
 from .prefill import Progress
 from .prompt import Context
 from .store import SpanStore, StoreInvalid, load_store
@@ -26,7 +31,7 @@ def store_path(
     loaded: LoadedModel, document: Document, context: Context, settings: StoreSettings
 ) -> Path:
     """Where the document's store for this model and these settings lives."""
-    return sekv_home() / "stores" / store_key(loaded, document, context, settings)
+    return stores_dir() / store_key(loaded, document, context, settings)
 
 
 def open_or_build(
@@ -39,24 +44,51 @@ def open_or_build(
 ) -> tuple[SpanStore, bool]:
     """Load the document's store if a valid one exists, else build it. Returns (store, cache_hit).
 
-    A stale, foreign or corrupt store is rebuilt, and ``warn`` is told why.
+    A stale, foreign or corrupt store is rebuilt, and ``warn`` is told why. A store that fails
+    to load without the lock (missing, being replaced, damaged) is decided under it.
     """
     settings = settings or StoreSettings()
     path = store_path(loaded, document, context, settings)
     if path.exists():
         try:
-            return load_store(path, loaded, document, settings), True
-        except StoreInvalid as exc:
-            if warn:
-                warn(f"rebuilding the span store at {path}: {exc}")
+            return load_store(path, loaded, document, context, settings), True
+        except StoreInvalid:
+            pass  # replaced meanwhile, or damaged: checked again under the lock
+    name = document.path.name
+
+    def waiting() -> None:
+        if warn:
+            warn(f"another sekv process is ingesting {name}; waiting for it to finish")
+
     try:
-        if settings.stream.always or exceeds_window(loaded.spec.window, len(context)):
-            build_streamed(path, loaded, document, context, settings, progress, warn)
-        else:
-            build_store(path, loaded, document, context, settings, progress)
+        with store_lock(path, waiting):
+            return _load_or_build(path, loaded, document, context, settings, progress, warn)
     except OSError as exc:
         raise SekvError(
             f"cannot write the span store under {path.parent} ({exc.strerror or exc}); "
             "set SEKV_HOME to a writable directory with free space"
         ) from None
-    return load_store(path, loaded, document, settings), False
+
+
+def _load_or_build(
+    path: Path,
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+    progress: Progress | None,
+    warn: Callable[[str], None] | None,
+) -> tuple[SpanStore, bool]:
+    """Under the store's lock: the store another process just built, else a new build."""
+    if path.exists():
+        try:
+            return load_store(path, loaded, document, context, settings), True
+        except StoreInvalid as exc:
+            if warn:
+                warn(f"rebuilding the span store at {path}: {exc}")
+    clean_leftovers(path.parent, path, STATE_VERSION)
+    if settings.stream.always or exceeds_window(loaded.spec.window, len(context)):
+        build_streamed(path, loaded, document, context, settings, progress, warn)
+    else:
+        build_store(path, loaded, document, context, settings, progress)
+    return load_store(path, loaded, document, context, settings), False

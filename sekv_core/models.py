@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from .errors import SekvError
+from .errors import SekvError, one_line
+from .hub import PASS_A_MODEL, hub_snapshot
 from .paths import sekv_home
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -171,95 +172,156 @@ def pick_device(device: str | None = None) -> str:
     return "cpu"
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class ModelSource:
+    """Where a model loads from: a local directory (a hub id's cached snapshot, or the default
+    model's converted copy), with what the messages call it and how to fix it."""
+
+    what: str  # "--model 'X'" or "the default model"
+    fix: str  # what to do when its files cannot be read
+    path: Path
+    model_id: str
+    weight_files: list[Path]
+    gguf_file: str | None = None
+
+
 def load_model(name: str | None = None, device: str | None = None) -> LoadedModel:
     """Load ``name`` (None: the embedded default; a local directory; or a hub id).
 
     Hub ids are looked up in the local cache first, so offline mode works with a warm cache;
-    ``HF_HUB_OFFLINE=1`` forbids the network entirely.
+    ``HF_HUB_OFFLINE=1`` forbids the network entirely. Every failure is a one-line SekvError
+    saying what is wrong with ``name`` and what to pass instead.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     _quiet_transformers()
-    device = pick_device(device)
-    kwargs: dict[str, Any] = {}
-    weight_files: list[Path] = []
-    if name is None:
-        gguf = default_model_dir() / DEFAULT_GGUF
-        converted = converted_default(gguf)
-        source: str = str(converted or gguf.parent)
-        if converted is None:
-            kwargs["gguf_file"] = gguf.name
-        model_id = DEFAULT_MODEL
-        weight_files = [gguf]
-    elif Path(name).expanduser().is_dir():
-        source = str(Path(name).expanduser().resolve())
-        model_id = source
-        weight_files = sorted(
-            p for p in Path(source).iterdir() if p.suffix in (".safetensors", ".bin", ".gguf")
-        )
-        ggufs = [p for p in weight_files if p.suffix == ".gguf"]
-        if ggufs and not (Path(source) / "config.json").exists():
-            kwargs["gguf_file"] = ggufs[0].name
-    elif Path(name).expanduser().exists():
-        raise SekvError(f"--model {name!r} is a file; pass the directory that holds the model")
-    else:
-        source = model_id = name
+    src = locate(name)
+    kwargs: dict[str, Any] = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+    config = _read(src, "its config", AutoConfig.from_pretrained, **kwargs)
+    check_family(src.what, getattr(config, "model_type", None))
+    tokenizer = _read(src, "its tokenizer", AutoTokenizer.from_pretrained, **kwargs)
+    model = load_weights(src, pick_device(device), **kwargs)
+    spec = ModelSpec.from_config(model.config, tokenizer)
+    return LoadedModel(model, tokenizer, spec, src.model_id, src.weight_files)
 
-    try:
-        config = _with_hub_fallback(AutoConfig.from_pretrained, source, **kwargs)
-    except OSError as exc:
-        raise SekvError(_not_found(name, exc)) from None
-    family = getattr(config, "model_type", "?")
-    if family not in SUPPORTED_FAMILIES:
-        raise SekvError(
-            f"model {model_id!r} is a {family!r} model; "
-            f"sekv supports {', '.join(SUPPORTED_FAMILIES)}"
-        )
+
+def load_weights(src: ModelSource, device: str, **kwargs: Any) -> Any:
+    """The frozen model on ``device``; refused when its weights leave tensors of its config
+    unset (transformers would fill those with random values and only log it)."""
+    from transformers import AutoModelForCausalLM
+
     on_gpu = device.startswith("cuda")
-    dtype = torch.bfloat16 if on_gpu and "gguf_file" not in kwargs else torch.float32
-    load_kwargs = dict(kwargs, dtype=dtype)
+    dtype = torch.bfloat16 if on_gpu and not src.gguf_file else torch.float32
+    # mis-shaped tensors are reported in ``info`` (and refused below) rather than raised
+    load_kwargs = dict(kwargs, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
     if on_gpu:
         load_kwargs["device_map"] = "auto"
-    try:
-        tokenizer = _with_hub_fallback(AutoTokenizer.from_pretrained, source, **kwargs)
-        model = _with_hub_fallback(AutoModelForCausalLM.from_pretrained, source, **load_kwargs)
-    except OSError as exc:
-        raise SekvError(_not_found(name, exc)) from None
+    model, info = _read(src, "its weights", AutoModelForCausalLM.from_pretrained, **load_kwargs)
+    mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys") or []]
+    unset = sorted(info.get("missing_keys") or []) + sorted(mismatched)
+    if unset:
+        raise SekvError(
+            f"{src.what}: its weights do not fit its config ({len(unset)} tensors missing or "
+            f"mis-shaped, e.g. {unset[0]}); {src.fix}"
+        )
     if not on_gpu:
         model.to(device)
     model.eval()
     model.requires_grad_(False)
-    if not weight_files:
-        weight_files = _cached_weight_files(source)
-    spec = ModelSpec.from_config(model.config, tokenizer)
-    return LoadedModel(model, tokenizer, spec, model_id, weight_files)
+    return model
 
 
-def _with_hub_fallback(fn: Any, source: str, **kwargs: Any) -> Any:
-    """Try the local cache first; reach the hub only if allowed and needed."""
-    try:
-        return fn(source, local_files_only=True, **kwargs)
-    except OSError:
-        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-            raise
-        return fn(source, **kwargs)
-
-
-def _cached_weight_files(model_id: str) -> list[Path]:
-    try:
-        from huggingface_hub import snapshot_download
-
-        folder = Path(snapshot_download(model_id, local_files_only=True))
-    except Exception:
-        return []
-    return sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
-
-
-def _not_found(name: str | None, exc: Exception) -> str:
+def locate(name: str | None) -> ModelSource:
+    """The directory ``name`` loads from, its layout checked (SekvError saying what is wrong)."""
     if name is None:
-        return f"cannot load the default model ({exc}); reinstall: {INSTALL_DEFAULT}"
-    return (
-        f"model {name!r} not found: not a local directory and not in the Hugging Face cache "
-        "(or the hub is unreachable); pass a local model directory, or download it once "
-        "with network access and set HF_HOME to that cache"
-    )
+        return default_source()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return local_source(f"--model {name!r}", path.resolve(), str(path.resolve()))
+    if path.exists():
+        raise SekvError(f"--model {name!r} is a file; pass the directory that holds the model")
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise SekvError(f"--model {name!r}: no such directory; {PASS_A_MODEL}")
+    return local_source(f"--model {name!r}", hub_snapshot(name), name)
+
+
+def default_source() -> ModelSource:
+    """The embedded default: its converted safetensors copy, else the GGUF in the wheel."""
+    what, fix = "the default model", f"reinstall it: {INSTALL_DEFAULT}"
+    gguf = default_model_dir() / DEFAULT_GGUF
+    try:
+        converted = converted_default(gguf)
+    except Exception as exc:  # a damaged GGUF: transformers/gguf raise many types
+        raise SekvError(f"cannot load {what} ({one_line(exc)}); {fix}") from None
+    if converted is None:
+        return ModelSource(what, fix, gguf.parent, DEFAULT_MODEL, [gguf], gguf.name)
+    return ModelSource(what, fix, converted, DEFAULT_MODEL, [gguf])
+
+
+def local_source(what: str, path: Path, model_id: str) -> ModelSource:
+    """A model directory, checked before anything heavy is read: a config (or a GGUF file),
+    weights, a tokenizer, and a supported family."""
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file())
+    except OSError as exc:
+        raise SekvError(f"{what}: cannot list {path} ({one_line(exc)}); {PASS_A_MODEL}") from None
+    weights = [p for p in files if p.suffix in WEIGHT_SUFFIXES]
+    ggufs = [p.name for p in weights if p.suffix == ".gguf"]
+    config = path / "config.json"
+    fix = "copy or download the model again, or pass another --model"
+    if not config.is_file():
+        if ggufs:  # a GGUF file carries its config and tokenizer
+            return ModelSource(what, fix, path, model_id, weights, ggufs[0])
+        raise SekvError(
+            f"{what} is not a model directory: {path} has no config.json; {PASS_A_MODEL}"
+        )
+    check_family(what, config_family(what, config))
+    if not any(p.suffix in (".safetensors", ".bin") for p in weights):
+        raise SekvError(
+            f"{what} has a config.json but no weights (*.safetensors or *.bin) in {path}; "
+            "copy the model's weight files there, or pass another --model"
+        )
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise SekvError(
+            f"{what} has no tokenizer in {path} (one of {', '.join(TOKENIZER_FILES)}); save "
+            "the tokenizer there (tokenizer.save_pretrained), or pass another --model"
+        )
+    return ModelSource(what, fix, path, model_id, weights)
+
+
+def config_family(what: str, config: Path) -> str | None:
+    """The ``model_type`` a config.json names (read as plain JSON: cheap, and clear errors)."""
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or bad UTF-8
+        raise SekvError(
+            f"{what}: {config} is not valid JSON ({one_line(exc)}); copy or download the model "
+            "again, or pass another --model"
+        ) from None
+    family = data.get("model_type") if isinstance(data, dict) else None
+    return family if isinstance(family, str) else None
+
+
+def check_family(what: str, family: str | None) -> None:
+    if family is None:
+        raise SekvError(f"{what}: its config names no model_type; {PASS_A_MODEL}")
+    if family not in SUPPORTED_FAMILIES:
+        raise SekvError(
+            f"{what} is a {family!r} model; sekv supports {', '.join(SUPPORTED_FAMILIES)}: "
+            "pass a model of one of those families"
+        )
+
+
+def _read(src: ModelSource, part: str, fn: Any, **kwargs: Any) -> Any:
+    """``fn(src.path, ...)`` from local files only; any failure is one SekvError naming
+    ``part``, never a traceback (transformers, safetensors and torch raise many types)."""
+    try:
+        return fn(str(src.path), local_files_only=True, **kwargs)
+    except Exception as exc:
+        raise SekvError(
+            f"{src.what}: cannot read {part} in {src.path} ({one_line(exc)}); {src.fix}"
+        ) from None

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from .codec import Codebook
 from .config import SegmentSettings, StoreSettings
 from .errors import SekvError
-from .format import CODEBOOKS, sha256
+from .format import CODEBOOKS, manifest_digest, sha256
 from .segment import SINK, SPAN, span_cuts
 from .sketch import (
     QueryMoments,
@@ -46,7 +46,7 @@ from .sketch import (
 from .summary import STORE_DTYPE, one_thread
 
 OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
-STATE_VERSION = 3  # 3: the offload code's codebooks (2: query-weighted sketch)
+STATE_VERSION = 4  # 4: the record carries a digest (3: the offload code's codebooks)
 
 
 @dataclass
@@ -280,6 +280,7 @@ class Checkpoints:
             "parts": parts,
             "tensors": {"name": name, "sha256": sha256(self.work / name)},
         }
+        record["digest"] = manifest_digest(record)  # a flipped count is never resumed from
         tmp = self.work / "state.json.tmp"
         tmp.write_text(json.dumps(record))
         os.replace(tmp, self.work / "state.json")
@@ -289,13 +290,14 @@ class Checkpoints:
 
     def read(self, device: torch.device) -> tuple[StreamState, list[dict[str, Any]]] | None:
         """The last checkpoint's state (K/V on ``device``) and parts; None when there is none.
-        Raises CheckpointInvalid unless its version, store and every checksum match."""
+        Raises CheckpointInvalid unless its version, store, digest and every checksum match."""
         file = self.work / "state.json"
         if not file.exists():
             return None
         try:
             record = json.loads(file.read_text())
             ok = record.get("version") == STATE_VERSION and record.get("store") == self.store
+            ok = ok and record.get("digest") == manifest_digest(record)
             files = [*record["parts"], record["tensors"]]
             ok = ok and all(sha256(self.work / f["name"]) == f["sha256"] for f in files)
             if not ok:

@@ -1,4 +1,5 @@
-"""Where sekv keeps its data: ``$SEKV_HOME`` (default ``~/.cache/sekv``)."""
+"""Where sekv keeps its data: ``$SEKV_HOME`` (default ``~/.cache/sekv``), its stores in
+``stores/`` (0700)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,25 @@ def sekv_home() -> Path:
             "set SEKV_HOME to a writable directory"
         ) from None
     return home
+
+
+def stores_dir() -> Path:
+    """``$SEKV_HOME/stores``, private to the user (0700: stores hold whole documents)."""
+    stores = sekv_home() / "stores"
+    try:
+        private_dir(stores)
+    except OSError as exc:
+        raise SekvError(
+            f"cannot use {stores} for span stores ({exc.strerror or exc}); "
+            "set SEKV_HOME to a writable directory"
+        ) from None
+    return stores
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only its user reads (0700), created with its parents if need be;
+    one made by an older sekv or under a wide umask is tightened."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path

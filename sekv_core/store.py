@@ -1,26 +1,45 @@
 """A span store loaded from disk and verified: what answering reads, tier by tier.
 
-Loading checks format, model, document, settings and every file's size and checksum
-(:mod:`sekv_core.format`); a store that fails raises :class:`StoreInvalid` and is never used
+Loading checks the manifest's digest (:func:`sekv_core.format.manifest_digest`: no value in it
+is trusted unchecked), then what it claims against what is asked: format, model, document,
+settings, the context's length and prompt head, the positions' mode (bounded exactly when the
+context exceeds the model window) and sinks; then every file's size and checksum, read through
+the descriptor the tensors are loaded from (a store replaced meanwhile fails the check, it is
+never read half old, half new); then the stored sinks and token ids against the context. A
+store that fails raises :class:`StoreInvalid` and is never used
 (:func:`sekv_core.ingest.open_or_build` rebuilds it). The resident tier is read whole; the
 offload tier is memory-mapped and sliced per zoom.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load as load_bytes
 
-from .config import StoreSettings
+from .config import StoreSettings, exceeds_window
 from .documents import Document
-from .format import FILES, FORMAT, FORMAT_VERSION, map_safetensors, sha256
+from .format import (
+    DIGEST,
+    FILES,
+    FORMAT,
+    FORMAT_VERSION,
+    manifest_digest,
+    map_safetensors,
+    sha256,
+    tier_bytes,
+)
 from .models import LoadedModel
+from .prompt import Context
 from .reconstruct import RecordRanges
+from .segment import SINK, n_sinks
 from .summary import STORE_DTYPE
 
 
@@ -36,7 +55,8 @@ class SpanStore:
     manifest: dict[str, Any]
     resident: dict[str, torch.Tensor]
     trace: dict[str, torch.Tensor]
-    _offload: dict[str, torch.Tensor] | None = None  # flat buffers mapped from the file
+    # the offload tier's flat buffers, mapped from the file verified at load (not the path)
+    _offload: dict[str, torch.Tensor] | None = None
 
     @property
     def offload(self) -> dict[str, torch.Tensor]:
@@ -64,38 +84,136 @@ class SpanStore:
 
 
 def load_store(
-    path: Path, loaded: LoadedModel, document: Document, settings: StoreSettings
+    path: Path,
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
 ) -> SpanStore:
-    """Load and verify a store; raise :class:`StoreInvalid` if it must not be used."""
+    """Load and verify the store of ``document`` read as ``context``; raise
+    :class:`StoreInvalid` if it must not be used (also when missing or replaced meanwhile)."""
+    try:
+        manifest = read_manifest(path)
+        check_claims(manifest, loaded, document, context, settings)
+        with ExitStack() as files:
+            opened = {name: files.enter_context(open(path / name, "rb")) for name in FILES}
+            tensors = verified_tensors(manifest, opened)
+    except OSError as exc:  # FileNotFoundError and the like: gone or replaced while read
+        raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
+    resident, trace, offload = tensors
+    check_tensors(resident, trace, context, manifest["positions"]["sinks"])
+    check_sizes(manifest, resident)
+    place_resident(resident, loaded)
+    return SpanStore(path, manifest, resident, trace, offload)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of the store at ``path``, its digest verified."""
     try:
         manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise StoreInvalid(f"manifest unreadable ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise StoreInvalid("manifest is not a JSON object")
+    if manifest.get("version") != FORMAT_VERSION:  # an older sekv's (no digest before 7)
+        raise StoreInvalid(f"version is {manifest.get('version')!r}, expected {FORMAT_VERSION}")
+    if manifest.get(DIGEST) != manifest_digest(manifest):
+        raise StoreInvalid("manifest digest mismatch (edited or corrupt)")
+    return manifest
+
+
+def check_claims(
+    manifest: dict[str, Any],
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+) -> None:
+    """StoreInvalid unless the manifest describes this model, document, context, settings."""
+    T, start = len(context), context.doc_start
+    bounded = exceeds_window(loaded.spec.window, T)  # as the streamed build lays it out
     expect = {
         ("format",): FORMAT,
         ("version",): FORMAT_VERSION,
         ("model", "fingerprint"): loaded.fingerprint,
         ("document", "sha256"): document.sha256,
         ("settings",): json.loads(json.dumps(settings.to_dict())),
+        ("document", "context_tokens"): T,
+        ("document", "doc_start"): start,
+        ("document", "tokens"): T - start,
+        ("positions", "mode"): "bounded" if bounded else "original",
+        ("positions", "sinks"): n_sinks(T, start, settings.segment),
     }
     for keys, value in expect.items():
         found: Any = manifest
         for k in keys:
             found = found.get(k) if isinstance(found, dict) else None
-        if found != value:
+        if found != value or type(found) is not type(value):
             raise StoreInvalid(f"{'.'.join(keys)} is {found!r}, expected {value!r}")
-    for name in FILES:
-        meta = manifest.get("files", {}).get(name, {})
-        file = path / name
-        if not file.is_file() or file.stat().st_size != meta.get("bytes"):
-            raise StoreInvalid(f"{name} missing or truncated")
-        if sha256(file) != meta.get("sha256"):
+
+
+def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[dict, dict, dict]:
+    """(resident, trace, offload maps) read from the ``opened`` files once each has the size
+    and checksum the manifest lists."""
+    listed = manifest.get("files")
+    out = {}
+    for name, f in opened.items():
+        meta = listed.get(name) if isinstance(listed, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        size = os.fstat(f.fileno()).st_size
+        if size != meta.get("bytes"):
+            raise StoreInvalid(f"{name} is {size} bytes, expected {meta.get('bytes')} (truncated?)")
+        if name == "offload.safetensors":  # mapped, never read whole
+            digest, content = sha256(f), None
+        else:
+            content = f.read()
+            digest = hashlib.sha256(content).hexdigest()
+        if digest != meta.get("sha256"):
             raise StoreInvalid(f"{name} checksum mismatch (corrupt)")
+        try:
+            out[name] = map_safetensors(f) if content is None else load_bytes(content)
+        except Exception as exc:  # safetensors raises its own error types
+            raise StoreInvalid(f"{name}: unreadable tensors ({exc})") from None
+    return out["resident.safetensors"], out["trace.safetensors"], out["offload.safetensors"]
+
+
+def check_tensors(
+    resident: dict[str, torch.Tensor], trace: dict[str, torch.Tensor], context: Context, sinks: int
+) -> None:
+    """StoreInvalid unless the stored tokens are the context's and its first ``sinks`` tokens
+    are the stored sinks (roles, and the first fixed positions)."""
     try:
-        resident = load_file(path / "resident.safetensors")
-        trace = load_file(path / "trace.safetensors")
-    except Exception as exc:  # safetensors raises its own error types
-        raise StoreInvalid(f"unreadable tensors ({exc})") from None
+        ids, roles, fixed = trace["token_ids"], trace["roles"], resident["fixed_pos"]
+    except KeyError as exc:
+        raise StoreInvalid(f"tensor {exc} missing") from None
+    if not torch.equal(ids, torch.tensor(context.ids, dtype=ids.dtype)):
+        raise StoreInvalid("stored token ids differ from the document's")
+    stored = int((roles == SINK).sum())
+    leading = bool((roles[:sinks] == SINK).all()) and torch.equal(
+        fixed[:sinks], torch.arange(sinks)
+    )
+    if stored != sinks or not leading:
+        raise StoreInvalid(f"the store holds {stored} sinks, its manifest says {sinks}")
+
+
+def check_sizes(manifest: dict[str, Any], resident: dict[str, torch.Tensor]) -> None:
+    """StoreInvalid unless the manifest's tier sizes (what ingest and answers report) are those
+    of the stored tensors and files."""
+    files = {name: manifest["files"][name]["bytes"] for name in FILES}
+    expect = {
+        **tier_bytes(resident),
+        "offloaded": files["offload.safetensors"],
+        "store": sum(files.values()),
+    }
+    sizes = manifest.get("bytes")
+    for name, value in expect.items():
+        found = sizes.get(name) if isinstance(sizes, dict) else None
+        if found != value:
+            raise StoreInvalid(f"bytes.{name} is {found!r}, the store holds {value}")
+
+
+def place_resident(resident: dict[str, torch.Tensor], loaded: LoadedModel) -> None:
+    """The resident tier at the precision and on the device answers use it."""
     device = loaded.device
     # the resident tier stays in half precision on the device (fp32 models compute on copies)
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
@@ -106,4 +224,3 @@ def load_store(
         resident[name] = resident[name].to(dtype=dtype)
     if "span_reps" in resident:
         resident["span_reps"] = resident["span_reps"].to(device)
-    return SpanStore(path, manifest, resident, trace)

@@ -53,6 +53,7 @@ from .parts import (
     waiting_codebooks,
     waiting_sketch_basis,
 )
+from .paths import private_dir
 from .prefill import Progress, token_nll
 from .prompt import Context
 from .router import SketchRouter
@@ -114,7 +115,7 @@ class StreamBuilder:
 
     def run(self, progress: Progress | None = None, warn: Callable[[str], None] | None = None):
         """Build (or resume) and write the store at ``path``."""
-        self.work.mkdir(parents=True, exist_ok=True)
+        private_dir(self.work)  # its parts hold the document
         with exclusive(self.work / "lock", self.document.path.name):
             try:
                 self._run(progress, warn)

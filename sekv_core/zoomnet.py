@@ -17,28 +17,19 @@ default model), c weighs that term, b the log|S| prior, and tau is the learned z
 span is zoomed when z > 0. At initialisation (a=1, e=0, c=0, b=0, tau=-6) this is exactly the
 training-free router's rule "within 6 nats of the best span", so training starts from the heuristic.
 
-Weights live in one safetensors file whose metadata holds a JSON manifest (model fingerprint,
-settings, metrics); the optimizer state for resuming sits beside it (``<file>.state``).
+Router files (weights + manifest) are read and written by :mod:`sekv_core.router_files`.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
-from .errors import SekvError
-from .paths import sekv_home
 from .sketch import segment_max, sketch_logits, sketch_rows, span_mean_keys
 
-FORMAT = "sekv-zoom-router"
-FORMAT_VERSION = 3  # 3: features read from the sketch alone (span mass estimate, mean key)
 INIT_MARGIN = 6.0  # the training-free threshold the gate starts from (nats below the best span)
 
 
@@ -168,104 +159,3 @@ def sketch_spans(memory, layer: int, q: torch.Tensor, scaling: float) -> SketchS
     total = flat.new_zeros(flat.shape[0], n).index_add_(1, memory.sketch_span, shifted)
     log_mass = peak + total.clamp(min=1e-30).log()
     return SketchSpans(peak.view(*shape, n), log_mass.view(*shape, n), memory, layer, values)
-
-
-@dataclass
-class RouterFile:
-    """A trained router on disk: weights + manifest (+ optimizer state beside it)."""
-
-    net: ZoomNet
-    manifest: dict[str, Any]
-
-
-def save_router(path: Path, net: ZoomNet, manifest: dict[str, Any], optim: dict | None) -> None:
-    """Write weights (atomically) and, when given, the optimizer state to ``<path>.state``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "shape": asdict(net.shape),
-        **manifest,
-    }
-    tensors = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp), metadata={"manifest": json.dumps(meta)})
-    if optim is not None:
-        state_tmp = path.with_name(f".{path.name}.state.tmp")
-        save_file(optim, str(state_tmp), metadata={"manifest": json.dumps(meta)})
-        state_tmp.replace(path.with_name(path.name + ".state"))
-    tmp.replace(path)
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        manifest = json.loads(meta["manifest"])
-    except FileNotFoundError:
-        raise SekvError(
-            f"no router file at {path}; train one with `sekv train --out {path}`"
-        ) from None
-    except Exception as exc:  # safetensors/json raise their own types
-        raise SekvError(f"{path} is not a sekv router file ({exc}); retrain it") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
-        raise SekvError(
-            f"{path} is a {manifest.get('format')} v{manifest.get('version')} file, not a "
-            f"{FORMAT} v{FORMAT_VERSION}; retrain it with `sekv train`"
-        )
-    return manifest
-
-
-def load_router(path: Path, fingerprint: str | None = None, model_id: str = "") -> RouterFile:
-    """Load a router file; refuse one trained for another model (fingerprint mismatch)."""
-    manifest = read_manifest(path)
-    if fingerprint is not None and manifest.get("model", {}).get("fingerprint") != fingerprint:
-        trained_for = manifest.get("model", {}).get("id", "another model")
-        raise SekvError(
-            f"the router {path} was trained for {trained_for}, not {model_id or 'this model'}; "
-            "train one for this model with `sekv train`, or pass --router sketch"
-        )
-    net = ZoomNet(NetShape(**manifest["shape"]))
-    with safe_open(str(path), framework="pt") as f:
-        # routers trained with a rank gate (factorised stores) keep its weights: not read
-        state = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("rank.")}
-    net.load_state_dict(state)
-    net.requires_grad_(False)
-    return RouterFile(net, manifest)
-
-
-SHIPPED = Path(__file__).parent / "routers"  # trained routers shipped with the package
-TRAINING_FREE = "sketch"
-
-
-def user_router_path(model_id: str, fingerprint: str) -> Path:
-    """Where `sekv train` writes a model's router by default (found by ``auto`` later)."""
-    name = "".join(c if c.isalnum() or c in "-._" else "-" for c in model_id).strip("-")
-    return sekv_home() / "routers" / f"{name[:60]}-{fingerprint[:8]}.safetensors"
-
-
-def shipped_router(fingerprint: str) -> Path | None:
-    """The router trained for the model with ``fingerprint``: one the user trained (under
-    $SEKV_HOME/routers) first, else one shipped with the package; None if neither."""
-    user = sorted((sekv_home() / "routers").glob("*.safetensors"))
-    for path in [*user, *sorted(SHIPPED.glob("*.safetensors"))]:
-        try:
-            if read_manifest(path).get("model", {}).get("fingerprint") == fingerprint:
-                return path
-        except SekvError:
-            continue
-    return None
-
-
-def resolve_router(choice: str, fingerprint: str, model_id: str = "") -> RouterFile | None:
-    """The trained router ``choice`` names, or None for training-free routing.
-
-    ``auto``: a router trained for this model (the user's, else the shipped one), else none;
-    ``sketch``: none; anything else: a router file path (refused if trained for another model).
-    """
-    if choice == TRAINING_FREE:
-        return None
-    if choice == "auto":
-        path = shipped_router(fingerprint)
-        return load_router(path) if path is not None else None
-    return load_router(Path(choice).expanduser(), fingerprint, model_id)

@@ -91,7 +91,7 @@ def test_missing_model_error(tmp_path, monkeypatch):
     doc.write_text("# Notes\n\nThe code word is heron.")
     result = run("ask", doc, "What is the code word?", "--model", "nobody/absent-model")
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: model 'nobody/absent-model' not found")
+    assert result.stderr.startswith("Error: --model 'nobody/absent-model' not found")
 
 
 def test_usage_errors_exit_2(tmp_path):

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 from fpdf import FPDF
 
-from sekv_core.documents import Document, load_document, token_pages
+from sekv_core.config import MAX_TOKENS
+from sekv_core.documents import Document, check_tokens, load_document, max_bytes, token_pages
 from sekv_core.errors import SekvError
 
 HEADER = "Acme Handbook - internal"
@@ -138,9 +143,9 @@ def test_pdf_with_empty_user_password_is_read(tmp_path: Path) -> None:
     assert "Readable" in load_document(path).text
 
 
-def _error(path: Path | str) -> str:
+def _error(path: Path | str, max_tokens: int | None = MAX_TOKENS) -> str:
     with pytest.raises(SekvError) as info:
-        load_document(path)
+        load_document(path, max_tokens)
     message = str(info.value)
     assert "\n" not in message
     assert Path(path).name in message
@@ -196,3 +201,71 @@ def test_missing_directory_and_unsupported(tmp_path: Path) -> None:
     other.write_bytes(b"PK\x03\x04")
     message = _error(other)
     assert ".pdf" in message and ".txt" in message and ".md" in message
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Fail with TimeoutError instead of hanging (a blocking open of a FIFO)."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and /dev")
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.txt")
+    (tmp_path / "zero.txt").symlink_to("/dev/zero")
+    (tmp_path / "null.md").symlink_to("/dev/null")
+    (tmp_path / "dangling.md").symlink_to(tmp_path / "gone.md")
+    with deadline(10):
+        assert "a FIFO (named pipe), not a regular file" in _error(tmp_path / "pipe.txt")
+        assert "a device, not a regular file" in _error(tmp_path / "zero.txt")
+        assert "a device, not a regular file" in _error(tmp_path / "null.md")
+    assert "no such file" in _error(tmp_path / "dangling.md")
+    real = tmp_path / "real.txt"
+    real.write_text("Text behind a link.")
+    (tmp_path / "link.md").symlink_to(real)
+    assert load_document(tmp_path / "link.md").text == "Text behind a link."
+
+
+def test_a_file_too_big_for_max_tokens_is_refused_unread(tmp_path: Path) -> None:
+    big = tmp_path / "big.txt"
+    with big.open("wb") as f:  # sparse: NUL bytes, refused as binary were it read
+        f.truncate(max_bytes("txt", MAX_TOKENS) + 1)
+    message = _error(big)
+    assert f"it is {big.stat().st_size / 2**20:,.1f} MiB" in message
+    assert re.search(r"pass --max-tokens \d+ or more$", message), message
+    assert "binary" in _error(big, max_tokens=MAX_TOKENS * 2)  # read once the limit allows it
+
+    small = tmp_path / "small.md"
+    small.write_text("A few words. " * 10)  # 130 bytes
+    message = _error(small, max_tokens=4)
+    assert "it is 130 bytes, more than the 64 bytes read for --max-tokens 4" in message
+    suggested = int(re.search(r"--max-tokens (\d+) or more", message).group(1))
+    assert load_document(small, max_tokens=suggested).text.startswith("A few words.")
+    assert load_document(small, max_tokens=None).kind == "md"
+    pdf = tmp_path / "doc.pdf"
+    pdf.write_bytes(b"%PDF" + b" " * 5000)
+    assert "5,004 bytes, more than the 2,560 bytes" in _error(pdf, max_tokens=10)  # 256 per token
+
+
+def test_check_tokens_says_how_to_go_ahead(tmp_path: Path) -> None:
+    doc = tmp_path / "notes.txt"
+    doc.write_text("Some notes.")
+    document = load_document(doc)
+    check_tokens(document, 100, 100)
+    check_tokens(document, 10**9, None)
+    with pytest.raises(SekvError) as info:
+        check_tokens(document, 1_234_567, 1_000_000)
+    assert str(info.value) == (
+        f"'{doc}' is 1,234,567 tokens, more than --max-tokens 1,000,000 allows; to read it "
+        "anyway, pass --max-tokens 1234567"
+    )

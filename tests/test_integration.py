@@ -82,7 +82,7 @@ def test_sekv_finds_a_planted_needle(default_model, tmp_path):
 def test_the_shipped_router_fits_the_default_model(default_model):
     """The router shipped in the package loads for the embedded model (a router format change
     without retraining would leave `--router auto` and sekv-trained without one) and answers."""
-    from sekv_core.zoomnet import SHIPPED, resolve_router
+    from sekv_core.router_files import SHIPPED, resolve_router
 
     router = resolve_router("auto", default_model.fingerprint, default_model.model_id)
     assert router is not None and list(SHIPPED.glob("*.safetensors"))

@@ -75,7 +75,7 @@ def test_flipped_byte_is_detected_and_rebuilt(tiny_model_dirs, tmp_path, target)
     assert not hit and len(warnings) == 1, warnings
     assert "rebuilding" in warnings[0]
     # the rebuilt store verifies
-    load_store(rebuilt.path, loaded, document, StoreSettings())
+    load_store(rebuilt.path, loaded, document, context, StoreSettings())
 
 
 def test_store_of_another_model_is_not_used(tiny_model_dirs, tmp_path):
@@ -86,7 +86,7 @@ def test_store_of_another_model_is_not_used(tiny_model_dirs, tmp_path):
     from sekv_core.store import StoreInvalid
 
     with pytest.raises(StoreInvalid, match="fingerprint"):
-        load_store(store.path, qwen, document, StoreSettings())
+        load_store(store.path, qwen, document, context, StoreSettings())
     # and the other model gets a store of its own
     other, hit = open_or_build(qwen, document, context)
     assert not hit and other.path != store.path
@@ -117,7 +117,8 @@ def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
     assert proc.returncode == -9, proc.stderr.decode()
     stores = sekv_home / "stores"
-    assert [p for p in stores.iterdir() if not p.name.startswith(".tmp-")] == []
+    left = list(stores.iterdir())
+    assert [p.name[:5] for p in left] == [".tmp-"]  # the dead writer's half-written store
     # a later ingest builds a fresh, valid store
     loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
     document = load_document(doc)
@@ -127,6 +128,7 @@ def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv
         not hit
         and json.loads((store.path / "manifest.json").read_text())["version"] == FORMAT_VERSION
     )
+    assert not left[0].exists()  # and removed it
 
 
 def test_interrupted_write_cleans_up(tiny_loaded, tmp_path, sekv_home, monkeypatch):
@@ -152,11 +154,8 @@ def test_unwritable_home_is_an_actionable_error(tiny_loaded, tmp_path, monkeypat
 
     home = tmp_path / "home-file"
     home.write_text("not a directory")  # $SEKV_HOME/stores cannot be created under a file
-    monkeypatch.setenv("SEKV_HOME", str(tmp_path / "ok"))
     document, context = prepare(tiny_loaded, tmp_path)
-    import sekv_core.ingest as ingest
-
-    monkeypatch.setattr(ingest, "sekv_home", lambda: home)
+    monkeypatch.setenv("SEKV_HOME", str(home))
     with pytest.raises(SekvError, match="set SEKV_HOME to a writable directory"):
         open_or_build(tiny_loaded, document, context)
 
@@ -175,3 +174,63 @@ def test_the_manifest_counts_the_device_tier_as_answers_hold_it(tiny_loaded, tmp
     stored = load_file(store.path / "resident.safetensors")
     assert 0 < store.bytes["index"] < nbytes(stored)
     assert store.bytes["resident"] < store.bytes["full_kv_fp16"]
+
+
+def test_loads_racing_replacements_verify_or_fail_cleanly(tiny_model_dirs, tmp_path):
+    """A store replaced (as builders do, under its lock) while it is loaded: each load either
+    verifies and reads its offload tier after its files were deleted, or raises StoreInvalid;
+    open_or_build, which retries under the lock, always gets the store."""
+    import shutil
+    import threading
+
+    import sekv_core.format as fmt
+    from sekv_core.locks import store_lock
+    from sekv_core.store import StoreInvalid
+
+    loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    document, context = prepare(loaded, tmp_path)
+    store, _ = open_or_build(loaded, document, context)
+    copy, expected = tmp_path / "copy", store.offload_slice("k_rows", 0, 64).clone()
+    shutil.copytree(store.path, copy)
+    stop, replaced = threading.Event(), []
+
+    def replace_until_stopped() -> None:
+        while not stop.is_set():
+            tmp = store.path.with_name(".tmp-race")
+            shutil.copytree(copy, tmp)
+            with store_lock(store.path):
+                fmt._replace(tmp, store.path)
+            replaced.append(1)
+
+    thread = threading.Thread(target=replace_until_stopped)
+    thread.start()
+    outcomes = {"loaded": 0, "invalid": 0}
+    try:
+        for _ in range(60):
+            try:
+                again = load_store(store.path, loaded, document, context, StoreSettings())
+            except StoreInvalid:
+                outcomes["invalid"] += 1
+                continue
+            outcomes["loaded"] += 1
+            assert torch.equal(again.offload_slice("k_rows", 0, 64), expected)
+        for _ in range(20):
+            assert open_or_build(loaded, document, context)[1]
+    finally:
+        stop.set()
+        thread.join()
+    assert outcomes["loaded"] > 0 and len(replaced) > 10, (outcomes, len(replaced))
+
+
+def test_store_directories_are_private(tiny_model_dirs, tmp_path, sekv_home):
+    """stores/ (also one an older sekv made 0755) and each store are 0700, whatever the umask."""
+    loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    document, context = prepare(loaded, tmp_path)
+    old = os.umask(0o022)
+    try:
+        (sekv_home / "stores").mkdir(parents=True, mode=0o755)
+        store, _ = open_or_build(loaded, document, context)
+    finally:
+        os.umask(old)
+    assert (sekv_home / "stores").stat().st_mode & 0o777 == 0o700
+    assert store.path.stat().st_mode & 0o777 == 0o700

@@ -9,20 +9,14 @@ import torch
 
 from sekv_core.config import StoreSettings
 from sekv_core.errors import SekvError
+from sekv_core.router_files import load_router, resolve_router, save_router
 from sekv_core.train.evaluate import held_out_score
 from sekv_core.train.examples import prepare
 from sekv_core.train.losses import losses
 from sekv_core.train.settings import TrainSettings
 from sekv_core.train.student import answer_steps, step_decisions, student_forward
 from sekv_core.train.teacher import zoom_targets
-from sekv_core.zoomnet import (
-    NetShape,
-    ZoomNet,
-    load_router,
-    resolve_router,
-    save_router,
-    step_best,
-)
+from sekv_core.zoomnet import NetShape, ZoomNet, step_best
 
 SMALL = TrainSettings(steps=4, docs=1, held_out=1, doc_tokens=(120, 160), save_every=2)
 

@@ -33,7 +33,14 @@ from ..backend import use_attention
 from ..config import DEFAULT_BUDGET, BlockSettings
 from ..decode import PositionedStep, greedy
 from ..errors import SekvError
-from ..format import map_safetensors, sha256, store_key, write_atomically
+from ..format import (
+    DIGEST,
+    manifest_digest,
+    map_safetensors,
+    sha256,
+    store_key,
+    write_atomically,
+)
 from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
@@ -333,6 +340,8 @@ def verify(path: Path, loaded: LoadedModel, doc_sha256: str, settings: BlockSett
         manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, ValueError) as exc:
         raise StoreInvalid(f"manifest unreadable ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get(DIGEST) != manifest_digest(manifest):
+        raise StoreInvalid("manifest digest mismatch (edited or corrupt)")
     expect = {
         "format": (manifest.get("format"), FORMAT),
         "version": (manifest.get("version"), FORMAT_VERSION),

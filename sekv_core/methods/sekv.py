@@ -22,9 +22,9 @@ from ..ingest import open_or_build
 from ..prompt import stop_ids
 from ..rope import Rope
 from ..router import SketchRouter, TrainedRouter
+from ..router_files import RouterFile, resolve_router
 from ..store import SpanStore
 from ..zoom import SpanMemory
-from ..zoomnet import RouterFile, resolve_router
 from .base import Method, Progress
 
 MIN_ZOOM = 32
@@ -96,8 +96,8 @@ class SeKV(Method):
         shipped one for this model, if any), or None for training-free routing."""
         if not hasattr(self, "_trained"):
             loaded = self.loaded
-            self._trained = resolve_router(
-                self.router_choice(), loaded.fingerprint, loaded.model_id
+            self._trained = resolve_router(  # a damaged file under auto: skipped, warned
+                self.router_choice(), loaded.fingerprint, loaded.model_id, self.settings.warn
             )
         return self._trained
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import SekvError
-from ..zoomnet import RouterFile
+from ..router_files import RouterFile
 from .sekv import SeKV
 
 

@@ -16,7 +16,8 @@ from ..attention import NEIGHBOURS
 from ..config import StoreSettings
 from ..errors import SekvError
 from ..models import LoadedModel
-from ..zoomnet import ZoomNet, load_router, save_router
+from ..router_files import load_router, save_router
+from ..zoomnet import ZoomNet
 from .settings import TrainSettings
 
 
