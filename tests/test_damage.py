@@ -359,9 +359,18 @@ def test_killed_streamed_ingest_resumes_or_restarts(small, small_dir, sekv_home,
     assert (says is None and not warnings) or any(says in w for w in warnings), warnings
 
 
-def test_concurrent_ingests_build_once(reference, tiny_model_dirs, sekv_home):
-    """Two ingests of one document at once: the second waits for the first's lock, then loads
-    its store (the builder holds on in prefill until the other process has arrived)."""
+ASK = (
+    "sys.argv = ['sekv', 'ask', {doc!r}, 'What?', '--model', {model!r}, '--json', "
+    "'--max-new-tokens', '2']\n"
+    "runpy.run_module('sekv_cli', run_name='__main__')\n"
+)
+
+
+@pytest.mark.parametrize("second", ["ingest", "ask"])
+def test_concurrent_ingests_build_once(reference, tiny_model_dirs, sekv_home, second):
+    """An ingest and a second ingest (or an ask) of one document at once: the second waits for
+    the first's lock, then loads its store (the builder holds on in prefill until the other
+    process has arrived)."""
     document = reference["doc"][0]
     arrived = sekv_home / "arrived"
     arrived.mkdir(parents=True)
@@ -378,9 +387,9 @@ def test_concurrent_ingests_build_once(reference, tiny_model_dirs, sekv_home):
             return real_prefill(*a, **k)
         ing.store_lock, b.prefill = store_lock, prefill
     """)
-    cli = CLI.format(doc=str(document.path), model=str(tiny_model_dirs["llama"]))
-    script = HOOKS + sync + cli
-    procs = [spawn(script), spawn(script)]
+    names = dict(doc=str(document.path), model=str(tiny_model_dirs["llama"]))
+    other = (CLI if second == "ingest" else ASK).format(**names)
+    procs = [spawn(HOOKS + sync + CLI.format(**names)), spawn(HOOKS + sync + other)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
     hits = sorted(json.loads(out)["store"]["cache_hit"] for out, _ in outs)
