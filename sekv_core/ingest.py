@@ -23,6 +23,7 @@ from .parts import STATE_VERSION
 from .paths import stores_dir
 from .prefill import Progress
 from .prompt import Context
+from .shelf import mark_used
 from .store import SpanStore, StoreInvalid, load_store
 from .stream import build_streamed
 
@@ -45,15 +46,19 @@ def open_or_build(
     """Load the document's store if a valid one exists, else build it. Returns (store, cache_hit).
 
     A stale, foreign or corrupt store is rebuilt, and ``warn`` is told why. A store that fails
-    to load without the lock (missing, being replaced, damaged) is decided under it.
+    to load without the lock (missing, being replaced, damaged) is decided under it. The store's
+    last use is recorded (:func:`sekv_core.shelf.mark_used`).
     """
     settings = settings or StoreSettings()
     path = store_path(loaded, document, context, settings)
     if path.exists():
         try:
-            return load_store(path, loaded, document, context, settings), True
+            store = load_store(path, loaded, document, context, settings)
         except StoreInvalid:
             pass  # replaced meanwhile, or damaged: checked again under the lock
+        else:
+            mark_used(path)  # its last use: what `sekv stores prune` goes by
+            return store, True
     name = document.path.name
 
     def waiting() -> None:
@@ -62,12 +67,14 @@ def open_or_build(
 
     try:
         with store_lock(path, waiting):
-            return _load_or_build(path, loaded, document, context, settings, progress, warn)
+            store, hit = _load_or_build(path, loaded, document, context, settings, progress, warn)
     except OSError as exc:
         raise SekvError(
             f"cannot write the span store under {path.parent} ({exc.strerror or exc}); "
             "set SEKV_HOME to a writable directory with free space"
         ) from None
+    mark_used(path)
+    return store, hit
 
 
 def _load_or_build(

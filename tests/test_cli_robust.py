@@ -6,13 +6,11 @@ from __future__ import annotations
 import io
 import os
 import re
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from rich.console import Console
+from test_documents import deadline
 from typer.testing import CliRunner
 
 import sekv_cli.common as common
@@ -32,22 +30,6 @@ MODEL_COMMANDS = [
 
 def run(*args, input: str | None = None):
     return runner.invoke(app, [str(a) for a in args], input=input, env=WIDE)
-
-
-@contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Fail with TimeoutError instead of hanging (a blocking open of a FIFO)."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

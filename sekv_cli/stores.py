@@ -1,0 +1,148 @@
+"""`sekv stores`: list, remove and prune the span stores under $SEKV_HOME/stores."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from sekv_core import shelf
+from sekv_core.html_report import human_bytes
+from sekv_core.shelf import Removal, StoreEntry
+
+from .common import HELP_SETTINGS, JSON_OPTION, fail, handle_errors, print_json, warn
+
+stores_app = typer.Typer(
+    help="List, remove and prune the stores documents were read into ($SEKV_HOME/stores).",
+    no_args_is_help=True,
+    context_settings=HELP_SETTINGS,
+)
+
+
+@stores_app.command("list")
+@handle_errors
+def list_(json_out: bool = JSON_OPTION) -> None:
+    """List every store: document, model, tokens, size on disk, last use, path (the documents'
+    full paths: --json)."""
+    entries = shelf.list_stores()
+    total = sum(e.bytes for e in entries)
+    if json_out:
+        print_json({"stores": [e.to_dict() for e in entries], "bytes": total})
+        return
+    console = Console()
+    if not entries:
+        console.print(Text(f"No stores in {shelf.shelf_dir()}."))
+        return
+    table = Table(box=None, header_style="bold")
+    for name in ("document", "model", "tokens", "size", "last used", "path"):
+        right = name in ("tokens", "size")
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
+    now = time.time()
+    for e in entries:
+        table.add_row(
+            Text(Path(e.document).name if e.document else "–")
+            + Text(" (blocks)" if e.kind == "blocks" else "", style="dim"),
+            Text(e.model or "–"),
+            Text("–" if e.tokens is None else f"{e.tokens:,}"),
+            Text(human_bytes(e.bytes)),
+            Text(ago(now - e.last_used)),
+            Text(str(e.path)),
+        )  # names and paths are text, never markup
+    console.print(table)
+    console.print(Text(f"{len(entries)} stores, {human_bytes(total)}", style="dim"))
+
+
+@stores_app.command("rm")
+@handle_errors
+def rm(
+    target: str = typer.Argument(
+        ...,
+        metavar="FILE|KEY",
+        help="A document (its stores for every model and settings), a store's path, or a store "
+        "key or key prefix from `sekv stores list`.",
+    ),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Remove the stores of a document, or one store by its key."""
+    done = shelf.remove(shelf.match(shelf.list_stores(), target))
+    if not done.removed and done.busy:
+        fail(f"'{target}' names stores being built, kept; try again once they are built")
+    report(done, json_out)
+
+
+@stores_app.command()
+@handle_errors
+def prune(
+    older_than: str | None = typer.Option(
+        None, "--older-than", metavar="AGE", help="Remove stores unused this long: 30d, 12h, 2w."
+    ),
+    max_size: str | None = typer.Option(
+        None,
+        "--max-size",
+        metavar="SIZE",
+        help="Then remove the least recently used until the rest fit: 500M, 2G (1G = 1024^3 "
+        "bytes).",
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be removed."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Remove stores not used lately, or the least recently used beyond a total size."""
+    if older_than is None and max_size is None:
+        raise typer.BadParameter("give --older-than, --max-size or both")
+    age = _parsed(shelf.parse_age, older_than, "--older-than")
+    size = _parsed(shelf.parse_size, max_size, "--max-size")
+    doomed = shelf.plan_prune(shelf.list_stores(), age, size)
+    report(Removal(doomed, []) if dry_run else shelf.remove(doomed), json_out, dry_run)
+
+
+def report(done: Removal, json_out: bool, dry_run: bool = False) -> None:
+    """What was removed (stdout) and what was kept because it is being built (warnings)."""
+    if json_out:
+        print_json(
+            {
+                "removed": [e.to_dict() for e in done.removed],
+                "busy": [e.to_dict() for e in done.busy],
+                "bytes": done.bytes,
+                "dry_run": dry_run,
+            }
+        )
+    else:
+        console = Console(soft_wrap=True)  # one line per store, however long
+        verb = "Would remove" if dry_run else "Removed"
+        for e in done.removed:
+            console.print(Text(f"{verb} {e.key} ({describe(e)}, {human_bytes(e.bytes)})"))
+        if not done.removed and not done.busy:
+            console.print(Text("Nothing to remove."))
+        elif done.removed:
+            n = len(done.removed)
+            console.print(Text(f"{verb} {n} store{'s' * (n != 1)}, {human_bytes(done.bytes)}."))
+    for e in done.busy:
+        warn(f"kept {e.key} ({describe(e)}): it is being built")
+
+
+def describe(e: StoreEntry) -> str:
+    return f"{e.document or 'unknown document'}, {e.model or 'unknown model'}"
+
+
+def ago(seconds: float) -> str:
+    """``seconds`` as a rough age: ``just now``, ``5 min ago``, ``3 h ago``, ``12 days ago``."""
+    days = int(seconds // 86400)
+    if days:
+        return f"{days} day{'s' * (days != 1)} ago"
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit} ago"
+    return "just now"
+
+
+def _parsed(parse, text: str | None, option: str):
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None

@@ -1,0 +1,43 @@
+"""`--help` reads like other tools': flags as flags, a version, shell completion."""
+
+import pytest
+from typer.testing import CliRunner
+
+from sekv_cli.help_format import sekv_version
+from sekv_cli.main import app
+
+runner = CliRunner()
+COMMANDS = [
+    [],
+    ["ask"],
+    ["chat"],
+    ["ingest"],
+    ["inspect"],
+    ["train"],
+    ["bench"],
+    ["bench", "speed"],
+    ["bench", "sources"],
+    ["stores"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "sekv")
+def test_flags_show_no_type_and_options_with_values_keep_theirs(command):
+    result = runner.invoke(app, [*command, "--help"], terminal_width=120)
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output  # --json, --help, --show-zoom take no value
+    if command == ["ask"]:
+        assert "--show-zoom" in result.output and "<int" in result.output  # --budget <int…>
+        assert "[default: 128]" in result.output  # --max-new-tokens
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"sekv {sekv_version()}"
+    assert sekv_version()[0].isdigit()
+
+
+def test_completion_can_be_installed():
+    result = runner.invoke(app, ["--help"], terminal_width=120)
+    assert "--install-completion" in result.output and "--show-completion" in result.output

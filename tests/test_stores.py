@@ -1,0 +1,202 @@
+"""`sekv stores`: list, rm and prune real stores built by the CLI from a tiny model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sekv_cli.main import app
+from sekv_core import shelf
+from sekv_core.locks import store_lock
+
+runner = CliRunner()
+DAY = 86400.0
+
+
+def run(*args, home=None):
+    env = {"SEKV_HOME": str(home)} if home else None
+    return runner.invoke(app, [str(a) for a in args], env=env)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_model_dirs):
+    """A home with three stores: two documents' span stores and a block store of the first."""
+    root = tmp_path_factory.mktemp("stores")
+    home = root / "home"
+    docs = {"a": root / "notes [bold]a.md", "b": root / "b.txt"}
+    docs["a"].write_text(" ".join(f"Gate {i} opens at {i % 24}:00." for i in range(30)))
+    docs["b"].write_text(" ".join(f"Shelf {i} holds {i * 3} jars." for i in range(30)))
+    model = tiny_model_dirs["llama"]
+    for doc in docs.values():
+        result = run("ingest", doc, "--model", model, home=home)
+        assert result.exit_code == 0, result.output
+    result = run("ask", docs["a"], "Which gate?", "--method", "blocks", "--model", model, home=home)
+    assert result.exit_code == 0, result.output
+    return home, docs, model
+
+
+@pytest.fixture
+def home(built, sekv_home):
+    shutil.copytree(built[0], sekv_home)
+    return sekv_home
+
+
+def listed() -> list[dict]:
+    result = run("stores", "list", "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["stores"]
+
+
+def by_kind(stores: list[dict], docs) -> dict[str, dict]:
+    """The stores by name: "a", "b" (span stores) and "blocks-a"."""
+    names = {str(p): k for k, p in docs.items()}
+    return {("blocks-" if s["kind"] == "blocks" else "") + names[s["document"]]: s for s in stores}
+
+
+def test_list_shows_every_store(home, built):
+    _, docs, model = built
+    stores = listed()
+    assert len(stores) == 3
+    named = by_kind(stores, docs)
+    assert set(named) == {"a", "b", "blocks-a"}
+    for s in stores:
+        assert s["model"] == str(model) and s["tokens"] > 0 and s["bytes"] > 0
+        assert s["path"] == str(home / "stores" / s["key"]) and s["last_used"].endswith("Z")
+    assert named["blocks-a"]["key"].startswith("blocks-")
+    assert named["blocks-a"]["sha256"] == named["a"]["sha256"]
+    plain = run("stores", "list")
+    assert plain.exit_code == 0
+    assert "[bold]a.md" in plain.stdout  # a file name is text, never markup
+    assert "3 stores" in plain.stdout
+
+
+def test_rm_by_file_removes_its_stores_for_every_model(home, built):
+    _, docs, _ = built
+    result = run("stores", "rm", docs["a"])
+    assert result.exit_code == 0, result.output
+    assert "Removed 2 stores" in result.stdout
+    assert [s["document"] for s in listed()] == [str(docs["b"])]
+    assert not any(p.name.startswith(".trash-") for p in (home / "stores").iterdir())
+
+
+def test_rm_by_key_prefix_removes_that_store_only(home, built):
+    _, docs, _ = built
+    named = by_kind(listed(), docs)
+    result = run("stores", "rm", named["b"]["key"][:16], "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [s["key"] for s in data["removed"]] == [named["b"]["key"]]
+    assert data["bytes"] == named["b"]["bytes"] and data["busy"] == []
+    assert set(by_kind(listed(), docs)) == {"a", "blocks-a"}
+
+
+def mark(stores: dict[str, dict], **days_ago: float) -> None:
+    now = time.time()
+    for name, days in days_ago.items():
+        shelf.mark_used(Path(stores[name]["path"]), now - days * DAY)
+
+
+def test_prune_older_than_removes_old_stores_and_keeps_fresh_ones(home, built):
+    _, docs, _ = built
+    named = by_kind(listed(), docs)
+    mark(named, a=40, b=0, **{"blocks-a": 29})
+    result = run("stores", "prune", "--older-than", "30d")
+    assert result.exit_code == 0, result.output
+    assert {s["key"] for s in listed()} == {named["b"]["key"], named["blocks-a"]["key"]}
+
+
+def test_prune_max_size_keeps_the_most_recently_used(home, built):
+    _, docs, _ = built
+    named = by_kind(listed(), docs)
+    mark(named, a=1, b=3, **{"blocks-a": 2})
+    limit = named["a"]["bytes"] + named["blocks-a"]["bytes"]
+    dry = run("stores", "prune", "--max-size", str(limit), "--dry-run")
+    assert dry.exit_code == 0 and "Would remove" in dry.stdout and len(listed()) == 3
+    result = run("stores", "prune", "--max-size", str(limit), "--json")
+    assert result.exit_code == 0, result.output
+    assert [s["key"] for s in json.loads(result.stdout)["removed"]] == [named["b"]["key"]]
+    assert set(by_kind(listed(), docs)) == {"a", "blocks-a"}
+    assert run("stores", "prune", "--max-size", "0").exit_code == 0
+    assert listed() == []
+
+
+def test_loading_a_store_records_its_use_and_a_live_session_survives_its_removal(home, built):
+    from sekv_core.documents import load_document
+    from sekv_core.engine import Session
+    from sekv_core.models import load_model
+
+    _, docs, model = built
+    path = Path(by_kind(listed(), docs)["a"]["path"])
+    shelf.mark_used(path, time.time() - 40 * DAY)
+    session = Session(load_model(str(model), device="cpu"), load_document(docs["a"]), "sekv")
+    assert session.method.cache_hit and time.time() - path.stat().st_mtime < DAY
+    first = session.ask("Which gate opens at noon?", max_new_tokens=6)
+    assert first.routing["zoomed_tokens_max"] > 0  # the answer read the offload tier
+    result = run("stores", "rm", docs["a"])
+    assert result.exit_code == 0 and not path.exists()
+    maps = Path("/proc/self/maps")
+    if maps.exists():  # Linux: the offload tier is still mapped, from a deleted file
+        assert "offload.safetensors (deleted)" in maps.read_text()
+    again = session.ask("Which gate opens at noon?", max_new_tokens=6)
+    assert again.answer == first.answer and again.zoom == first.zoom
+
+
+def test_a_store_being_built_is_kept(home, built):
+    _, docs, _ = built
+    named = by_kind(listed(), docs)
+    with store_lock(home / "stores" / named["b"]["key"]):  # a builder holds it
+        result = run("stores", "rm", named["b"]["key"])
+        pruned = run("stores", "prune", "--max-size", "0")
+    assert result.exit_code == 1 and result.stderr.startswith("Error: ")
+    assert "being built" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert pruned.exit_code == 0 and "Warning: kept" in pruned.stderr
+    assert [s["key"] for s in listed()] == [named["b"]["key"]]
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["rm", "nosuchkey"], 1, "no store matches 'nosuchkey'"),
+        (["rm", "nowhere.pdf"], 1, "no store matches"),
+        (["prune", "--max-size", "2X"], 2, "not a size"),
+        (["prune", "--older-than", "30"], 2, "not an age"),
+        (["prune"], 2, "--older-than"),
+    ],
+)
+def test_errors(args, code, message):
+    result = run("stores", *args)
+    assert result.exit_code == code, result.output
+    assert message in result.stderr
+    if code == 1:
+        assert result.stderr.startswith("Error: ") and len(result.stderr.splitlines()) == 1
+
+
+def test_sizes_and_ages_parse():
+    assert shelf.parse_size("2G") == 2 << 30 and shelf.parse_size("500MB") == 500 << 20
+    assert shelf.parse_size("1.5GiB") == 3 << 29 and shelf.parse_size("1024") == 1024
+    assert shelf.parse_age("30d") == 30 * DAY and shelf.parse_age("12h") == 12 * 3600
+    for bad in ("", "G", "-1G", "2 X"):
+        with pytest.raises(ValueError):
+            shelf.parse_size(bad)
+
+
+def test_stores_commands_need_no_torch(home):
+    from test_startup import run_light
+
+    env = {"SEKV_HOME": str(home)}
+    res = run_light(
+        [
+            (["stores", "-h"], env),
+            (["stores", "list", "--json"], env),
+            (["stores", "rm", "nosuchkey"], env),
+            (["stores", "prune", "--older-than", "1w"], env),
+        ]
+    )
+    assert res[0]["code"] == 0 and "prune" in res[0]["stdout"]
+    assert res[1]["code"] == 0 and len(json.loads(res[1]["stdout"])["stores"]) == 3
+    assert res[2]["code"] == 1 and res[3]["code"] == 0
