@@ -28,6 +28,14 @@ from .common import (
     warn,
     write_text_atomically,
 )
+from .generation import (
+    REPETITION_OPTION,
+    SEED_OPTION,
+    STOP_OPTION,
+    TEMPERATURE_OPTION,
+    TOP_P_OPTION,
+    sampling,
+)
 from .render import print_sources, print_zoom
 
 
@@ -66,6 +74,11 @@ def ask(
     ),
     json_out: bool = JSON_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
+    temperature: float = TEMPERATURE_OPTION,
+    top_p: float = TOP_P_OPTION,
+    seed: int | None = SEED_OPTION,
+    repetition_penalty: float = REPETITION_OPTION,
+    stop: list[str] = STOP_OPTION,
     threads: int | None = THREADS_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
 ) -> None:
@@ -76,7 +89,13 @@ def ask(
     n_threads = resolve_threads(threads)
     settings = MethodSettings(budget=budget, router=router, warn=warn)
     session, load_s = open_session(file, model, method, settings, n_threads, question, max_tokens)
-    result = session.ask(question, max_new_tokens, on_text=None if json_out else stream_text)
+    result = session.ask(
+        question,
+        max_new_tokens,
+        on_text=None if json_out else stream_text,
+        sampling=sampling(temperature, top_p, seed, repetition_penalty),
+        stop=stop,
+    )
     result.timings["load_s"] = round(load_s, 4)
     result.timings["threads"] = n_threads
     result.timings["total_s"] = round(time.perf_counter() - start, 4)

@@ -23,6 +23,14 @@ from .common import (
     stream_text,
     warn,
 )
+from .generation import (
+    REPETITION_OPTION,
+    SEED_OPTION,
+    STOP_OPTION,
+    TEMPERATURE_OPTION,
+    TOP_P_OPTION,
+    sampling,
+)
 from .render import print_sources, print_zoom
 
 HELP = """Commands:
@@ -41,6 +49,11 @@ def chat(
     budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
     router: str = ROUTER_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
+    temperature: float = TEMPERATURE_OPTION,
+    top_p: float = TOP_P_OPTION,
+    seed: int | None = SEED_OPTION,
+    repetition_penalty: float = REPETITION_OPTION,
+    stop: list[str] = STOP_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
@@ -50,6 +63,7 @@ def chat(
         file, model, method, settings, resolve_threads(threads), max_tokens=max_tokens
     )
     document = session.document
+    chosen = sampling(temperature, top_p, seed, repetition_penalty)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
@@ -92,7 +106,7 @@ def chat(
                 err.print(Text(f"unknown or malformed command {line!r}; /help lists them"))
             continue
         try:
-            last = session.ask(line, max_new_tokens, on_text=stream_text)
+            last = session.ask(line, max_new_tokens, stream_text, chosen, stop)
         except KeyboardInterrupt:
             err.print("\n(interrupted)")
             continue

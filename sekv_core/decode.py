@@ -7,12 +7,14 @@ compares a method's next-token distributions with full KV's along full KV's own 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
+
+from .sampling import current_chooser
 
 Step = Callable[[torch.Tensor], torch.Tensor]
 """Feeds token ids (1, T) at the next positions; returns next-token logits (1, vocab)."""
@@ -72,9 +74,12 @@ def forced(tokens: list[int] | None = None) -> Iterator[Forcing]:
 
 def greedy(step: Step, prompt_ids: list[int], stop: set[int], max_new_tokens: int) -> Iterator[int]:
     """Yield greedily chosen token ids until a stop token or ``max_new_tokens`` (see
-    :func:`forced` for teacher forcing)."""
+    :func:`forced` for teacher forcing; inside :func:`sekv_core.sampling.sampled` the tokens are
+    chosen under its sampling instead)."""
     forcing = _FORCING.get()
     given = forcing.tokens if forcing is not None else None
+    choose = current_chooser() if given is None else None  # None: the arg-max
+    answer: list[int] = []
     if given is not None:
         max_new_tokens = min(max_new_tokens, len(given))
     device_ids = torch.tensor([prompt_ids], dtype=torch.long)
@@ -82,26 +87,57 @@ def greedy(step: Step, prompt_ids: list[int], stop: set[int], max_new_tokens: in
     for i in range(max_new_tokens):
         if forcing is not None:
             forcing.logprobs.append(logits[0].float().log_softmax(-1).cpu())
-        token = given[i] if given is not None else int(logits[0].argmax())
+        if given is not None:
+            token = given[i]
+        else:
+            token = choose(logits, answer) if choose else int(logits[0].argmax())
         if given is None and token in stop:
             return
+        answer.append(token)
         yield token
         if i + 1 < max_new_tokens:
             logits = step(torch.tensor([[token]], dtype=torch.long))
 
 
 class TextStream:
-    """Turns a growing list of token ids into text deltas (safe across multi-byte tokens)."""
+    """Turns a growing list of token ids into text deltas (safe across multi-byte tokens).
 
-    def __init__(self, tokenizer) -> None:
+    With ``stop`` strings the text ends before the first one found (``stopped`` turns true), and
+    a tail that could be the start of one is held back until the next tokens tell
+    (:meth:`flush` hands out what is left at the end).
+    """
+
+    def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
         self.ids: list[int] = []
         self.text = ""
+        self.shown = 0  # characters of text handed out
+        self.stopped = False
 
     def push(self, token: int) -> str:
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
             return ""
-        delta, self.text = text[len(self.text) :], text
+        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if found:
+            text, self.stopped = text[: min(found)], True
+        self.text = text
+        hold = 0 if self.stopped else self._held(text)
+        return self._hand_out(len(text) - hold)
+
+    def flush(self) -> str:
+        """What is held back, at the end of the answer."""
+        return self._hand_out(len(self.text))
+
+    def _held(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that begins a stop string."""
+        return max(
+            (k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0
+        )
+
+    def _hand_out(self, upto: int) -> str:
+        delta = self.text[self.shown : upto] if upto > self.shown else ""
+        self.shown = max(self.shown, upto)
         return delta

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ from .methods import METHODS
 from .models import LoadedModel
 from .prefill import Progress
 from .prompt import Context, chat_template, encode_context, encode_question
+from .sampling import Sampling, sampled
 from .sources import answer_sources
 
 
@@ -80,9 +81,15 @@ class Session:
         self._prepared_pending = True  # the first answer reports the preparation time
 
     def ask(
-        self, question: str, max_new_tokens: int = 128, on_text: Callable[[str], None] | None = None
+        self,
+        question: str,
+        max_new_tokens: int = 128,
+        on_text: Callable[[str], None] | None = None,
+        sampling: Sampling | None = None,
+        stop: Sequence[str] = (),
     ) -> Answer:
-        """Answer ``question`` greedily; ``on_text`` receives text deltas as they are decoded."""
+        """Answer ``question`` (greedily, or under ``sampling``); ``on_text`` receives text
+        deltas as they are decoded. The answer ends before the first of the ``stop`` strings."""
         check_question(question)
         tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
         q_ids = encode_question(tokenizer, self.template, question)
@@ -94,15 +101,21 @@ class Session:
                 f"{spec.window:,}-token window; shorten it"
             )
         max_new_tokens = min(max_new_tokens, room)
-        stream = TextStream(tokenizer)
+        stream = TextStream(tokenizer, stop)
         start = time.perf_counter()
         first_token_s = None
-        for token in self.method.generate(q_ids, max_new_tokens):
-            if first_token_s is None:
-                first_token_s = time.perf_counter() - start
-            delta = stream.push(token)
-            if delta and on_text:
-                on_text(delta)
+        with sampled(sampling):
+            for token in self.method.generate(q_ids, max_new_tokens):
+                if first_token_s is None:
+                    first_token_s = time.perf_counter() - start
+                delta = stream.push(token)
+                if delta and on_text:
+                    on_text(delta)
+                if stream.stopped:
+                    break
+        rest = stream.flush()
+        if rest and on_text:
+            on_text(rest)
         answer_s = time.perf_counter() - start
         n = len(stream.ids)
         decode_s = answer_s - (first_token_s or answer_s)

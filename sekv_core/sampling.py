@@ -1,0 +1,103 @@
+"""How the next answer token is chosen: greedy (the default, what benchmarks use), or through
+transformers' logits processors — repetition penalty, temperature, top-p — with a seed.
+
+Every method decodes through :func:`sekv_core.decode.greedy`; inside :func:`sampled` its choice
+follows the given :class:`Sampling` instead of the arg-max. The repetition penalty counts the
+answer's own tokens only (the document is where an answer copies its names from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .errors import SekvError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0: greedy (top_p and seed unused); repetition_penalty 1: none."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise SekvError(
+                f"--temperature {self.temperature} is negative; pass 0 (greedy) or more"
+            )
+        if not 0 < self.top_p <= 1:
+            raise SekvError(f"--top-p {self.top_p} is not in (0, 1]; pass e.g. 0.9")
+        if self.repetition_penalty <= 0:
+            raise SekvError(
+                f"--repetition-penalty {self.repetition_penalty} must be above 0 (1: none)"
+            )
+
+    @property
+    def plain(self) -> bool:
+        """Plain greedy decoding: nothing to process."""
+        return self.temperature == 0 and self.repetition_penalty == 1
+
+    def processors(self) -> LogitsProcessorList:
+        out = LogitsProcessorList()
+        if self.repetition_penalty != 1:
+            out.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if self.temperature > 0:
+            out.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_p < 1:
+                out.append(TopPLogitsWarper(self.top_p))
+        return out
+
+
+class Chooser:
+    """Picks each next token of one answer under a :class:`Sampling`."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling, self.processors = sampling, sampling.processors()
+        self.generator = torch.Generator()
+        if sampling.seed is not None:
+            self.generator.manual_seed(sampling.seed)
+        else:
+            self.generator.seed()
+
+    def __call__(self, logits: torch.Tensor, answer: list[int]) -> int:
+        """logits (1, vocab) of the next token; ``answer``: the tokens chosen so far."""
+        scores = logits.float().cpu()
+        if self.processors:
+            ids = torch.tensor([answer], dtype=torch.long).reshape(1, -1)
+            scores = self.processors(ids, scores)
+        if self.sampling.temperature == 0:
+            return int(scores[0].argmax())
+        probs = scores[0].softmax(-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+_SAMPLING: ContextVar[Sampling | None] = ContextVar("sekv_sampling", default=None)
+
+
+@contextmanager
+def sampled(sampling: Sampling | None) -> Iterator[None]:
+    """Answers decoded inside choose their tokens under ``sampling`` (None: greedy)."""
+    handle = _SAMPLING.set(sampling)
+    try:
+        yield
+    finally:
+        _SAMPLING.reset(handle)
+
+
+def current_chooser() -> Chooser | None:
+    """A chooser for the answer starting now, or None for plain greedy decoding."""
+    sampling = _SAMPLING.get()
+    return None if sampling is None or sampling.plain else Chooser(sampling)
