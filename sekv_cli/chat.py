@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
 from rich.text import Text
 
 from sekv_core.config import MethodSettings
+from sekv_core.paths import sekv_home
 from sekv_core.threads import resolve_threads
 
 from .common import (
@@ -64,13 +67,11 @@ def chat(
     )
     document = session.document
     chosen = sampling(temperature, top_p, seed, repetition_penalty)
-    try:
-        import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:
-        pass
+    interactive = sys.stdin.isatty()
+    if interactive:
+        keep_history()
     show_zoom = False
     last = None  # the last answer
-    interactive = sys.stdin.isatty()
     err.print(
         Text(document.path.name, style="bold")
         + Text(
@@ -85,6 +86,8 @@ def chat(
             return
         if not line:
             continue
+        if not interactive:  # piped: the transcript shows what was asked
+            sys.stdout.write(f"> {line}\n")
         if line.startswith("/"):
             cmd, _, arg = line.partition(" ")
             if cmd in ("/quit", "/exit"):
@@ -114,3 +117,31 @@ def chat(
         print_sources(last)
         if show_zoom:
             print_zoom(last)
+
+
+HISTORY_LINES = 1000
+
+
+def keep_history() -> Callable[[], None] | None:
+    """Line editing for input(), with the questions of earlier chats kept in
+    ``$SEKV_HOME/chat_history`` (readline; nothing where it is missing or the file is not
+    writable). Returns the function that saves it, registered to run at exit."""
+    try:
+        import readline
+    except ImportError:
+        return None
+    path = sekv_home() / "chat_history"
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass  # the first chat
+    readline.set_history_length(HISTORY_LINES)
+
+    def save() -> None:
+        try:
+            readline.write_history_file(path)
+        except OSError:
+            pass
+
+    atexit.register(save)
+    return save

@@ -325,6 +325,23 @@ def test_chat_answers_two_questions_with_one_model_load(tmp_path, tiny_model_dir
     assert result.stdout.count("Sources\n") == 3
     assert "budget 16 tokens" in result.stderr
     assert "unknown or malformed command '/bogus [/bold]'" in result.stderr  # not markup
+    assert "> Which shelf holds 9 jars?\n" in result.stdout  # piped input echoed
+
+
+def test_chat_keeps_its_history_under_sekv_home(sekv_home):
+    import readline
+
+    from sekv_cli.chat import keep_history
+
+    readline.clear_history()
+    save = keep_history()
+    readline.add_history("Who is the keeper?")
+    save()
+    readline.clear_history()
+    keep_history()  # the next chat reads it back
+    assert (sekv_home / "chat_history").is_file()
+    last = readline.get_history_item(readline.get_current_history_length())
+    assert last == "Who is the keeper?"
 
 
 def test_chat_exits_cleanly_on_eof(tmp_path, tiny_model_dirs):
