@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,12 +59,22 @@ def comma_list(value: str, cast: Callable, option: str) -> list:
         ) from None
 
 
-def checked_settings(assignments: list[str]) -> MethodSettings:
-    """MethodSettings with the --set assignments applied (a usage error names a bad one)."""
+def checked_settings(assignments: list[str], budget: int | None = None) -> MethodSettings:
+    """MethodSettings with the --set assignments (a usage error names a bad one) and a
+    --budget given applied."""
     try:
-        return override(MethodSettings(), assignments)
+        settings = override(MethodSettings(), assignments)
     except SekvError as exc:
         raise typer.BadParameter(str(exc), param_hint="--set") from None
+    return settings if budget is None else replace(settings, budget=budget)
+
+
+def method_list(methods: str) -> list[str]:
+    """The comma-separated --methods, each a known method (else a usage error)."""
+    chosen = comma_list(methods, str, "--methods")
+    if any(m not in METHOD_NAMES for m in chosen):
+        raise typer.BadParameter(f"choose from {', '.join(METHOD_NAMES)}", param_hint="--methods")
+    return chosen
 
 
 SET_OPTION = typer.Option(

@@ -6,17 +6,22 @@ from here, so that every bench command is on it.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
 from sekv_core.config import DEFAULT_BUDGET
-from sekv_core.method_names import METHOD_NAMES
 from sekv_core.threads import resolve_threads
 
-from .bench import BUDGET_HELP, SET_OPTION, bench_app, checked_settings, comma_list
+from .bench import (
+    BUDGET_HELP,
+    SET_OPTION,
+    bench_app,
+    checked_settings,
+    comma_list,
+    method_list,
+)
 from .common import (
     JSON_OPTION,
     MODEL_OPTION,
@@ -84,9 +89,7 @@ def qa_bench(
     """Ground-truth questions answered correctly by each method, with resident memory."""
     from sekv_bench.qa import bench_qa
 
-    settings = checked_settings(sets)
-    if budget is not None:
-        settings = replace(settings, budget=budget)
+    settings = checked_settings(sets, budget)
     rows = bench_qa(
         load_model_quietly(model, resolve_threads(threads)),
         files,
@@ -116,13 +119,8 @@ def books_bench(
 ) -> None:
     """Books beyond the window: SeKV vs BM25 retrieval vs truncation, exact-word and
     paraphrased questions about facts planted across each book."""
-    chosen = comma_list(methods, str, "--methods")
-    unknown = [m for m in chosen if m not in METHOD_NAMES]
-    if unknown:
-        raise typer.BadParameter(f"choose from {', '.join(METHOD_NAMES)}", param_hint="--methods")
-    settings = checked_settings(sets)
-    if budget is not None:
-        settings = replace(settings, budget=budget)
+    chosen = method_list(methods)
+    settings = checked_settings(sets, budget)
     from sekv_bench.books import bench_books
 
     rows = bench_books(
@@ -163,10 +161,7 @@ def sources_bench(
 
     Sample QA and PDF haystacks; decode speed with sources recorded and without.
     """
-    chosen = comma_list(methods, str, "--methods")
-    unknown = [m for m in chosen if m not in METHOD_NAMES]
-    if unknown:
-        raise typer.BadParameter(f"choose from {', '.join(METHOD_NAMES)}", param_hint="--methods")
+    chosen = method_list(methods)
     settings = checked_settings(sets)
     n_threads = resolve_threads(threads)
     from sekv_bench.sources import (

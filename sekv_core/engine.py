@@ -16,7 +16,7 @@ from .models import LoadedModel
 from .prefill import Progress
 from .prompt import Context, chat_template, encode_context, encode_question
 from .sampling import Sampling, sampled
-from .sources import answer_sources
+from .sources import answer_sources, sentence_ends
 
 
 @dataclass
@@ -79,6 +79,7 @@ class Session:
         self.method.prepare(progress)
         self.prepare_s = time.perf_counter() - start
         self._prepared_pending = True  # the first answer reports the preparation time
+        self._sentence_ends = None  # sekv_core.sources.sentence_ends of the document
 
     def ask(
         self,
@@ -152,7 +153,11 @@ class Session:
         attention = self.method.answer_attention()
         if attention is None or not answer:
             return []
-        found = answer_sources(attention, self.document, self.context, self.pages, answer)
+        if self._sentence_ends is None:  # the document's, once per session
+            self._sentence_ends = sentence_ends(self.document.text)
+        found = answer_sources(
+            attention, self.document, self.context, self.pages, answer, ends=self._sentence_ends
+        )
         out = []
         for source in found:
             row = source.to_json()

@@ -64,6 +64,7 @@ def answer_sources(
     pages: list[int],
     answer: str,
     limit: int = MAX_SOURCES,
+    ends: np.ndarray | None = None,
 ) -> list[Source]:
     """The answer's sources, best first (none when it paid the document no attention)."""
     weight = attention[..., context.doc_start :].float().amax(dim=(0, 1))  # (Td,)
@@ -72,7 +73,7 @@ def answer_sources(
     if not len(mass) or total <= 0:
         return []
     offsets = np.asarray(context.offsets, dtype=np.int64).reshape(-1, 2)  # (Td, 2)
-    ends = sentence_ends(document.text)
+    ends = sentence_ends(document.text) if ends is None else ends  # a session keeps them
     sentence = np.searchsorted(ends, offsets[:, 0], side="right")  # (Td,)
     per_sentence = np.bincount(sentence, weights=mass)
     order = np.argsort(-per_sentence, kind="stable")

@@ -180,6 +180,7 @@ class SeKV(Method):
             sekv_memory=spans,
             sekv_policy=first,
         )
+        first.attribute = False  # the answer's sources come from the passages' reading
         ask(torch.tensor([question_ids], dtype=torch.long))
         mass = first.trace.mass
         scores = mass[:-1] if mass is not None else spans.lengths.new_zeros(spans.n_spans).float()
@@ -197,7 +198,7 @@ class SeKV(Method):
             margin=first.margin,
             neighbours=first.neighbours,
             observer=self.observer,
-            attribute=first.attribute,
+            attribute=self.settings.sources,
             pinned=chosen.to(scores.device),
             pinned_scores=scores.float(),
         )
