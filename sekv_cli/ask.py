@@ -13,12 +13,14 @@ from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
 
 from .common import (
+    BUDGET_OPTION,
     JSON_OPTION,
     MAX_TOKENS_OPTION,
-    METHOD_HELP,
+    METHOD_OPTION,
     MODEL_OPTION,
     ROUTER_OPTION,
     THREADS_OPTION,
+    MethodName,
     check_writable,
     err,
     handle_errors,
@@ -44,14 +46,8 @@ def ask(
     file: Path = typer.Argument(..., help="Document to read: .pdf, .txt or .md."),
     question: str = typer.Argument(..., help="The question to answer."),
     model: str | None = MODEL_OPTION,
-    method: str = typer.Option("sekv", "--method", help=METHOD_HELP),
-    budget: int | None = typer.Option(
-        None,
-        "--budget",
-        min=1,
-        help="Tokens reconstructed per layer and KV head when zooming (sekv; default 256; "
-        "a book reads this many tokens of passages, default 512).",
-    ),
+    method: MethodName = METHOD_OPTION,
+    budget: int | None = BUDGET_OPTION,
     router: str = ROUTER_OPTION,
     sources: bool = typer.Option(
         True, "--sources/--no-sources", help="Print the passages the answer drew on, with pages."

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from sekv_core.config import DEFAULT_BUDGET
+from sekv_core.config import DEFAULT_BUDGET, MethodSettings
 from sekv_core.threads import resolve_threads
 
 from .bench import (
@@ -109,7 +109,13 @@ def books_bench(
     seeds: str = typer.Option("1", help="Seeds of the generated books, comma-separated."),
     methods: str = typer.Option("sekv,retrieve,truncate", help="Methods, comma-separated."),
     facts: int = typer.Option(6, min=1, help="Facts planted per book (each asked twice)."),
-    budget: int | None = typer.Option(None, "--budget", min=1, help=BUDGET_HELP),
+    budget: int | None = typer.Option(
+        None,
+        "--budget",
+        min=1,
+        help=f"{BUDGET_HELP[:-1]}; a book reads this many tokens of passages, default "
+        f"{MethodSettings().passages}.",
+    ),
     max_new_tokens: int = typer.Option(32, min=1, help="Longest answer, in tokens."),
     sets: list[str] = SET_OPTION,
     model: str | None = MODEL_OPTION,

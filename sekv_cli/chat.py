@@ -1,4 +1,5 @@
-"""`sekv chat`: a REPL over a document's cached store (model and store loaded once)."""
+"""`sekv chat`: a REPL over a document's cached store (model and store loaded once) that keeps
+the conversation: earlier questions and answers are read again before each new question."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import typer
 from rich.text import Text
 
 from sekv_core.config import MethodSettings
+from sekv_core.conversation import Conversation
+from sekv_core.errors import SekvError
 from sekv_core.paths import sekv_home
 from sekv_core.threads import resolve_threads
 
 from .common import (
+    BUDGET_OPTION,
     MAX_TOKENS_OPTION,
-    METHOD_HELP,
+    METHOD_OPTION,
     MODEL_OPTION,
     ROUTER_OPTION,
     THREADS_OPTION,
+    MethodName,
     err,
     handle_errors,
     open_session,
@@ -36,7 +41,10 @@ from .generation import (
 )
 from .render import print_sources, print_zoom
 
-HELP = """Commands:
+HELP = """Earlier questions and answers are read again before each new question;
+the oldest drop when they no longer fit the model's window.
+Commands:
+  /reset      forget the conversation: the next question is read alone
   /sources    the last answer's sources again
   /zoom       toggle why each source was zoomed, after each answer
   /budget N   tokens reconstructed per layer and KV head (sekv)
@@ -48,8 +56,8 @@ HELP = """Commands:
 def chat(
     file: Path = typer.Argument(..., help="Document to talk about: .pdf, .txt or .md."),
     model: str | None = MODEL_OPTION,
-    method: str = typer.Option("sekv", "--method", help=METHOD_HELP),
-    budget: int | None = typer.Option(None, "--budget", min=1, help="Zoom budget (sekv)."),
+    method: MethodName = METHOD_OPTION,
+    budget: int | None = BUDGET_OPTION,
     router: str = ROUTER_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
     temperature: float = TEMPERATURE_OPTION,
@@ -60,12 +68,15 @@ def chat(
     max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
-    """Ask many questions about FILE; each is answered from the stored memory, no re-reading."""
+    """Ask many questions about FILE; each is answered from the stored memory, no re-reading,
+    after the conversation so far (/reset forgets it)."""
     settings = MethodSettings(budget=budget, router=router, warn=warn)
     session, _ = open_session(
         file, model, method, settings, resolve_threads(threads), max_tokens=max_tokens
     )
     document = session.document
+    conversation = Conversation(session)
+    told_dropping = False  # said once per chat
     chosen = sampling(temperature, top_p, seed, repetition_penalty)
     interactive = sys.stdin.isatty()
     if interactive:
@@ -94,6 +105,9 @@ def chat(
                 return
             if cmd == "/help":
                 err.print(Text(HELP))
+            elif cmd == "/reset":
+                conversation.reset()
+                err.print("conversation cleared: the next question is read alone")
             elif cmd == "/sources":
                 if last is not None and last.sources:
                     print_sources(last)
@@ -109,11 +123,17 @@ def chat(
                 err.print(Text(f"unknown or malformed command {line!r}; /help lists them"))
             continue
         try:
-            last = session.ask(line, max_new_tokens, stream_text, chosen, stop)
+            last = conversation.ask(line, max_new_tokens, stream_text, chosen, stop)
         except KeyboardInterrupt:
             err.print("\n(interrupted)")
             continue
+        except SekvError as exc:  # this question cannot be answered; the chat goes on
+            err.print(Text(f"Error: {exc}"), soft_wrap=True)
+            continue
         sys.stdout.write("\n")
+        if conversation.dropped and not told_dropping:
+            told_dropping = True
+            warn("earlier turns no longer fit the window; dropping the oldest (/reset clears)")
         print_sources(last)
         if show_zoom:
             print_zoom(last)

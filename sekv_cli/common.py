@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,7 +28,13 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from sekv_core.config import MAX_TOKENS, StoreSettings, check_question
+from sekv_core.config import (
+    DEFAULT_BUDGET,
+    MAX_TOKENS,
+    MethodSettings,
+    StoreSettings,
+    check_question,
+)
 from sekv_core.errors import SekvError
 from sekv_core.method_names import METHOD_NAMES
 from sekv_core.paths import sekv_home
@@ -51,7 +57,22 @@ THREADS_OPTION = typer.Option(
     help=f"CPU threads torch uses (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, "
     f"else {default_threads()} here).",
 )
-METHOD_HELP = f"One of: {', '.join(METHOD_NAMES)}."
+MethodName = Literal[METHOD_NAMES]  # a Choice: any other name is a usage error naming these
+METHOD_OPTION = typer.Option(
+    "sekv",
+    "--method",
+    metavar="METHOD",  # the choices, one long word, read better in the help text
+    help="How the document is held: sekv (the span store, zooming in), full (the whole KV "
+    f"cache) or a baseline (README). One of: {', '.join(METHOD_NAMES)}.",
+)
+BUDGET_OPTION = typer.Option(
+    None,
+    "--budget",
+    min=1,
+    help=f"Tokens reconstructed per layer and KV head when zooming (sekv; default "
+    f"{DEFAULT_BUDGET}; a book reads this many tokens of passages, default "
+    f"{MethodSettings().passages}).",
+)
 MAX_TOKENS_OPTION = typer.Option(
     MAX_TOKENS,
     "--max-tokens",
@@ -97,12 +118,6 @@ def handle_errors(fn: F) -> F:
 def warn(message: str) -> None:
     """``Warning: message`` on stderr, the message as plain text, one line however long."""
     err.print(Text("Warning: ", style="yellow") + Text(message), soft_wrap=True)
-
-
-def check_method(method: str) -> None:
-    """A usage error unless ``method`` names an answering method."""
-    if method not in METHOD_NAMES:
-        raise typer.BadParameter(f"choose one of: {', '.join(METHOD_NAMES)}", param_hint="--method")
 
 
 def load_model_quietly(name: str | None, threads: int):
@@ -210,7 +225,7 @@ def open_session(
     question: str | None = None,
     max_tokens: int = MAX_TOKENS,
 ):
-    """Check the method, load document and model, prepare the session (progress on stderr).
+    """Load document and model, prepare the session for ``method`` (progress on stderr).
 
     A ``question`` given and ``$SEKV_HOME`` are checked once the document is read, before the
     model loads; the document's tokens before anything is prefilled.
@@ -220,7 +235,6 @@ def open_session(
 
     from sekv_core.documents import load_document
 
-    check_method(method)
     start = time.perf_counter()
     document = load_document(file, max_tokens)
     if question is not None:

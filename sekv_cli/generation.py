@@ -20,7 +20,10 @@ TOP_P_OPTION = typer.Option(
     help="With --temperature: sample among the likeliest tokens holding this probability.",
 )
 SEED_OPTION = typer.Option(
-    None, "--seed", help="With --temperature: the sampling seed (same seed, same answer)."
+    None,
+    "--seed",
+    help="With --temperature: the sampling seed (same seed, same answer; default: none, a "
+    "fresh draw each time).",
 )
 REPETITION_OPTION = typer.Option(
     REPETITION_PENALTY,

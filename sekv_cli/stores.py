@@ -78,14 +78,17 @@ def rm(
 @handle_errors
 def prune(
     older_than: str | None = typer.Option(
-        None, "--older-than", metavar="AGE", help="Remove stores unused this long: 30d, 12h, 2w."
+        None,
+        "--older-than",
+        metavar="AGE",
+        help="Remove stores unused this long: 30d, 12h, 2w (default: no age limit).",
     ),
     max_size: str | None = typer.Option(
         None,
         "--max-size",
         metavar="SIZE",
         help="Then remove the least recently used until the rest fit: 500M, 2G (1G = 1024^3 "
-        "bytes).",
+        "bytes; default: no size limit).",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be removed."),
     json_out: bool = JSON_OPTION,

@@ -14,7 +14,7 @@ from .errors import SekvError
 from .methods import METHODS
 from .models import LoadedModel
 from .prefill import Progress
-from .prompt import Context, chat_template, encode_context, encode_question
+from .prompt import Context, Turn, chat_template, encode_context, encode_question
 from .sampling import Sampling, sampled
 from .sources import answer_sources, sentence_ends
 
@@ -88,14 +88,16 @@ class Session:
         on_text: Callable[[str], None] | None = None,
         sampling: Sampling | None = None,
         stop: Sequence[str] = (),
+        history: Sequence[Turn] = (),
     ) -> Answer:
         """Answer ``question`` (greedily, or under ``sampling``); ``on_text`` receives text
-        deltas as they are decoded. The answer ends before the first of the ``stop`` strings."""
+        deltas as they are decoded. The answer ends before the first of the ``stop`` strings.
+        ``history``: a chat's earlier (question, answer) turns, read before the question (see
+        :class:`sekv_core.conversation.Conversation`, which keeps them within the window)."""
         check_question(question)
         tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
-        q_ids = encode_question(tokenizer, self.template, question)
-        position = getattr(self.method, "question_position", None)  # books: bounded positions
-        room = spec.window - (position() if position else len(self.context)) - len(q_ids)
+        q_ids = self.question_ids(question, history)
+        room = self.room() - len(q_ids)
         if room < 1:
             raise SekvError(
                 f"question too long: {len(q_ids)} tokens leave no room in the "
@@ -146,6 +148,15 @@ class Session:
             routing=self.method.routing(),
             tokens_generated=n,
         )
+
+    def question_ids(self, question: str, history: Sequence[Turn] = ()) -> list[int]:
+        """The question part of the prompt: ``history``'s turns, then ``question``."""
+        return encode_question(self.loaded.tokenizer, self.template, question, history)
+
+    def room(self) -> int:
+        """Window tokens left after the document for the question part and the answer."""
+        position = getattr(self.method, "question_position", None)  # books: bounded positions
+        return self.loaded.spec.window - (position() if position else len(self.context))
 
     def sources(self, answer: str) -> list[dict[str, Any]]:
         """The last answer's sources (:mod:`sekv_core.sources`), each with what the method did

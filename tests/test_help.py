@@ -1,6 +1,7 @@
 """`--help` reads like other tools': flags as flags, a version, shell completion."""
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from sekv_cli.help_format import sekv_version
@@ -41,3 +42,21 @@ def test_version():
 def test_completion_can_be_installed():
     result = runner.invoke(app, ["--help"], terminal_width=120)
     assert "--install-completion" in result.output and "--show-completion" in result.output
+
+
+def options(command, path=("sekv",)):
+    """(command path, option) for every option of every command under ``command``."""
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from options(sub, (*path, name))
+    for param in getattr(command, "params", []):
+        if param.param_type_name == "option":
+            yield " ".join(path), param
+
+
+def test_every_option_with_a_value_shows_its_default():
+    for path, option in options(typer.main.get_command(app)):
+        if option.is_flag or option.multiple or option.required or option.metavar == "OUT":
+            continue  # flags are off unless given; --stop/--set repeat; an output file is asked
+        told = "default" in (option.help or "").lower()
+        shown = option.show_default is not False and option.default not in (None, "", [])
+        assert told or shown, (path, option.opts)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sekv_core.conversation import Conversation
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
 
@@ -135,3 +136,16 @@ def test_cli_ask_prints_sources_and_explains_them(default_model, shared_home):
         [*ask, "--no-sources"], capture_output=True, text=True, env=env, timeout=600
     )
     assert proc.returncode == 0 and "Sources" not in proc.stdout
+
+
+def test_a_chat_follow_up_is_read_after_the_earlier_turn(default_model):
+    """A question that refers to the one before ("him") is answered from the conversation."""
+    chat = Conversation(Session(default_model, load_document(SAMPLES / "lighthouse.md")))
+    first = chat.ask("Who is the principal keeper?", max_new_tokens=24)
+    assert "Tobias Wrenfield" in first.answer
+    ids = chat.session.question_ids("Who assists him?", chat.turns)
+    prompt = default_model.tokenizer.decode(ids)
+    assert prompt.index("principal keeper?") < prompt.index(first.answer) < prompt.index("him?")
+    second = chat.ask("And who assists him?", max_new_tokens=24)
+    assert "Ines Marlow" in second.answer and chat.dropped == 0
+    assert second.sources and second.sources[0]["page"] == 1  # over the document only

@@ -1,0 +1,109 @@
+"""`sekv chat` keeps the conversation: earlier turns in the next prompt, /reset, the oldest
+turns dropped (said once) when the window fills; `--method` is a choice (tiny random models)."""
+
+import pytest
+from transformers import AutoTokenizer
+from typer.testing import CliRunner
+
+from sekv_cli.main import app
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.method_names import METHOD_NAMES
+from sekv_core.methods import METHODS
+from sekv_core.prompt import chat_template, encode_context, encode_question
+
+runner = CliRunner()
+FILLER = " ".join(f"Shelf {i} holds {i * 3} jars." for i in range(40))
+TURN = "<|im_end|>\n<|im_start|>user\n"  # the tiny models' template between two turns
+
+
+@pytest.fixture
+def prompts(monkeypatch) -> dict[str, list]:
+    """Records each answer's question part (the ids full KV reads) and each answer."""
+    seen = {"ids": [], "answers": []}
+    full, ask = METHODS["full"].generate, Session.ask
+
+    def generate(self, question_ids, max_new_tokens):
+        seen["ids"].append(list(question_ids))
+        yield from full(self, question_ids, max_new_tokens)
+
+    def recorded_ask(self, *args, **kwargs):
+        answer = ask(self, *args, **kwargs)
+        seen["answers"].append(answer.answer)
+        return answer
+
+    monkeypatch.setattr(METHODS["full"], "generate", generate)
+    monkeypatch.setattr(Session, "ask", recorded_ask)
+    return seen
+
+
+def chat(model_dir, doc, stdin: str, *options: str):
+    args = ["chat", str(doc), "--model", str(model_dir), "--method", "full", *options]
+    return runner.invoke(app, args, input=stdin)
+
+
+def test_the_second_prompt_holds_the_first_turn(tmp_path, tiny_model_dirs, prompts):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\n" + FILLER)
+    first, second = "Which shelf holds 9 jars?", "And how many does the next one hold?"
+    result = chat(tiny_model_dirs["llama"], doc, f"{first}\n{second}\n", "--max-new-tokens", "6")
+    assert result.exit_code == 0, result.output
+    tok = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    tpl = chat_template(tok)
+    one, two = prompts["ids"]
+    assert one == encode_question(tok, tpl, first)  # the first question is read alone
+    answer = prompts["answers"][0]
+    assert tok.decode(two) == tok.decode(one) + f"{answer}{TURN}{second}{tpl.tail}"
+    assert "no longer fit" not in result.stderr
+
+
+def test_reset_forgets_the_conversation(tmp_path, tiny_model_dirs, prompts):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\n" + FILLER)
+    stdin = "Which shelf holds 9 jars?\n/help\n/reset\nAnd the next one?\n"
+    result = chat(tiny_model_dirs["qwen2"], doc, stdin, "--max-new-tokens", "4")
+    assert result.exit_code == 0, result.output
+    assert "/reset" in result.stderr  # in /help
+    assert "conversation cleared" in result.stderr
+    tok = AutoTokenizer.from_pretrained(tiny_model_dirs["qwen2"])
+    assert prompts["ids"][1] == encode_question(tok, chat_template(tok), "And the next one?")
+
+
+def test_oldest_turns_drop_said_once(tmp_path, tiny_model_dirs, prompts):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\n" + FILLER)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    tpl = chat_template(tok)
+    room = 2048 - len(encode_context(tok, tpl, load_document(doc).text))  # full KV's window
+    question = "Which shelf holds 9 jars?"
+    reserve = room - len(encode_question(tok, tpl, question))  # no room for an earlier turn
+    stdin = f"{question}\n{question}\n{question}\n"
+    result = chat(tiny_model_dirs["llama"], doc, stdin, "--max-new-tokens", str(reserve))
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("earlier turns no longer fit the window") == 1
+    assert all(ids == prompts["ids"][0] for ids in prompts["ids"])  # each read alone
+
+
+@pytest.mark.parametrize("command", [["ask", "{doc}", "q"], ["chat", "{doc}"]])
+def test_an_unknown_method_is_a_usage_error_naming_the_choices(command, tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("Some text.")
+    args = [a.format(doc=doc) for a in command]
+    result = runner.invoke(app, [*args, "--method", "bogus"], terminal_width=200)
+    assert result.exit_code == 2
+    assert "'bogus' is not one of" in result.output
+    assert all(f"'{name}'" in result.output for name in METHOD_NAMES)
+    shown = runner.invoke(app, [command[0], "--help"], terminal_width=200)
+    assert all(name in shown.output for name in METHOD_NAMES)
+
+
+def test_a_question_too_long_for_the_window_is_an_error_and_the_chat_goes_on(
+    tmp_path, tiny_model_dirs, prompts
+):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\n" + FILLER)
+    too_long = "Which shelf holds " + " ".join(f"{i} jars" for i in range(2000)) + "?"
+    result = chat(tiny_model_dirs["qwen2"], doc, f"{too_long}\nWhich shelf holds 9 jars?\n")
+    assert result.exit_code == 0, result.output
+    assert "Error: question too long" in result.stderr
+    assert len(prompts["ids"]) == 1  # the next question is answered
