@@ -38,6 +38,7 @@ from .suite import SuiteConfig, build_samples, run_settings, sample_path
 
 DEFAULT_ANSWER_TOKENS = 24
 EVERY_SPAN = 1 << 30  # a zoom budget (tokens per layer and KV head) no document reaches
+NO_MARGIN = 1e9  # a span scoring this far below the best is still zoomed: none is left out
 
 
 def run_fidelity(
@@ -52,7 +53,8 @@ def run_fidelity(
     results.jsonl, summary.json and fidelity.md and returns the summary. Runs start from
     ``config``'s settings; ``sekv-trained`` routes with ``config.trained_router`` (auto: the
     router trained for the model), ``sekv`` training-free. ``every_span``: no memory target,
-    SeKV zooms every span (the ceiling its store sets: what reconstruction alone loses); other
+    SeKV zooms every span, however far below the best one the router scores it (the ceiling its
+    store sets: what reconstruction alone loses; a trained router's gate still decides); other
     methods keep the whole cache."""
     if "full" in config.methods:
         raise SekvError(
@@ -61,7 +63,7 @@ def run_fidelity(
     config.check(loaded.spec.window)
     base = config.method_settings()
     if every_span:
-        base = replace(base, budget=EVERY_SPAN)
+        base = replace(base, budget=EVERY_SPAN, margin=NO_MARGIN)
     out = Path(out)
     (out / "samples").mkdir(parents=True, exist_ok=True)
     runs = [(m, None) for m in config.methods] if every_span else config.runs()

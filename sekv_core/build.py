@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .codec import Codebook
+from .codec import fit_code
 from .config import StoreSettings
 from .documents import Document
 from .format import code_stats, nbytes, store_manifest, tier_bytes, trace_tensors, write_atomically
@@ -64,8 +64,8 @@ def build_store(
     k_rows = span_keys
     for i in range(k_rows.shape[0]):
         k_rows[i] = rope.unrotate(k_rows[i], span_tokens)
-    k_code = Codebook.fit(k_rows, settings.key_code, "store.key_code")
-    v_code = Codebook.fit(v_rows, settings.value_code, "store.value_code")
+    k_code = fit_code(k_rows, settings.key_code, "store.key_code", pre.query_moment)
+    v_code = fit_code(v_rows, settings.value_code, "store.value_code")
     offload = {"k_rows": k_code.encode(k_rows).flatten(), "v_rows": v_code.encode(v_rows).flatten()}
     del k_rows, v_rows
     release_freed_memory()

@@ -15,14 +15,17 @@ token resolution: records -> coefficients -> one batched product with the pairs'
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
+from .allocated import AllocatedCode, query_metric
 from .bitpack import pack_codes, unpack_codes
 from .errors import SekvError
-from .tiers import Tier, parse_tiers, record_bytes
+from .summary import STORE_DTYPE, stored
+from .tiers import Tier, parse_alloc, parse_tiers, record_bytes
 
 SCALE = torch.float16  # per-row tier scales (tiers.SCALE_BYTES each)
 
@@ -59,13 +62,13 @@ class Codebook:
             basis = vecs.flip(-1).contiguous()  # strongest direction first
             bases.append(basis)
             spans.append((centred @ basis).abs().amax(dim=1).clamp(min=1e-6))
-        return cls(torch.stack(bases), mean, torch.stack(spans), tiers)
+        return cls(stored(torch.stack(bases)), stored(mean), stored(torch.stack(spans)), tiers)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         return {
-            f"{prefix}_basis": self.basis,
-            f"{prefix}_mean": self.mean,
-            f"{prefix}_range": self.range,
+            f"{prefix}_basis": self.basis.to(STORE_DTYPE),
+            f"{prefix}_mean": self.mean.to(STORE_DTYPE),
+            f"{prefix}_range": self.range.to(STORE_DTYPE),
         }
 
     @classmethod
@@ -126,20 +129,44 @@ class Codebook:
 
     @cached_property
     def synthesis(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per (layer, head) the map from coefficients back to rows (L, H, D, D), the ranges
-        folded into the directions, and the rows' mean (L, H, D)."""
-        scaled = self.basis * self.range[:, :, None]  # column j times range j
-        return scaled.transpose(-1, -2).contiguous(), self.mean
+        """Per (layer, head) the map from coefficients back to rows (L, H, D, D): the inverse
+        of the directions as stored (half precision: nearly, not exactly, orthonormal), the
+        ranges folded in; and the rows' mean (L, H, D)."""
+        return (self.range[..., None] * torch.linalg.inv(self.basis)).contiguous(), self.mean
+
+
+Code = Codebook | AllocatedCode  # what an offload tier is written in
+
+
+def fit_code(
+    rows: torch.Tensor, spec: str, setting: str = "code", moment: torch.Tensor | None = None
+) -> Code:
+    """The code of ``spec`` (tiers, or ``alloc:B``) fitted to rows (L, H, S, D); ``moment``
+    (L, H, D, D): the queries' second moment that weighs an allocated code's dimensions (keys;
+    None: equal weights)."""
+    try:
+        row_bits = parse_alloc(spec, rows.shape[-1])
+    except ValueError as exc:
+        raise SekvError(f"{setting}: {exc}") from None
+    if row_bits is None:
+        return Codebook.fit(rows, spec, setting)
+    return AllocatedCode.fit(rows, row_bits, query_metric(moment, rows))
+
+
+def load_code(tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> Code:
+    """The code of ``spec`` from its tensors (:meth:`Codebook.tensors`)."""
+    dim = tensors[f"{prefix}_basis"].shape[-1]
+    row_bits = parse_alloc(spec, dim)
+    if row_bits is None:
+        return Codebook.from_tensors(tensors, prefix, spec)
+    return AllocatedCode.from_tensors(tensors, prefix, row_bits)
 
 
 def store_codebooks(
     tensors: dict[str, torch.Tensor], key_code: str, value_code: str
-) -> dict[str, Codebook]:
-    """A store's offload code: its codebook ``tensors`` read at the tiers of its settings."""
-    return {
-        "k": Codebook.from_tensors(tensors, "k", key_code),
-        "v": Codebook.from_tensors(tensors, "v", value_code),
-    }
+) -> dict[str, Code]:
+    """A store's offload code: its codebook ``tensors`` read at its settings' specs."""
+    return {"k": load_code(tensors, "k", key_code), "v": load_code(tensors, "v", value_code)}
 
 
 def _encode_tier(coef: torch.Tensor, tier: Tier) -> torch.Tensor:
@@ -165,9 +192,16 @@ def _decode_tier(chunk: torch.Tensor, tier: Tier) -> torch.Tensor:
     packed = chunk[:, :codes_bytes]
     if tier.bits == 8:
         codes = packed.view(torch.int8).float()  # same width: a view at any stride
-    else:
-        codes = unpack_codes(packed, tier.bits).float() - tier.levels
+    else:  # each byte's codes at once from a table of every byte value's
+        table = _byte_codes(tier.bits, tier.levels).to(chunk.device)
+        codes = torch.nn.functional.embedding(packed.long(), table).flatten(-2)
     return codes * scale
+
+
+@functools.cache
+def _byte_codes(bits: int, levels: int) -> torch.Tensor:
+    """(256, 8 / bits) float32: the signed codes every byte value packs (:func:`pack_codes`)."""
+    return unpack_codes(torch.arange(256, dtype=torch.uint8)[:, None], bits).float() - levels
 
 
 def _viewed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

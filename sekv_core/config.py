@@ -18,16 +18,18 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .errors import SekvError
-from .tiers import parse_tiers
+from .tiers import check_code
 
 # documents of more tokens are refused unless asked for (--max-tokens): a streamed ingest reads
 # ~100-200 tokens/s on a CPU, so a million tokens is hours of work and GBs of store
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
-# the offload tier's code (sekv_core.codec): directions of the document's codebook at their bits
-KEY_CODE = "*x8"
-VALUE_CODE = "*x8"
+# the offload tier's codes: keys 4 bits per number, spent where the queries look
+# (sekv_core.allocated); values 4 bits on every direction of the document's codebook
+# (sekv_core.codec). Chosen by answer fidelity with every span zoomed (docs/history).
+KEY_CODE = "alloc:4"
+VALUE_CODE = "*x4"
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ def check_store(settings: StoreSettings) -> None:
         )
     for name in ("key_code", "value_code"):
         try:
-            parse_tiers(getattr(settings, name))
+            check_code(getattr(settings, name))
         except ValueError as exc:
             raise SekvError(f"store.{name}: {exc}") from None
     if settings.sketch_dim < 2 or settings.sketch_dim % 2:

@@ -53,12 +53,14 @@ from .models import LoadedModel
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 7  # 7: manifest digest (6: coded offload tier; 5: books keep no anchors)
+FORMAT_VERSION = 8  # 8: allocated key code, half-precision codebooks (7: manifest digest)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
-# the offload code's codebooks (float32, host index: zoomed rows are decoded on the host)
-CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in ("basis", "mean", "range"))
+# the offload code's codebooks (half precision, host index: zoomed rows are decoded on the host)
+# (an allocated code's also its metric and bits: a store holds the names its code has)
+CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits")
+CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in CODEBOOK_PARTS)
 DIGEST = "digest"  # the manifest's own checksum (of every other field)
 
 

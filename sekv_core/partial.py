@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .codec import Codebook, store_codebooks
+from .codec import Code, fit_code, store_codebooks
 from .config import StoreSettings
 from .format import CODEBOOKS, map_safetensors
 from .parts import OFFLOAD, read_tensors, write_part
@@ -125,8 +125,8 @@ class PartialStore:
         empty = torch.zeros(L, H, 0, D)
         self.place_codebooks(
             {
-                **Codebook.fit(empty, self.settings.key_code).tensors("k"),
-                **Codebook.fit(empty, self.settings.value_code).tensors("v"),
+                **fit_code(empty, self.settings.key_code).tensors("k"),
+                **fit_code(empty, self.settings.value_code).tensors("v"),
             }
         )
         self.resident["sketch"] = self.resident["sketch"].to(dev)
@@ -138,9 +138,9 @@ class PartialStore:
 
     def place_codebooks(self, tensors: dict[str, torch.Tensor]) -> None:
         """The offload code's codebooks (fixed at the first commit, :data:`CODEBOOKS`)."""
-        self.resident.update({name: tensors[name].float() for name in CODEBOOKS})
+        self.resident.update({name: t for name, t in tensors.items() if name in CODEBOOKS})
 
-    def codebooks(self) -> dict[str, Codebook]:
+    def codebooks(self) -> dict[str, Code]:
         """The offload code the parts are written in (its codebooks at the settings' tiers)."""
         s = self.settings
         return store_codebooks(self.resident, s.key_code, s.value_code)
@@ -256,7 +256,7 @@ class PartialStore:
             "sketch_mean": self.resident["sketch_mean"].cpu().to(STORE_DTYPE),
             "sketch_scale": self.resident["sketch_scale"].cpu().to(STORE_DTYPE),
             "part_rows": self.resident["part_rows"],
-            **{name: self.resident[name].cpu() for name in CODEBOOKS},
+            **{name: self.resident[name].cpu() for name in CODEBOOKS if name in self.resident},
             **r,
         }
         return resident

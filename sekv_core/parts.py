@@ -29,7 +29,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .codec import Codebook
+from .codec import Code, fit_code
 from .config import SegmentSettings, StoreSettings
 from .errors import SekvError
 from .format import CODEBOOKS, manifest_digest, sha256
@@ -46,7 +46,7 @@ from .sketch import (
 from .summary import STORE_DTYPE, one_thread
 
 OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
-STATE_VERSION = 4  # 4: the record carries a digest (3: the offload code's codebooks)
+STATE_VERSION = 5  # 5: half-precision codebooks, allocated codes (4: the record carries a digest)
 
 
 @dataclass
@@ -125,7 +125,7 @@ class StreamState:
             t["roles"].numpy().copy(),
             basis,
             moments,
-            {name: t[name] for name in CODEBOOKS} if CODEBOOKS[0] in t else None,
+            {name: t[name] for name in CODEBOOKS if name in t} if CODEBOOKS[0] in t else None,
         )
 
 
@@ -185,8 +185,8 @@ def waiting_codebooks(
     keys = state.pending_k[:, :, rows].float().cpu()
     values = state.pending_v[:, :, rows].float().cpu()
     with one_thread():
-        k = Codebook.fit(keys, settings.key_code, "store.key_code")
-        v = Codebook.fit(values, settings.value_code, "store.value_code")
+        k = fit_code(keys, settings.key_code, "store.key_code", state.moments.moment())
+        v = fit_code(values, settings.value_code, "store.value_code")
     return {**k.tensors("k"), **v.tensors("v")}
 
 
@@ -198,7 +198,7 @@ def part_tensors(
     spans: list[tuple[int, int]],
     anchors: list[int],
     basis: SketchBasis,
-    codes: dict[str, Codebook],
+    codes: dict[str, Code],
     settings: StoreSettings,
     frame: Callable[..., torch.Tensor],
 ) -> dict[str, torch.Tensor]:

@@ -43,22 +43,25 @@ def reconstruct(
     if heads.numel() > 1 and not bool((heads[1:] >= heads[:-1]).all()):
         order = heads.argsort(stable=True)  # the codebook decodes rows grouped by head
         spans, heads = spans[order], heads[order]
-    ranges, within = record_ranges(mem, layer, spans, heads)
-    row_heads = heads[:, None].expand(within.shape)[within]  # (T,)
+    ranges, along = record_ranges(mem, layer, spans, heads)
+    row_heads = heads.repeat_interleave(ranges.counts)  # (T,)
     keys = rows(mem, "k", layer, ranges, row_heads)  # pre-RoPE
-    offsets = torch.arange(within.shape[1])
     if not mem.bounded:
-        pos = (mem.starts[spans][:, None] + offsets)[within].clamp(max=mem.context_len - 1)
+        pos = (mem.starts[spans].repeat_interleave(ranges.counts) + along).clamp(
+            max=mem.context_len - 1
+        )
         cos, sin = mem.rope.tables(pos, keys)
         keys = keys * cos + rotate_half(keys) * sin
     values = rows(mem, "v", layer, ranges, row_heads)
     if order is not None:  # back to the pairs' order, token by token
-        first = torch.cumsum(ranges.counts, 0) - ranges.counts  # in the sorted order
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel())
         counts = ranges.counts[back]
-        tokens = (first[back][:, None] + offsets)[offsets < counts[:, None]]
-        keys, values = keys[tokens.to(keys.device)], values[tokens.to(values.device)]
+        first = (torch.cumsum(ranges.counts, 0) - ranges.counts)[back]  # in the sorted order
+        starts = torch.cumsum(counts, 0) - counts
+        tokens = (first - starts).repeat_interleave(counts) + torch.arange(int(counts.sum()))
+        tokens = tokens.to(keys.device)
+        keys, values = keys.index_select(0, tokens), values.index_select(0, tokens)
     return keys, values
 
 
@@ -66,14 +69,14 @@ def record_ranges(
     mem: SpanMemory, layer: int, spans: torch.Tensor, heads: torch.Tensor
 ) -> tuple[RecordRanges, torch.Tensor]:
     """The records of (span, head) pairs of ``layer`` in a flat offload buffer of records
-    (``<kind>_rows``; the same for both kinds), and which of the (n, longest span) slots are
-    tokens of their pair's span (bool)."""
+    (``<kind>_rows``; the same for both kinds), and each record's place in its span (T,)."""
     counts = mem.host_lengths[spans]
     first = mem.record0[spans] + (layer * mem.num_kv_heads + heads) * mem.record_stride[spans]
-    offsets = torch.arange(int(counts.max()) if counts.numel() else 0)
-    within = offsets < counts[:, None]  # (n, W)
-    index = (first[:, None] + offsets)[within]
-    return RecordRanges(first, counts, index), within
+    starts = torch.cumsum(counts, 0) - counts  # each pair's first row among all T rows
+    flat = torch.arange(int(counts.sum()))
+    shifts = torch.stack([first - starts, -starts], dim=1).repeat_interleave(counts, dim=0)
+    index, along = (shifts + flat[:, None]).unbind(dim=1)
+    return RecordRanges(first, counts, index), along
 
 
 def rows(

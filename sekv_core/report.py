@@ -18,7 +18,7 @@ import numpy as np
 from .documents import Document
 from .segment import ANCHOR, SINK
 from .store import SpanStore
-from .tiers import parse_tiers, record_bytes
+from .tiers import spec_record_bytes
 
 ROLE_NAMES = {SINK: "sink", ANCHOR: "anchor", 2: "span"}
 PREVIEW_CHARS = 60
@@ -135,7 +135,7 @@ def span_bytes(store: SpanStore) -> np.ndarray:
     res, spec = store.resident, store.manifest["model"]["spec"]
     lengths = (res["span_ends"] - res["span_starts"]).cpu().numpy().astype(np.int64)  # (N,)
     settings, dim = store.manifest["settings"], int(spec["head_dim"])
-    record = sum(record_bytes(parse_tiers(settings[f"{k}_code"], dim)) for k in ("key", "value"))
+    record = sum(spec_record_bytes(settings[f"{k}_code"], dim) for k in ("key", "value"))
     return lengths * int(spec["num_layers"]) * int(spec["num_kv_heads"]) * record
 
 

@@ -17,16 +17,38 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+STATIC_ROPE = ("default", "linear", "llama3")  # rotary types whose angles depend on position only
+TABLE_STEP = 256  # a table of positions grows by whole steps
+
+
 class Rope:
     """cos/sin tables of a model for arbitrary positions."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.rotary = model.model.rotary_emb
+        self.static = getattr(self.rotary, "rope_type", "default") in STATIC_ROPE
+        self.limit = getattr(model.config, "max_position_embeddings", None) or 1 << 20
+        self._table: torch.Tensor | None = None  # cos | sin (n, 2D) of positions 0..n-1
 
     def tables(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """cos, sin of shape (T, D) for ``positions`` (T,), in ``like``'s dtype and device."""
-        cos, sin = self.rotary(like, positions.to(like.device)[None])
-        return cos[0].to(like.dtype), sin[0].to(like.dtype)
+        """cos, sin of shape (T, D) for ``positions`` (T,), in ``like``'s dtype and device.
+        Host positions of a static rotary type read a table of every position so far (grown
+        as needed: no model call per zoom); others ask the model's rotary embedding."""
+        if not (self.static and positions.device.type == "cpu" and positions.numel()):
+            cos, sin = self.rotary(like, positions.to(like.device)[None])
+            return cos[0].to(like.dtype), sin[0].to(like.dtype)
+        table = self._table
+        need = int(positions.max()) + 1
+        stale = table is None or table.device != like.device or table.dtype != like.dtype
+        if stale or table.shape[0] < need:
+            size = -(-need // TABLE_STEP) * TABLE_STEP  # whole steps: few regrowths
+            size = max(need, min(size, self.limit))  # never past the model's positions
+            every = torch.arange(size, device=like.device)[None]
+            cos, sin = self.rotary(like.new_zeros((), dtype=torch.float), every)
+            table = self._table = torch.cat([cos[0], sin[0]], dim=1).to(like.dtype)
+        both = table.index_select(0, positions.to(like.device))  # one row gather for both
+        half = table.shape[1] // 2
+        return both[:, :half], both[:, half:]
 
     def rotate(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Pre-RoPE keys (..., T, D) -> post-RoPE at ``positions`` (T,)."""

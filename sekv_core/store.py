@@ -72,7 +72,7 @@ class SpanStore:
     def offload_records(self, name: str, size: int, ranges: RecordRanges) -> torch.Tensor:
         """Records (sum(counts), size) of the flat byte buffer ``name`` read as records of
         ``size`` bytes at ``ranges`` (indexed per record, not per byte)."""
-        return self.offload[name].view(-1, size)[ranges.index]
+        return self.offload[name].view(-1, size).index_select(0, ranges.index)  # (a row gather)
 
     @property
     def n_spans(self) -> int:

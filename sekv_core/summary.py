@@ -15,6 +15,12 @@ import torch
 STORE_DTYPE = torch.float16  # what the store keeps in half precision
 
 
+def stored(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a store keeps it (half precision), in float32: a code is fitted, encoded and
+    decoded with the same numbers."""
+    return t.to(STORE_DTYPE).float()
+
+
 def gather_spans(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """Zero-padded span blocks: (..., T, D) -> (..., N, M, D) with M the longest span."""
     lengths = ends - starts

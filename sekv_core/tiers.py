@@ -1,8 +1,10 @@
-"""Tier specs of the offload tier's code (:mod:`sekv_core.codec`), without torch: settings
-check them when they are read.
+"""Specs of the offload tier's codes, without torch: settings check them when they are read.
 
+Tier specs (:mod:`sekv_core.codec`):
 ``"8x8,24x4,32x2"``: the 8 strongest directions at 8 bits, the next 24 at 4, the last 32 at 2;
 ``"8x8,*x4"``: the 8 strongest at 8 bits, the rest (however many the model's heads have) at 4.
+Allocated specs (:mod:`sekv_core.allocated`): ``"alloc:4.5"``, 4.5 bits per number on average,
+spread over the directions by the document.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 
 BITS = (0, 2, 4, 8, 16)
 SCALE_BYTES = 2  # one fp16 scale per row and tier below 16 bits
+SPEC_PREFIX = "alloc:"  # sekv_core.allocated's code: "alloc:B", B bits per number on average
+MAX_BITS = 8  # its most bits for one direction
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,39 @@ def parse_tiers(spec: str, dim: int | None = None) -> list[Tier]:
     if not any(t.bits for t in tiers):
         raise ValueError(f"tiers {spec!r} keep no direction")
     return tiers
+
+
+def parse_alloc(spec: str, dim: int | None = None) -> int | None:
+    """Bits per row of an ``alloc:B`` spec for heads of ``dim`` (None: the spec
+    is checked as far as it can be without one); None when ``spec`` is not an alloc spec;
+    ValueError with a reason when it is one and is malformed."""
+    if not spec.startswith(SPEC_PREFIX):
+        return None
+    text = spec[len(SPEC_PREFIX) :]
+    try:
+        bits = float(text)
+    except ValueError:
+        raise ValueError(f"{spec!r}: bits per number must be a number (e.g. alloc:4)") from None
+    if not 1 <= bits <= MAX_BITS:
+        raise ValueError(f"{spec!r}: bits per number must be within 1..{MAX_BITS}")
+    if dim is None:
+        return 0
+    row = bits * dim
+    if row != int(row) or int(row) % 8:
+        raise ValueError(f"{spec!r}: {bits} bits x {dim} numbers is not a whole number of bytes")
+    return int(row)
+
+
+def check_code(spec: str, dim: int | None = None) -> None:
+    """ValueError with a reason unless ``spec`` is a tier spec or an ``alloc:B`` spec."""
+    if parse_alloc(spec, dim) is None:
+        parse_tiers(spec, dim)
+
+
+def spec_record_bytes(spec: str, dim: int) -> int:
+    """Bytes of one row's record in the code of ``spec`` (tiers or ``alloc:B``)."""
+    row_bits = parse_alloc(spec, dim)
+    return record_bytes(parse_tiers(spec, dim)) if row_bits is None else row_bits // 8
 
 
 def record_bytes(tiers: list[Tier]) -> int:

@@ -100,6 +100,7 @@ def test_every_span_zoomed_follows_full_kv_as_closely_as_the_store_allows(
         store = summary["settings"]["store"]
         assert (store["segment"]["min_len"], store["segment"]["max_len"]) == (low, high)
         assert store["key_code"] == code and summary["every_span"]
+        assert summary["settings"]["margin"] >= 1e9  # no span left out for scoring low
         (config,) = summary["configs"]
         assert config["memory_share"] is None
         return config

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import sekv_core.prefilter as prefilter_mod
 import sekv_core.stream as stream_mod
 from sekv_core.attention import ZoomPolicy, sekv_attention
-from sekv_core.codec import Codebook
+from sekv_core.codec import load_code
 from sekv_core.config import SegmentSettings, StoreSettings, StreamSettings
 from sekv_core.documents import Document, token_pages
 from sekv_core.engine import Session
@@ -137,7 +137,7 @@ def test_stream_within_the_window_matches_one_shot(small, tmp_path):
 
 def decoded(store, flat: dict, kind: str, spec: str) -> torch.Tensor:
     """Every span token's rows (L, H, S, D) of ``kind`` as the store's code decodes them."""
-    code = Codebook.from_tensors(store.resident, kind, spec)
+    code = load_code(store.resident, kind, spec)
     L, H = store.resident["fixed_k"].shape[:2]
     records = flat[f"{kind}_rows"].view(L, H, -1, code.record_bytes)
     heads = torch.arange(H).repeat_interleave(records.shape[2])

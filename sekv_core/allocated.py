@@ -1,0 +1,220 @@
+"""An offload code that spends a fixed number of bits per row where the document needs them.
+
+Fitted over the document (a book: its first window), per (layer, KV head):
+
+- a *metric*: how strongly the queries weigh each dimension. Attention reads a key through
+  ``q·k``, so a key's error costs in proportion to the queries' energy along it; RoPE turns each
+  pair of dimensions (i, i + D/2) by position, so the pair shares the mean of its two energies.
+  Values get no metric (ones).
+- the principal directions of the rows in that metric (centred), strongest first, and each
+  direction's range over the document;
+
+and per layer (its heads share it) a *bit allocation* over the directions: greedily, the next
+bit goes where it removes the most squared error of the document's own rows (0 bits drops a
+direction; a kept one has 2 to 8 bits, its codes on an even grid over its range). Strong
+directions get many bits, weak ones none.
+
+A row's record is its codes' bits packed one after another: every row the same size (the spec's
+bits per number), so a span decodes alone, at token resolution, in a few batched operations
+(:meth:`AllocatedCode.decode`). Spec: ``"alloc:4"``, 4 bits per number on average.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from .summary import STORE_DTYPE, stored
+from .tiers import MAX_BITS
+
+RIDGE = 1e-4  # the metric's floor, a share of its largest dimension (no direction is free)
+
+
+def query_metric(moment: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """Per (layer, KV head) dimension weights (L, H, D) of pre-RoPE keys from the queries'
+    second moment (L, H, D, D) (None: ones, as for values)."""
+    L, H, _, D = like.shape
+    if moment is None:
+        return like.new_ones(L, H, D, dtype=torch.float)
+    energy = moment.float().diagonal(dim1=-2, dim2=-1)  # (L, H, D)
+    half = D // 2
+    pair = (energy[..., :half] + energy[..., half:]) / 2  # RoPE turns (i, i + D/2) together
+    metric = torch.cat([pair, pair], dim=-1)
+    metric = metric / metric.amax(dim=-1, keepdim=True).clamp(min=1e-30)  # only ratios matter
+    return metric.clamp(min=RIDGE)
+
+
+@dataclass
+class AllocatedCode:
+    """Per (layer, KV head): ``basis`` (L, H, D, D) directions of the rows in the metric
+    (columns strongest first; half precision, so decoded with its inverse), ``metric``, row
+    ``mean`` and direction ``range`` (L, H, D); ``bits`` (L, H, D) int, the same for a layer's
+    heads, each summing to at most ``row_bits``."""
+
+    basis: torch.Tensor
+    metric: torch.Tensor
+    mean: torch.Tensor
+    range: torch.Tensor
+    bits: torch.Tensor
+    row_bits: int
+
+    @classmethod
+    def fit(cls, rows: torch.Tensor, row_bits: int, metric: torch.Tensor) -> AllocatedCode:
+        """The code of rows (L, H, S, D) in ``metric`` (L, H, D) at ``row_bits`` per row."""
+        x, metric = rows.float(), stored(metric)
+        L, H, S, D = x.shape
+        if S == 0:  # no rows: any code of the right shape
+            eye = torch.eye(D).expand(L, H, D, D).contiguous()
+            bits = _allocate(x.new_zeros(L, D, MAX_BITS + 1), row_bits)
+            zeros, ones = x.new_zeros(L, H, D), x.new_ones(L, H, D)
+            return cls(eye, metric, zeros, ones, bits[:, None].expand(L, H, D), row_bits)
+        mean = stored(x.mean(dim=2))
+        scale = metric.sqrt()
+        bases, ranges, errors = [], [], []
+        for layer in range(L):  # one layer at a time: bounded working memory
+            y = (x[layer] - mean[layer][:, None]) * scale[layer][:, None]
+            _, vecs = torch.linalg.eigh(y.transpose(-1, -2) @ y)
+            basis = stored(vecs.flip(-1))
+            coef = y @ basis  # (H, S, D)
+            span = stored(coef.abs().amax(dim=1).clamp(min=1e-6))  # (H, D)
+            bases.append(basis)
+            ranges.append(span)
+            errors.append(_errors(coef, span).sum(dim=0))  # the layer's heads share a layout
+        bits = _allocate(torch.stack(errors), row_bits)[:, None].expand(L, H, D)
+        return cls(torch.stack(bases), metric, mean, torch.stack(ranges), bits, row_bits)
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {
+            f"{prefix}_basis": self.basis.to(STORE_DTYPE),
+            f"{prefix}_metric": self.metric.to(STORE_DTYPE),
+            f"{prefix}_mean": self.mean.to(STORE_DTYPE),
+            f"{prefix}_range": self.range.to(STORE_DTYPE),
+            f"{prefix}_bits": self.bits.to(torch.uint8).contiguous(),
+        }
+
+    @classmethod
+    def from_tensors(
+        cls, tensors: dict[str, torch.Tensor], prefix: str, row_bits: int
+    ) -> AllocatedCode:
+        return cls(
+            tensors[f"{prefix}_basis"].float(),
+            tensors[f"{prefix}_metric"].float(),
+            tensors[f"{prefix}_mean"].float(),
+            tensors[f"{prefix}_range"].float(),
+            tensors[f"{prefix}_bits"].long(),
+            row_bits,
+        )
+
+    @property
+    def record_bytes(self) -> int:
+        return self.row_bits // 8
+
+    @cached_property
+    def grid(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each direction's step and largest code (L, H, D) (codes -levels .. levels)."""
+        levels = torch.where(self.bits >= 2, 2 ** (self.bits - 1).clamp(min=1) - 1, 0).float()
+        return self.range / levels.clamp(min=1), levels
+
+    def encode(self, rows: torch.Tensor) -> torch.Tensor:
+        """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
+        return torch.stack([self.encode_layer(rows[i], i) for i in range(rows.shape[0])])
+
+    def encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
+        """Records (H, S, B) uint8 of one layer's rows (H, S, D): each code offset to be
+        non-negative, its bits (lowest first) after the previous direction's."""
+        step, levels = (t[layer][:, None] for t in self.grid)
+        y = (rows.float() - self.mean[layer][:, None]) * self.metric[layer].sqrt()[:, None]
+        codes = ((y @ self.basis[layer]) / step).round().clamp(-levels, levels) + levels
+        bits = self.bits[layer, 0]  # (D,)
+        direction = torch.repeat_interleave(torch.arange(bits.numel()), bits)  # of each bit
+        place = torch.arange(direction.numel()) - (torch.cumsum(bits, 0) - bits)[direction]
+        code_bits = (codes.long()[..., direction] >> place) & 1  # (H, S, used bits)
+        pad = self.row_bits - code_bits.shape[-1]
+        code_bits = torch.nn.functional.pad(code_bits, (0, pad)).unflatten(-1, (-1, 8))
+        return (code_bits << torch.arange(8)).sum(dim=-1).to(torch.uint8)
+
+    def decode(
+        self, records: torch.Tensor, layer: int, heads: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
+        KV heads, ascending. In float arithmetic, exact on these small integers, every row at
+        once (a layer's heads share a layout): one product puts each code's two bytes, over
+        2^offset, in its column, two floors cut the code out; then one product per head maps
+        the codes to rows."""
+        spare = records.new_zeros(records.shape[0], 1)  # the last code's second byte
+        windows, narrow, width = (t[layer] for t in self.fields)
+        field = torch.cat([records, spare], dim=1).float() @ windows  # code + bits above it
+        above = torch.floor(field * narrow)
+        codes = torch.addcmul(field, above, width, value=-1.0).floor_()  # (T, D), >= 0
+        maps, bias = self.synthesis
+        counts = torch.bincount(heads.cpu(), minlength=maps.shape[1]).tolist()
+        parts = [
+            torch.addmm(bias[layer, h], part, maps[layer, h])
+            for h, part in enumerate(codes.split(counts))
+            if part.shape[0]
+        ]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else codes
+        return out.to(dtype)
+
+    @cached_property
+    def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where each direction's code lies in a record, per layer: the map (L, B + 1, D) from
+        the record's bytes to each code's 16-bit window (its first byte + 256 x the next) over
+        2^offset (the code's first bit in that byte), 2^-bits and 2^bits (L, D)."""
+        bits = self.bits[:, 0]  # (L, D)
+        L, D = bits.shape
+        starts = torch.cumsum(bits, dim=-1) - bits
+        first = (starts // 8).clamp(max=self.record_bytes - 1)  # 0-bit ends: any byte
+        shift = 2.0 ** -(starts - 8 * first).float()  # (L, D)
+        windows = torch.zeros(L, self.record_bytes + 1, D)
+        windows.scatter_(1, first[:, None], shift[:, None])
+        windows.scatter_(1, first[:, None] + 1, 256 * shift[:, None])
+        width = 2.0 ** bits.float()
+        return windows, 1.0 / width, width
+
+    @cached_property
+    def synthesis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per (layer, head) the map (L, H, D, D) from a row's codes to its row, and the row
+        its all-zero codes stand for (L, H, D): the mean less each direction's offset."""
+        step, levels = self.grid
+        back = torch.linalg.inv(self.basis) * self.metric.rsqrt()[..., None, :]  # (L, H, D, D)
+        maps = step[..., None] * back  # the row of one code unit of each direction
+        bias = self.mean - (levels[..., None] * maps).sum(dim=2)
+        return maps.contiguous(), bias
+
+
+def _errors(coef: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+    """Squared error (H, D, MAX_BITS + 1) of each direction's coefficients (H, S, D) at each
+    bit count (1 bit: not a code here, never chosen), summed over the rows."""
+    out = [coef.square().sum(dim=1)]  # 0 bits: the coefficient dropped
+    for bits in range(1, MAX_BITS + 1):
+        levels = max(2 ** (bits - 1) - 1, 1)
+        step = span[:, None] / levels
+        q = (coef / step).round().clamp(-levels, levels) * step
+        out.append(((coef - q).square().sum(dim=1)) if bits > 1 else out[0] * 2)
+    return torch.stack(out, dim=-1)
+
+
+def _allocate(errors: torch.Tensor, budget: int) -> torch.Tensor:
+    """Bits (P, D) for every group p of directions, each summing to at most ``budget``:
+    greedily the move (a direction's next bit count) that removes the most error per bit."""
+    P, D, _ = errors.shape
+    bits = torch.zeros(P, D, dtype=torch.long)
+    left = torch.full((P,), budget, dtype=torch.long)
+    rows = torch.arange(P)
+    while True:
+        nxt = torch.where(bits == 0, 2, bits + 1)
+        cost = nxt - bits
+        ok = (nxt <= MAX_BITS) & (cost <= left[:, None])
+        now = errors.gather(2, bits[..., None])[..., 0]
+        then = errors.gather(2, nxt.clamp(max=MAX_BITS)[..., None])[..., 0]
+        gain = torch.where(ok, (now - then) / cost, -1.0)
+        best = gain.argmax(dim=1)
+        active = gain[rows, best] >= 0
+        if not bool(active.any()):
+            return bits
+        pick = rows[active], best[active]
+        left[active] -= cost[pick]
+        bits[pick] = nxt[pick]
