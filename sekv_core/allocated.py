@@ -30,6 +30,7 @@ from .summary import STORE_DTYPE, stored
 from .tiers import MAX_BITS
 
 RIDGE = 1e-4  # the metric's floor, a share of its largest dimension (no direction is free)
+ALLOCATION_ROWS = 1024  # at most about this many rows per head weigh the bit allocation
 
 
 def query_metric(moment: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -81,7 +82,8 @@ class AllocatedCode:
             span = stored(coef.abs().amax(dim=1).clamp(min=1e-6))  # (H, D)
             bases.append(basis)
             ranges.append(span)
-            errors.append(_errors(coef, span).sum(dim=0))  # the layer's heads share a layout
+            sample = coef[:, :: max(1, S // ALLOCATION_ROWS)]
+            errors.append(_errors(sample, span).sum(dim=0))  # the layer's heads share a layout
         bits = _allocate(torch.stack(errors), row_bits)[:, None].expand(L, H, D)
         return cls(torch.stack(bases), metric, mean, torch.stack(ranges), bits, row_bits)
 
@@ -123,17 +125,32 @@ class AllocatedCode:
 
     def encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
         """Records (H, S, B) uint8 of one layer's rows (H, S, D): each code offset to be
-        non-negative, its bits (lowest first) after the previous direction's."""
+        non-negative, its bits (lowest first) after the previous direction's. In float
+        arithmetic, exact on these integers: a code times 2^offset splits into the part in its
+        first byte and the part in the next; codes never share a bit, so each byte is the sum
+        of the parts it holds (one product per part)."""
         step, levels = (t[layer][:, None] for t in self.grid)
         y = (rows.float() - self.mean[layer][:, None]) * self.metric[layer].sqrt()[:, None]
         codes = ((y @ self.basis[layer]) / step).round().clamp(-levels, levels) + levels
-        bits = self.bits[layer, 0]  # (D,)
-        direction = torch.repeat_interleave(torch.arange(bits.numel()), bits)  # of each bit
-        place = torch.arange(direction.numel()) - (torch.cumsum(bits, 0) - bits)[direction]
-        code_bits = (codes.long()[..., direction] >> place) & 1  # (H, S, used bits)
-        pad = self.row_bits - code_bits.shape[-1]
-        code_bits = torch.nn.functional.pad(code_bits, (0, pad)).unflatten(-1, (-1, 8))
-        return (code_bits << torch.arange(8)).sum(dim=-1).to(torch.uint8)
+        low_bytes, high_bytes, shift = (t[layer] for t in self.places)
+        placed = codes * shift  # (H, S, D): the code over its first byte, < 2^16
+        high = torch.floor(placed * (1 / 256))
+        low = torch.addcmul(placed, high, torch.tensor(256.0), value=-1.0)
+        return (low @ low_bytes + high @ high_bytes).to(torch.uint8)
+
+    @cached_property
+    def places(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per layer the maps (L, D, B) from each code's part in its first byte and in the
+        next to the record's bytes, and 2^offset (L, D), the code's first bit in its byte."""
+        windows, _, _ = self.fields  # (L, B + 1, D): first byte 2^-offset, next 256 x that
+        first = windows.transpose(1, 2)[..., :-1]  # (L, D, B): the spare byte holds nothing
+        low_bytes = (first > 0) & (first < 1.5)  # 2^-offset <= 1 marks the first byte
+        high_bytes = first >= 1.5  # 256 x 2^-offset >= 2 marks the next
+        bits = self.bits[:, 0]
+        starts = torch.cumsum(bits, dim=-1) - bits
+        used = (bits > 0)[:, :, None]
+        shift = 2.0 ** (starts % 8).float()
+        return (low_bytes & used).float(), (high_bytes & used).float(), shift
 
     def decode(
         self, records: torch.Tensor, layer: int, heads: torch.Tensor, dtype: torch.dtype
