@@ -166,14 +166,7 @@ class AllocatedCode:
         above = torch.floor(field * narrow)
         codes = torch.addcmul(field, above, width, value=-1.0).floor_()  # (T, D), >= 0
         maps, bias = self.synthesis
-        counts = torch.bincount(heads.cpu(), minlength=maps.shape[1]).tolist()
-        parts = [
-            torch.addmm(bias[layer, h], part, maps[layer, h])
-            for h, part in enumerate(codes.split(counts))
-            if part.shape[0]
-        ]
-        out = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else codes
-        return out.to(dtype)
+        return per_head(codes, heads, maps[layer], bias[layer]).to(dtype)
 
     @cached_property
     def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -200,6 +193,20 @@ class AllocatedCode:
         maps = step[..., None] * back  # the row of one code unit of each direction
         bias = self.mean - (levels[..., None] * maps).sum(dim=2)
         return maps.contiguous(), bias
+
+
+def per_head(
+    coef: torch.Tensor, heads: torch.Tensor, maps: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """Rows (T, D) of coefficients (T, C) grouped by KV head (``heads`` (T,) ascending): one
+    product per head with its map (H, C, D), plus its bias (H, D). Both offload codes end so."""
+    counts = torch.bincount(heads.cpu(), minlength=maps.shape[0]).tolist()
+    parts = [
+        torch.addmm(bias[h], part, maps[h])
+        for h, part in enumerate(coef.split(counts))
+        if part.shape[0]
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts) if parts else coef
 
 
 def _errors(coef: torch.Tensor, span: torch.Tensor) -> torch.Tensor:

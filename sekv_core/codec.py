@@ -21,7 +21,7 @@ from functools import cached_property
 
 import torch
 
-from .allocated import AllocatedCode, query_metric
+from .allocated import AllocatedCode, per_head, query_metric
 from .bitpack import pack_codes, unpack_codes
 from .errors import SekvError
 from .summary import STORE_DTYPE, stored
@@ -105,16 +105,8 @@ class Codebook:
         """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
         KV heads, ascending (rows grouped by head); on the records' device. One product per
         head of its rows' coefficients with its synthesis map."""
-        coef = self.coefficients(records)  # (T, D)
         synth, mean = self.synthesis
-        counts = torch.bincount(heads.cpu(), minlength=synth.shape[1]).tolist()
-        parts = [
-            torch.addmm(mean[layer, h], part, synth[layer, h])
-            for h, part in enumerate(coef.split(counts))
-            if part.shape[0]
-        ]
-        rows = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else coef
-        return rows.to(dtype)
+        return per_head(self.coefficients(records), heads, synth[layer], mean[layer]).to(dtype)
 
     def coefficients(self, records: torch.Tensor) -> torch.Tensor:
         """Coefficients (T, D) float32 of records (T, B), dropped directions 0."""
