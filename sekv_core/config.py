@@ -25,10 +25,11 @@ from .tiers import check_code
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
-# the offload tier's codes: keys 4 bits per number, spent where the queries look
+# the offload tier's codes: keys 5 bits per number, spent where the queries look
 # (sekv_core.allocated); values 4 bits on every direction of the document's codebook
-# (sekv_core.codec). Chosen by answer fidelity with every span zoomed (docs/history).
-KEY_CODE = "alloc:4"
+# (sekv_core.codec). Chosen by answer fidelity with every span zoomed and by the grid's answers
+# under memory targets (4-bit keys lost two to three of 34 at a 10% target; docs/history).
+KEY_CODE = "alloc:5"
 VALUE_CODE = "*x4"
 
 

@@ -15,6 +15,7 @@ from transformers.masking_utils import sdpa_mask
 
 from .backend import use_attention
 from .sketch import QueryMoments
+from .surprisal import Surprisal
 
 Progress = Callable[[int, int], None]
 """progress(done_tokens, total_tokens) during context prefill."""
@@ -36,7 +37,6 @@ class Prefill:
     query_moment: torch.Tensor | None = None
 
 
-NLL_ROWS = 128  # logits over the vocabulary computed for this many tokens at a time
 MOMENTS = "sekv_moments"  # attention implementation: sdpa that also records query moments
 
 
@@ -45,24 +45,18 @@ def _attention_with_moments(module, query, key, value, attention_mask, **kwargs)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """-log p(target) in nats for logits (T, V) and realised tokens (T,)."""
-    pred = logits.float()
-    return torch.logsumexp(pred, -1) - pred.gather(1, targets[:, None])[:, 0]
-
-
 @torch.inference_mode()
 def prefill(model, ids: list[int], chunk: int = 512, progress: Progress | None = None) -> Prefill:
     """Run ``ids`` through ``model`` in chunks of ``chunk`` tokens.
 
-    The log-probability of each realised next token comes from the chunk's last hidden states,
-    ``NLL_ROWS`` rows of logits over the vocabulary at a time (a chunk's whole [chunk, vocab]
-    logits would be the build's largest tensor). The queries' second moments are summed on the
-    way (attention runs as sdpa).
+    The log-probability of each realised next token comes from the chunk's last hidden states
+    (:class:`sekv_core.surprisal.Surprisal`, a few rows of logits over the vocabulary at a time:
+    a chunk's whole [chunk, vocab] logits would be the build's largest tensor). The queries'
+    second moments are summed on the way (attention runs as sdpa).
     """
     moments = QueryMoments()
     device = next(model.parameters()).device
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    decoder, nll = model.get_decoder(), Surprisal(model.get_output_embeddings())
     cache = DynamicCache(config=model.config)
     surprisal = np.zeros(len(ids), dtype=np.float32)
     token_ids = torch.tensor(ids, device=device)
@@ -78,10 +72,7 @@ def prefill(model, ids: list[int], chunk: int = 512, progress: Progress | None =
             else:
                 targets, offset = piece[1:], 1
             prev = hidden[-1]
-            for at in range(0, len(targets), NLL_ROWS):
-                rows = slice(at, min(at + NLL_ROWS, len(targets)))
-                nll = token_nll(head(hidden[rows]), targets[rows])
-                surprisal[offset + rows.start : offset + rows.stop] = nll.cpu().numpy()
+            surprisal[offset : offset + len(targets)] = nll(hidden, targets).cpu().numpy()
             if progress:
                 progress(min(start + chunk, len(ids)), len(ids))
     keys, values = host_kv(cache)

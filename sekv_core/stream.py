@@ -54,12 +54,13 @@ from .parts import (
     waiting_sketch_basis,
 )
 from .paths import private_dir
-from .prefill import Progress, token_nll
+from .prefill import Progress
 from .prompt import Context
 from .router import SketchRouter
 from .segment import ANCHOR, SPAN, Segmentation
 from .stream_layout import StreamLayout
 from .summary import STORE_DTYPE
+from .surprisal import Surprisal
 from .zoom import SpanMemory
 
 CHECKPOINT_S = 30.0  # at most this long between checkpoints
@@ -93,6 +94,7 @@ class StreamBuilder:
         self.device, self.dtype = loaded.device, loaded.dtype
         self.keep = self.dtype if self.dtype.itemsize <= 2 else STORE_DTYPE  # resident precision
         self.ids = torch.tensor(context.ids, device=self.device)
+        self.nll = Surprisal(loaded.model.get_output_embeddings())
         self.max_position = 0  # largest RoPE position a chunk used (tests: < window)
         self.peak_window_bytes = 0  # largest waiting K/V held (flat in the document's length)
         self.timings = {"forward_s": 0.0, "commit_s": 0.0, "checkpoint_s": 0.0}
@@ -169,7 +171,7 @@ class StreamBuilder:
             memory.pool_end = s.commit_end - shift
             policy = chunk_policy(lay.budget, self.settings.stream.route_queries)
         self.max_position = max(self.max_position, int(positions[-1]))
-        out = self.loaded.model(
+        out = self.loaded.model.get_decoder()(
             input_ids=self.ids[a:b][None],
             position_ids=positions[None].to(self.device),
             use_cache=False,
@@ -177,11 +179,11 @@ class StreamBuilder:
             sekv_policy=policy,
             sekv_window=window,
         )
-        logits = out.logits[0]  # (c, V)
-        nll = token_nll(logits[:-1], self.ids[a + 1 : b])
-        s.surprisal[a + 1 : b] = nll.cpu().numpy()
-        if b < self.T:  # the next chunk's first token, predicted by this chunk's last
-            s.surprisal[b] = float(token_nll(logits[-1:], self.ids[b : b + 1])[0])
+        # row i predicts token a + i + 1 (the last row: the next chunk's first token)
+        hidden, last = out.last_hidden_state[0], min(b + 1, self.T)
+        s.surprisal[a + 1 : last] = (
+            self.nll(hidden[: last - a - 1], self.ids[a + 1 : last]).cpu().numpy()
+        )
         keys = torch.stack([k for k, _ in window.captured])  # (L, H, c, D) post-RoPE
         values = torch.stack([v for _, v in window.captured])
         keys = lay.rope.unrotate(keys, positions)

@@ -106,9 +106,9 @@ def test_alloc_specs_that_cannot_work_are_refused_with_the_reason(spec, reason):
 def test_a_store_in_the_default_code_reconstructs_its_spans_keys_within_the_codes_error(
     tiny_loaded, tmp_path
 ):
-    """The default store (keys alloc:4, values *x4): every span's keys and values rebuilt from
+    """The default store (keys alloc:5, values *x4): every span's keys and values rebuilt from
     the offload tier are the document's own within the code's error, and the tier is what the
-    spec says: 4 bits per key number, 4 + a scale per value number."""
+    spec says: the spec's bits per key number, 4 + a scale per value number."""
     text = " ".join(f"Crate {i} holds {i * 13 % 97} jars of plum jam." for i in range(60))
     (tmp_path / "doc.md").write_text(text)
     document = load_document(tmp_path / "doc.md")
@@ -123,11 +123,13 @@ def test_a_store_in_the_default_code_reconstructs_its_spans_keys_within_the_code
 
     coded, store = memory(KEY_CODE, VALUE_CODE)
     exact, _ = memory("*x16", "*x16")  # the same spans, fp16 rows
-    assert store.manifest["stats"]["key_bits"] == 4.0
+    dim = tiny_loaded.spec.head_dim
+    bits = parse_alloc(KEY_CODE, dim) / dim  # bits per key number
+    assert store.manifest["stats"]["key_bits"] == bits
     L, H, N = coded.num_layers, coded.num_kv_heads, coded.n_spans
     tokens = int(coded.lengths.sum())
     key_bytes = load_code(store.resident, "k", KEY_CODE).record_bytes
-    assert key_bytes * 8 == 4 * coded.head_dim  # never larger than raw rows at 4 bits
+    assert key_bytes * 8 == bits * coded.head_dim  # never larger than raw rows at those bits
     value_bytes = load_code(store.resident, "v", VALUE_CODE).record_bytes
     tier = load_file(store.path / "offload.safetensors")
     assert tier["k_rows"].numel() == L * H * tokens * key_bytes  # every span token's, no more
