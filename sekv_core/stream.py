@@ -180,10 +180,9 @@ class StreamBuilder:
             sekv_window=window,
         )
         # row i predicts token a + i + 1 (the last row: the next chunk's first token)
-        hidden, last = out.last_hidden_state[0], min(b + 1, self.T)
-        s.surprisal[a + 1 : last] = (
-            self.nll(hidden[: last - a - 1], self.ids[a + 1 : last]).cpu().numpy()
-        )
+        last = min(b + 1, self.T)
+        nll = self.nll(out.last_hidden_state[0, : last - a - 1], self.ids[a + 1 : last])
+        s.surprisal[a + 1 : last] = nll.cpu().numpy()
         keys = torch.stack([k for k, _ in window.captured])  # (L, H, c, D) post-RoPE
         values = torch.stack([v for _, v in window.captured])
         keys = lay.rope.unrotate(keys, positions)
