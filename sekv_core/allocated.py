@@ -160,9 +160,9 @@ class AllocatedCode:
         once (a layer's heads share a layout): one product puts each code's two bytes, over
         2^offset, in its column, two floors cut the code out; then one product per head maps
         the codes to rows."""
-        spare = records.new_zeros(records.shape[0], 1)  # the last code's second byte
         windows, narrow, width = (t[layer] for t in self.fields)
-        field = torch.cat([records, spare], dim=1).float() @ windows  # code + bits above it
+        # code + bits above it; the spare byte after the record (always 0) adds nothing
+        field = records.float() @ windows[:-1]
         above = torch.floor(field * narrow)
         codes = torch.addcmul(field, above, width, value=-1.0).floor_()  # (T, D), >= 0
         maps, bias = self.synthesis
