@@ -229,7 +229,7 @@ def bench_book_needles(
                     "depth": fact.depth,
                     "sekv_ok": fact.answer.lower() in answer.answer.lower(),
                     "sekv_answer": answer.answer[:60],
-                    "needle_zoomed": any(fact.answer in z["preview"] for z in answer.zoom[:10]),
+                    "needle_zoomed": read_fact(session, doc.text, fact, answer.zoom),
                     "ingest_s": round(ingest_s, 1),
                     "ingest_tokens_per_s_at": session.method.store.manifest.get("stream", {}).get(
                         "tokens_per_s_at"
@@ -246,6 +246,21 @@ def bench_book_needles(
                 if progress:
                     progress(row)
     return rows
+
+
+def read_fact(session: Session, text: str, fact: Fact, zoom: list[dict[str, Any]]) -> bool:
+    """Whether the answer read any token of the planted fact's sentence (a zoomed span, or a
+    book's passage, overlaps it)."""
+    first = text.find(fact.fact.rstrip("."))
+    if first < 0:
+        return False
+    last = first + len(fact.fact)
+    context = session.context  # offsets: of document tokens; zoom rows: context positions
+    tokens = [i for i, (a, b) in enumerate(context.offsets) if a < last and b > first and b > a]
+    if not tokens:
+        return False
+    lo, hi = context.doc_start + min(tokens), context.doc_start + max(tokens) + 1
+    return any(z["start"] < hi and z["end"] > lo for z in zoom)
 
 
 def fact_rows(facts: list[Fact]) -> list[dict[str, Any]]:

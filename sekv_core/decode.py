@@ -7,6 +7,7 @@ compares a method's next-token distributions with full KV's along full KV's own 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -105,11 +106,17 @@ class TextStream:
     With ``stop`` strings the text ends before the first one found (``stopped`` turns true), and
     a tail that could be the start of one is held back until the next tokens tell
     (:meth:`flush` hands out what is left at the end).
+
+    An answer also ends where it starts to repeat itself (unless ``allow_repeats``): a sentence that
+    is one it already wrote, word for word, is not shown and ends the answer (greedy decoding
+    that repeats a sentence has entered a loop). While the sentence being written could still
+    become such a repeat, it is held back.
     """
 
-    def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer, stop: Sequence[str] = (), allow_repeats: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
+        self.allow_repeats = allow_repeats
         self.ids: list[int] = []
         self.text = ""
         self.shown = 0  # characters of text handed out
@@ -123,12 +130,20 @@ class TextStream:
         found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         if found:
             text, self.stopped = text[: min(found)], True
+        repeat_at, repeat_hold = (None, 0) if self.allow_repeats else repeated_sentence(text)
+        if repeat_at is not None:
+            text, self.stopped = text[:repeat_at].rstrip(), True
         self.text = text
-        hold = 0 if self.stopped else self._held(text)
+        hold = 0 if self.stopped else max(self._held(text), repeat_hold)
         return self._hand_out(len(text) - hold)
 
     def flush(self) -> str:
-        """What is held back, at the end of the answer."""
+        """What is held back, at the end of the answer (a last sentence that repeats an
+        earlier one is dropped)."""
+        if not self.allow_repeats and not self.stopped:
+            at, _ = repeated_sentence(self.text + "\n")  # the answer's end ends its sentence
+            if at is not None and at >= self.shown:
+                self.text = self.text[:at].rstrip()
         return self._hand_out(len(self.text))
 
     def _held(self, text: str) -> int:
@@ -141,3 +156,25 @@ class TextStream:
         delta = self.text[self.shown : upto] if upto > self.shown else ""
         self.shown = max(self.shown, upto)
         return delta
+
+
+SENTENCE = re.compile(r".*?(?:[.!?]+(?=\s)|\n)")  # one sentence and its end mark
+
+
+def repeated_sentence(text: str) -> tuple[int | None, int]:
+    """Where ``text``'s last complete sentence begins if it repeats an earlier one word for
+    word (else None), and how many characters at its end to hold back: the unfinished
+    sentence, while it is the beginning of an earlier one."""
+    seen: set[str] = set()
+    end = 0
+    for m in SENTENCE.finditer(text):
+        words = " ".join(m.group().split())
+        if words in seen and len(words.split()) > 1:
+            return m.start(), 0
+        if words:
+            seen.add(words)
+        end = m.end()
+    tail = " ".join(text[end:].split())  # white space alone is held too
+    if not tail or any(earlier.startswith(tail) for earlier in seen):
+        return None, len(text) - end
+    return None, 0

@@ -6,7 +6,9 @@ planted fact is zoomed, but holds a sliver of the answer's attention. A book's a
 routes in two stages (:class:`sekv_core.methods.sekv.SeKV`):
 
 1. the question is read once with the usual per-layer routing; the exact attention its tokens
-   pay each zoomed span, summed over layers and heads, ranks the spans;
+   pay each zoomed span, summed over layers and heads, less what a question about nothing in
+   particular (:data:`NEUTRAL_QUESTION`, read the same way once per session) pays it, ranks the
+   spans (:func:`specific`);
 2. the best spans grow into passages — their sentences with ``context`` sentences on each side —
    added best first while they fit ``budget`` tokens; every layer and KV head then reads the
    same passages, in document order, for the whole answer.
@@ -21,6 +23,22 @@ import torch
 
 SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)\n*|\n+")  # ".\n" and "\n\n" end one sentence
 CONTEXT_SENTENCES = 1  # sentences each side of a chosen span's own
+# the baseline question: the attention it pays a span is what any question would
+NEUTRAL_QUESTION = "What does this document say?"
+
+
+def specific(scores: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
+    """(N,) the attention a question pays each span beyond what the neutral question pays it
+    (both (N,), 0 where not zoomed); never below 0. A question that draws no span more than
+    the neutral one does (it is as general) keeps its own scores.
+
+    Some spans draw attention whatever is asked: the first ones packed after the sinks, the
+    last ones before the question, stock phrases the book repeats. In a book of thousands of
+    spans they hold the top of the question's own ranking and the passages would be theirs.
+    """
+    scores = scores.float()
+    beyond = (scores - baseline.to(scores.device).float()).clamp(min=0)
+    return beyond if bool((beyond > 0).any()) else scores
 
 
 def span_sentences(text: str, char_starts: np.ndarray) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sekv_core.passages import choose, span_sentences
+from sekv_core.passages import choose, span_sentences, specific
 
 TEXT = "One two three. Four five six.\nSeven eight? Nine ten eleven twelve! Thirteen."
 
@@ -58,3 +58,20 @@ def test_a_sentence_longer_than_the_budget_is_cut_around_its_best_span():
     scores[9] = 1.0
     chosen = choose(scores, sentences, lengths, budget=24)
     assert chosen.nonzero()[:, 0].tolist() == [8, 9, 10]
+
+
+def test_spans_every_question_draws_do_not_outrank_what_this_question_draws():
+    question = torch.tensor([0.5, 0.0, 0.08, 0.3, 0.02])
+    neutral = torch.tensor([0.45, 0.1, 0.01, 0.3, 0.0])  # span 0: drawn whatever is asked
+    got = specific(question, neutral)
+    assert torch.allclose(got, torch.tensor([0.05, 0.0, 0.07, 0.0, 0.02]))
+    assert int(got.argmax()) == 2 and int(question.argmax()) == 0
+    # spans drawn no more than by the neutral question are never read
+    sentences, lengths = torch.arange(5), torch.full((5,), 4)
+    assert not choose(got, sentences, lengths, budget=100, context=0)[[1, 3]].any()
+
+
+def test_a_question_as_general_as_the_neutral_one_keeps_its_own_ranking():
+    question = torch.tensor([0.2, 0.0, 0.1])
+    assert torch.equal(specific(question, question), question)
+    assert torch.equal(specific(question, question + 0.1), question)

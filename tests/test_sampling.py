@@ -39,6 +39,27 @@ def test_stop_strings_end_the_answer_before_them_and_hold_back_what_may_start_on
     assert deltas[1] == ""  # held back while it might begin the stop string
 
 
+def test_an_answer_ends_where_it_starts_repeating_a_sentence():
+    text = "The budget was set at 100 crowns. The budget was set at 100 crowns. The budget"
+    deltas, stream = stream_text(text)
+    assert stream.stopped and stream.text == "The budget was set at 100 crowns."
+    assert "".join(deltas) == stream.text  # nothing of the repeat was shown
+    # a sentence that only begins like an earlier one is released once it differs
+    text = "The code is 7781. The code is 7782. Done."
+    deltas, stream = stream_text(text)
+    assert not stream.stopped and "".join(deltas) == text
+    assert deltas[text.index(" The code is 7782") + 10] == ""  # held while it could repeat
+    # a repeat that the answer's end completes is dropped too; allowed on request
+    deltas, stream = stream_text("Yes, the vault. Yes, the vault.")
+    assert "".join(deltas) == "Yes, the vault."
+    stream = TextStream(Chars(), allow_repeats=True)
+    shown = "".join(stream.push(ord(ch)) for ch in "A b. A b. A b.") + stream.flush()
+    assert shown == "A b. A b. A b." and not stream.stopped
+    # line ends end sentences; one-word lines may repeat
+    deltas, stream = stream_text("## Part 1.2\nNo.\nNo.\n## Part 1.2\nmore")
+    assert stream.text == "## Part 1.2\nNo.\nNo."
+
+
 def test_greedy_is_the_arg_max_and_the_penalty_demotes_used_tokens():
     logits = torch.tensor([[0.0, 3.0, 2.9, 1.0]])
     assert Chooser(Sampling(repetition_penalty=1.0))(logits, [1]) == 1

@@ -28,6 +28,7 @@ from sekv_core.format import CODEBOOKS, FILES
 from sekv_core.ingest import open_or_build
 from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.models import load_model
+from sekv_core.passages import NEUTRAL_QUESTION
 from sekv_core.prefilter import RepBlocks, SpanSubset, candidates, representative_scores
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.router import SketchRouter
@@ -473,3 +474,9 @@ def test_a_book_keeps_no_anchors_and_answers_from_whole_sentence_passages(small,
     assert (zoomed == pinned[None, None]).all()
     assert {z["span"] for z in answer.zoom} == set(pinned.nonzero()[:, 0].tolist())
     assert method.max_position < WINDOW
+    # the spans rank by the attention beyond the neutral question's, read once per session
+    neutral = method.neutral[1]
+    assert (scores >= 0).all() and torch.equal(method.neutral[1], neutral)
+    # the neutral question itself (nothing beyond itself) still reads its best passages
+    again = session.ask(NEUTRAL_QUESTION, max_new_tokens=2)
+    assert method.neutral[1] is neutral and again.routing["passages"]["spans"] > 0

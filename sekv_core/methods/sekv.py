@@ -19,7 +19,7 @@ from ..config import DEFAULT_BUDGET
 from ..decode import PositionedStep, greedy
 from ..documents import Document
 from ..ingest import open_or_build
-from ..prompt import stop_ids
+from ..prompt import chat_template, encode_question, stop_ids
 from ..rope import Rope
 from ..router import SketchRouter, TrainedRouter
 from ..router_files import RouterFile, resolve_router
@@ -41,6 +41,7 @@ class SeKV(Method):
     policy: ZoomPolicy | None = None
     cache_hit: bool = False
     observer: Observer | None = None  # told of every routing decision (diagnostics)
+    neutral: tuple[int, torch.Tensor] | None = None  # books: (budget, neutral_attention)
 
     def prepare(self, progress: Progress | None = None) -> None:
         self.store, self.cache_hit = open_or_build(
@@ -168,29 +169,20 @@ class SeKV(Method):
 
     def pin_passages(self, question_ids: list[int]) -> None:
         """Books, two-stage routing (:mod:`sekv_core.passages`): read the question once with
-        per-layer routing, rank spans by the attention its tokens paid them, and pin the
-        passages around the best for every layer and KV head of the answer."""
-        model, spans, first = self.loaded.model, self.spans, self.policy
+        per-layer routing, rank spans by the attention its tokens paid them beyond what the
+        neutral question pays, and pin the passages around the best for every layer and KV
+        head of the answer."""
+        spans, first = self.spans, self.policy
         assert first is not None
-        ask = PositionedStep(
-            model,
-            DynamicCache(config=model.config),
-            spans.pool_end,
-            self.loaded.device,
-            sekv_memory=spans,
-            sekv_policy=first,
-        )
+        baseline = self.neutral_attention(first)
         first.attribute = False  # the answer's sources come from the passages' reading
-        ask(torch.tensor([question_ids], dtype=torch.long))
-        mass = first.trace.mass
-        scores = mass[:-1] if mass is not None else spans.lengths.new_zeros(spans.n_spans).float()
+        scores = passages.specific(self.question_attention(question_ids, first), baseline)
         # a budget asked for is the passages' size too: tokens every layer and KV head reads
         budget = min(self.settings.budget or self.settings.passages, self.max_band())
         if self.settings.memory_share is not None:
             budget = min(budget, first.budget)  # what the memory target leaves the zoom
         chosen = passages.choose(scores, self.span_sentences(), spans.lengths, budget)
         tokens = int(spans.lengths[chosen.to(spans.lengths.device)].sum())
-        spans.drop_pools()  # the first stage's pools go; the answer reads the passages only
         spans.pool_end = spans.n_sinks + tokens
         self.policy = ZoomPolicy(
             router=first.router,
@@ -200,8 +192,46 @@ class SeKV(Method):
             observer=self.observer,
             attribute=self.settings.sources,
             pinned=chosen.to(scores.device),
-            pinned_scores=scores.float(),
+            pinned_scores=scores,
         )
+
+    def question_attention(self, question_ids: list[int], policy: ZoomPolicy) -> torch.Tensor:
+        """(N,) the attention the question's tokens pay each span, read once with ``policy``'s
+        per-layer routing (0: never zoomed); the pools it zoomed are dropped after."""
+        spans = self.spans
+        ask = PositionedStep(
+            self.loaded.model,
+            DynamicCache(config=self.loaded.model.config),
+            spans.pool_end,
+            self.loaded.device,
+            sekv_memory=spans,
+            sekv_policy=policy,
+        )
+        ask(torch.tensor([question_ids], dtype=torch.long))
+        spans.drop_pools()  # the answer reads the passages only
+        mass = policy.trace.mass
+        return (
+            mass[:-1].float()
+            if mass is not None
+            else spans.lengths.new_zeros(spans.n_spans).float()
+        )
+
+    def neutral_attention(self, policy: ZoomPolicy) -> torch.Tensor:
+        """(N,) what :data:`~sekv_core.passages.NEUTRAL_QUESTION` pays each span when read as
+        ``policy`` reads a question (once per session and zoom budget)."""
+        if self.neutral is not None and self.neutral[0] == policy.budget:
+            return self.neutral[1]
+        tokenizer = self.loaded.tokenizer
+        ids = encode_question(tokenizer, chat_template(tokenizer), passages.NEUTRAL_QUESTION)
+        neutral = ZoomPolicy(
+            router=policy.router,
+            budget=policy.budget,
+            margin=policy.margin,
+            neighbours=policy.neighbours,
+            attribute=False,
+        )
+        self.neutral = (policy.budget, self.question_attention(ids, neutral))
+        return self.neutral[1]
 
     def span_sentences(self) -> torch.Tensor:
         """(N,) sentence index of each span (:func:`sekv_core.passages.span_sentences`)."""
