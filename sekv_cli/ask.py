@@ -31,6 +31,7 @@ from .common import (
     write_text_atomically,
 )
 from .generation import (
+    REPEATS_OPTION,
     REPETITION_OPTION,
     SEED_OPTION,
     STOP_OPTION,
@@ -75,6 +76,7 @@ def ask(
     seed: int | None = SEED_OPTION,
     repetition_penalty: float = REPETITION_OPTION,
     stop: list[str] = STOP_OPTION,
+    allow_repeats: bool = REPEATS_OPTION,
     threads: int | None = THREADS_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
 ) -> None:
@@ -91,6 +93,7 @@ def ask(
         on_text=None if json_out else stream_text,
         sampling=sampling(temperature, top_p, seed, repetition_penalty),
         stop=stop,
+        allow_repeats=allow_repeats,
     )
     result.timings["load_s"] = round(load_s, 4)
     result.timings["threads"] = n_threads

@@ -32,6 +32,7 @@ from .common import (
     warn,
 )
 from .generation import (
+    REPEATS_OPTION,
     REPETITION_OPTION,
     SEED_OPTION,
     STOP_OPTION,
@@ -65,6 +66,7 @@ def chat(
     seed: int | None = SEED_OPTION,
     repetition_penalty: float = REPETITION_OPTION,
     stop: list[str] = STOP_OPTION,
+    allow_repeats: bool = REPEATS_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
@@ -123,7 +125,7 @@ def chat(
                 err.print(Text(f"unknown or malformed command {line!r}; /help lists them"))
             continue
         try:
-            last = conversation.ask(line, max_new_tokens, stream_text, chosen, stop)
+            last = conversation.ask(line, max_new_tokens, stream_text, chosen, stop, allow_repeats)
         except KeyboardInterrupt:
             err.print("\n(interrupted)")
             continue

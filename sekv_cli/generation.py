@@ -31,6 +31,12 @@ REPETITION_OPTION = typer.Option(
     min=0.01,
     help="Above 1: tokens the answer already used become less likely (stops loops; 1: off).",
 )
+REPEATS_OPTION = typer.Option(
+    False,
+    "--allow-repeats",
+    help="Let the answer repeat a sentence it already wrote (by default it ends there: a "
+    "greedy answer that repeats a sentence is in a loop).",
+)
 STOP_OPTION = typer.Option(
     [], "--stop", metavar="TEXT", help="End the answer before this text (repeatable)."
 )

@@ -33,13 +33,16 @@ class Conversation:
         on_text: Callable[[str], None] | None = None,
         sampling: Sampling | None = None,
         stop: Sequence[str] = (),
+        allow_repeats: bool = False,
     ) -> Answer:
         """Answer ``question`` after the earlier turns that fit (see :meth:`Session.ask`), then
         remember it with its answer."""
         kept = self.fitting(question, max_new_tokens)
         self.dropped = len(self.turns) - len(kept)
         self.turns = kept
-        answer = self.session.ask(question, max_new_tokens, on_text, sampling, stop, kept)
+        answer = self.session.ask(
+            question, max_new_tokens, on_text, sampling, stop, kept, allow_repeats
+        )
         self.turns.append((question.strip(), answer.answer))
         return answer
 

@@ -89,11 +89,14 @@ class Session:
         sampling: Sampling | None = None,
         stop: Sequence[str] = (),
         history: Sequence[Turn] = (),
+        allow_repeats: bool = False,
     ) -> Answer:
         """Answer ``question`` (greedily, or under ``sampling``); ``on_text`` receives text
         deltas as they are decoded. The answer ends before the first of the ``stop`` strings.
         ``history``: a chat's earlier (question, answer) turns, read before the question (see
-        :class:`sekv_core.conversation.Conversation`, which keeps them within the window)."""
+        :class:`sekv_core.conversation.Conversation`, which keeps them within the window). The
+        answer ends where it would repeat a sentence it already wrote, unless ``allow_repeats``
+        (:class:`sekv_core.decode.TextStream`)."""
         check_question(question)
         tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
         q_ids = self.question_ids(question, history)
@@ -104,7 +107,7 @@ class Session:
                 f"{spec.window:,}-token window; shorten it"
             )
         max_new_tokens = min(max_new_tokens, room)
-        stream = TextStream(tokenizer, stop)
+        stream = TextStream(tokenizer, stop, allow_repeats)
         start = time.perf_counter()
         first_token_s = None
         with sampled(sampling):
