@@ -19,13 +19,14 @@ from ..config import DEFAULT_BUDGET
 from ..decode import PositionedStep, greedy
 from ..documents import Document
 from ..ingest import open_or_build
-from ..prompt import chat_template, encode_question, stop_ids
+from ..prompt import stop_ids
 from ..rope import Rope
 from ..router import SketchRouter, TrainedRouter
 from ..router_files import RouterFile, resolve_router
 from ..store import SpanStore
 from ..zoom import SpanMemory
 from .base import Method, Progress
+from .book_reading import neutral_attention, question_attention
 
 MIN_ZOOM = 32
 STARVED_SHARE = 0.05  # a zoom under this share of the span tokens routes with half the sketch
@@ -176,7 +177,8 @@ class SeKV(Method):
         assert first is not None
         baseline = self.neutral_attention(first)
         first.attribute = False  # the answer's sources come from the passages' reading
-        scores = passages.specific(self.question_attention(question_ids, first), baseline)
+        asked = question_attention(self.loaded, spans, question_ids, first)
+        scores = passages.specific(asked, baseline)
         # a budget asked for is the passages' size too: tokens every layer and KV head reads
         budget = min(self.settings.budget or self.settings.passages, self.max_band())
         if self.settings.memory_share is not None:
@@ -195,42 +197,11 @@ class SeKV(Method):
             pinned_scores=scores,
         )
 
-    def question_attention(self, question_ids: list[int], policy: ZoomPolicy) -> torch.Tensor:
-        """(N,) the attention the question's tokens pay each span, read once with ``policy``'s
-        per-layer routing (0: never zoomed); the pools it zoomed are dropped after."""
-        spans = self.spans
-        ask = PositionedStep(
-            self.loaded.model,
-            DynamicCache(config=self.loaded.model.config),
-            spans.pool_end,
-            self.loaded.device,
-            sekv_memory=spans,
-            sekv_policy=policy,
-        )
-        ask(torch.tensor([question_ids], dtype=torch.long))
-        spans.drop_pools()  # the answer reads the passages only
-        mass = policy.trace.mass
-        return (
-            mass[:-1].float()
-            if mass is not None
-            else spans.lengths.new_zeros(spans.n_spans).float()
-        )
-
     def neutral_attention(self, policy: ZoomPolicy) -> torch.Tensor:
-        """(N,) what :data:`~sekv_core.passages.NEUTRAL_QUESTION` pays each span when read as
-        ``policy`` reads a question (once per session and zoom budget)."""
-        if self.neutral is not None and self.neutral[0] == policy.budget:
-            return self.neutral[1]
-        tokenizer = self.loaded.tokenizer
-        ids = encode_question(tokenizer, chat_template(tokenizer), passages.NEUTRAL_QUESTION)
-        neutral = ZoomPolicy(
-            router=policy.router,
-            budget=policy.budget,
-            margin=policy.margin,
-            neighbours=policy.neighbours,
-            attribute=False,
-        )
-        self.neutral = (policy.budget, self.question_attention(ids, neutral))
+        """(N,) what the neutral question pays each span (:mod:`.book_reading`), read once per
+        session and zoom budget."""
+        if self.neutral is None or self.neutral[0] != policy.budget:
+            self.neutral = (policy.budget, neutral_attention(self.loaded, self.spans, policy))
         return self.neutral[1]
 
     def span_sentences(self) -> torch.Tensor:

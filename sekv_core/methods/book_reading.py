@@ -1,0 +1,53 @@
+"""A book's question read once: the first routing stage of :mod:`sekv_core.passages`.
+
+The question is read with the usual per-layer routing over the bounded memory; the attention its
+tokens pay each zoomed span, summed over layers and heads, is what ranks the spans, less what the
+neutral question pays them (read the same way).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from ..attention import ZoomPolicy
+from ..decode import PositionedStep
+from ..models import LoadedModel
+from ..passages import NEUTRAL_QUESTION
+from ..prompt import chat_template, encode_question
+from ..zoom import SpanMemory
+
+
+def question_attention(
+    loaded: LoadedModel, spans: SpanMemory, question_ids: list[int], policy: ZoomPolicy
+) -> torch.Tensor:
+    """(N,) the attention the question's tokens pay each span, read once with ``policy``'s
+    per-layer routing inside an active :func:`~sekv_core.attention.sekv_attention` block (0:
+    never zoomed); the pools it zoomed are dropped after."""
+    ask = PositionedStep(
+        loaded.model,
+        DynamicCache(config=loaded.model.config),
+        spans.pool_end,
+        loaded.device,
+        sekv_memory=spans,
+        sekv_policy=policy,
+    )
+    ask(torch.tensor([question_ids], dtype=torch.long))
+    spans.drop_pools()  # the answer reads the passages only
+    mass = policy.trace.mass
+    return mass[:-1].float() if mass is not None else spans.lengths.new_zeros(spans.n_spans).float()
+
+
+def neutral_attention(loaded: LoadedModel, spans: SpanMemory, policy: ZoomPolicy) -> torch.Tensor:
+    """(N,) what :data:`~sekv_core.passages.NEUTRAL_QUESTION` pays each span when read as
+    ``policy`` reads a question (same router, budget, margin and neighbours; its own trace)."""
+    tokenizer = loaded.tokenizer
+    ids = encode_question(tokenizer, chat_template(tokenizer), NEUTRAL_QUESTION)
+    neutral = ZoomPolicy(
+        router=policy.router,
+        budget=policy.budget,
+        margin=policy.margin,
+        neighbours=policy.neighbours,
+        attribute=False,
+    )
+    return question_attention(loaded, spans, ids, neutral)
