@@ -27,7 +27,8 @@ SeKV.generate = generate
 loaded = load_model()
 tally = collections.Counter()
 for seed in (1, 2, 3):
-    doc = load_document(Path(sys.argv[1]) / f"book-7000-s{seed}.md"  # the books of `sekv bench books --lengths 7000 --seeds 1,2,3`)
+    # argv[1]: the books/ folder of `sekv bench books --lengths 7000 --seeds 1,2,3`
+    doc = load_document(Path(sys.argv[1]) / f"book-7000-s{seed}.md")
     s = Session(loaded, doc, "sekv", MethodSettings())
     for f in planted_facts(6, seed):
         for kind, q in (("exact", f.question), ("para", f.paraphrase)):
