@@ -476,7 +476,7 @@ def test_a_book_keeps_no_anchors_and_answers_from_whole_sentence_passages(small,
     assert method.max_position < WINDOW
     # the spans rank by the attention beyond the neutral question's, read once per session
     neutral = method.neutral[1]
-    assert (scores >= 0).all() and torch.equal(method.neutral[1], neutral)
+    assert (scores >= 0).all() and neutral.shape == scores.shape and bool((neutral > 0).any())
     # the neutral question itself (nothing beyond itself) still reads its best passages
     again = session.ask(NEUTRAL_QUESTION, max_new_tokens=2)
     assert method.neutral[1] is neutral and again.routing["passages"]["spans"] > 0
