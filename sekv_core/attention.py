@@ -199,7 +199,7 @@ def sekv_attention_forward(
 
     pool = memory.zoom_pool(layer, zoom, policy.budget)
     if policy.ordered:
-        pool_k, pool_v, pool_bias, owner, slots = in_document_order(pool, q.dtype)
+        pool_k, pool_v, pool_bias, owner, slots = in_document_order(pool, q.dtype, memory.placement)
     else:  # (Hkv, C, D) every slot, read back in the model dtype; inactive ones absent
         (pool_k, pool_v), pool_bias, owner = pool.kv(q.dtype), pool.bias, pool.owner
         slots = pool.token

@@ -112,8 +112,8 @@ class MethodSettings:
     margin : a span is zoomed only within this many nats of the best span (training-free rule).
     neighbours : a span scores the best of itself and this many spans on each side.
     passages : books (beyond the window): tokens of whole-sentence passages every layer reads
-        for the answer, chosen by the question's attention beyond a neutral question's
-        (:mod:`sekv_core.passages`); a
+        for the answer, chosen by the question's words and its attention beyond a neutral
+        question's (:mod:`sekv_core.passages`); a
         ``budget`` given sets it too.
     sources : full KV records the attention its answer pays the document, to name the answer's
         sources (:mod:`sekv_core.sources`; one more product per layer and step). SeKV's come

@@ -15,11 +15,14 @@ def ordinal(n: int) -> str:
 def zoom_words(facts: dict[str, Any]) -> str:
     """e.g. "picked for the question by 23 of 90 layer-heads (43rd of 526 spans), the first
     choice of 4; zoomed in 21 of 30 layers while answering". A book's passage: "read as a
-    passage: 2nd of 12,000 spans by the question's attention beyond a neutral question's;
-    …"."""
+    passage: 2nd of 12,000 spans by the question's words and its attention beyond a neutral
+    question's; …"."""
     rank = f"{ordinal(facts['rank'])} of {facts['spans']:,} spans"
     if facts["ranked_by"] == "question":
-        why = f"read as a passage: {rank} by the question's attention beyond a neutral question's"
+        why = (
+            f"read as a passage: {rank} by the question's words and its attention beyond a "
+            "neutral question's"
+        )
     else:
         first = facts["first_choice"]
         why = (

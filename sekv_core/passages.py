@@ -8,10 +8,12 @@ routes in two stages (:class:`sekv_core.methods.sekv.SeKV`):
 1. the question is read once with the usual per-layer routing; the exact attention its tokens
    pay each zoomed span, summed over layers and heads, less what a question about nothing in
    particular (:data:`NEUTRAL_QUESTION`, read the same way once per session) pays it, ranks the
-   spans (:func:`specific`);
+   spans (:func:`specific`); so does the BM25 score of each span's sentence for the question's
+   words (:mod:`sekv_core.lexical`), and the two rankings are fused (:func:`fuse`);
 2. the best spans grow into passages — their sentences with ``context`` sentences on each side —
    added best first while they fit ``budget`` tokens; every layer and KV head then reads the
-   same passages, in document order, for the whole answer.
+   same passages for the whole answer, each in document order, the best passage last, right
+   before the question (:func:`placement`): a small model answers from what it read last.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)\n*|\n+")  # ".\n" and "\n\n" end one 
 CONTEXT_SENTENCES = 1  # sentences each side of a chosen span's own
 # the baseline question: the attention it pays a span is what any question would
 NEUTRAL_QUESTION = "What does this document say?"
+# reciprocal-rank fusion: a span earns 1 / (FUSION_K + rank) from each ranking (rank 0 best);
+# the customary constant, which keeps either ranking's top few from deciding alone
+FUSION_K = 60
 
 
 def specific(scores: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
@@ -39,6 +44,32 @@ def specific(scores: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
     scores = scores.float()
     beyond = (scores - baseline.to(scores.device).float()).clamp(min=0)
     return beyond if bool((beyond > 0).any()) else scores
+
+
+def fuse(*rankings: torch.Tensor) -> torch.Tensor:
+    """(N,) one score per span from several (N,) scores (above 0: ranked; 0: not): the sum over
+    them of 1 / (FUSION_K + 1 + rank), rank counting the spans that score strictly higher (ties
+    share a rank: the spans of one sentence, its BM25 score). Above 0 where any is.
+
+    The question's attention finds what its words do not say (a paraphrase), its words find what
+    the attention spreads thin over thousands of spans (a name, a code); neither's scale means
+    anything to the other, their ranks do.
+    """
+    total = torch.zeros(rankings[0].shape[0], dtype=torch.float)
+    for scores in rankings:
+        scores = scores.detach().float().cpu()
+        ascending = scores.sort().values
+        rank = scores.shape[0] - torch.searchsorted(ascending, scores, right=True)
+        total += torch.where(scores > 0, 1.0 / (FUSION_K + 1 + rank.float()), 0.0)
+    return total
+
+
+def sentence_texts(text: str) -> list[str]:
+    """The text of each sentence (:func:`sentence_index`'s numbering; the last runs to the end,
+    empty when the text ends with a sentence end)."""
+    ends = [m.end() for m in SENTENCE_END.finditer(text)]
+    starts = [0, *ends]
+    return [text[a:b] for a, b in zip(starts, [*ends, len(text)], strict=True)]
 
 
 def span_sentences(text: str, char_starts: np.ndarray) -> torch.Tensor:
@@ -89,6 +120,25 @@ def choose(
         chosen[lo:hi] = True
         used += extra
     return chosen
+
+
+def placement(chosen: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """(N,) int64: where each chosen span's passage goes among the passages read, 0 first (the
+    farthest from the question), the passage of the best score last. A passage is a run of
+    consecutive chosen spans (passages that touch read as one) and ranks by its best span's
+    score (equal ones: the earlier first); spans not chosen: 0."""
+    chosen, scores = chosen.cpu().bool(), scores.detach().float().cpu()
+    out = torch.zeros(chosen.shape[0], dtype=torch.long)
+    if not bool(chosen.any()):
+        return out
+    starts = chosen & ~torch.cat([chosen.new_zeros(1), chosen[:-1]])
+    run = torch.cumsum(starts.long(), 0)[chosen] - 1  # each chosen span's passage
+    passages = int(starts.sum())
+    best = torch.full((passages,), -torch.inf).scatter_reduce(0, run, scores[chosen], reduce="amax")
+    rank = torch.empty(passages, dtype=torch.long)
+    rank[best.argsort(stable=True)] = torch.arange(passages)
+    out[chosen] = rank[run]
+    return out
 
 
 def _around(i: int, lo: int, hi: int, lengths: torch.Tensor, budget: int) -> torch.Tensor:

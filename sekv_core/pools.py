@@ -9,7 +9,8 @@ there. Attention reads every slot with the inactive ones masked out (the order o
 entries does not change it). The pool is the layer's only copy of its reconstructions.
 
 Bounded memories (books) place each head's active tokens in document order right before
-``pool_end``: their keys are kept pre-RoPE and rotated to those positions when the picks change.
+``pool_end`` (an answer's pinned passages passage by passage, the best last: the memory's
+``placement``): their keys are kept pre-RoPE and rotated to those positions when the picks change.
 """
 
 from __future__ import annotations
@@ -68,14 +69,14 @@ class ZoomPool:
 
 
 def in_document_order(
-    pool: ZoomPool, dtype: torch.dtype
+    pool: ZoomPool, dtype: torch.dtype, placement: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """K, V (H, P, D), bias, owner and token (H, P) of the active slots only, each head's in
-    document order (P: the most any head holds, padding absent): entries that do not depend
-    on what the pool held before (a streamed build resumed from a checkpoint attends exactly as
-    one never interrupted)."""
+    document order (:func:`document_order`; P: the most any head holds, padding absent):
+    entries that do not depend on what the pool held before (a streamed build resumed from a
+    checkpoint attends exactly as one never interrupted)."""
     P = int(pool.active.sum(dim=1).max()) if pool.active.numel() else 0
-    order = document_order(pool)[:, :P]  # (H, P)
+    order = document_order(pool, placement)[:, :P]  # (H, P)
     keys, values = pool.kv(dtype)
     index = order[..., None].expand(-1, -1, keys.shape[-1])
     return (
@@ -125,11 +126,15 @@ def zoom_pool(memory: SpanMemory, layer: int, zoom: torch.Tensor, capacity: int)
     return pool
 
 
-def document_order(pool: ZoomPool) -> torch.Tensor:
-    """(H, C) each head's slots, its active ones first in document order (computed once per
-    update: a bounded pool's positions and an ordered read both follow it)."""
+def document_order(pool: ZoomPool, placement: torch.Tensor | None = None) -> torch.Tensor:
+    """(H, C) each head's slots, its active ones first in document order, or, with a
+    ``placement`` (N,) of the spans, by placement and then in document order (computed once
+    per update: a bounded pool's positions and an ordered read both follow it)."""
     if pool.order is None:
-        pool.order = torch.where(pool.active, pool.token, NEVER).argsort(dim=1)
+        key = pool.token
+        if placement is not None:  # span tokens number below 2^40; placements are few
+            key = placement.to(key.device)[pool.owner.clamp(min=0)] * (1 << 40) + key
+        pool.order = torch.where(pool.active, key, NEVER).argsort(dim=1)
     return pool.order
 
 
@@ -214,7 +219,7 @@ def rotated_keys(memory: SpanMemory, pool: ZoomPool) -> Rows:
     right before ``pool_end`` (head h's n_h tokens at pool_end - n_h, ...)."""
     assert memory.pool_end is not None
     H, C = pool.owner.shape
-    order = document_order(pool)
+    order = document_order(pool, memory.placement)
     slots = torch.arange(C, device=order.device).expand(H, C)
     rank = torch.empty_like(order).scatter_(1, order, slots)
     size = pool.active.sum(dim=1, keepdim=True)

@@ -114,6 +114,13 @@ def encode_question(
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def question_text(tokenizer: Any, template: Template, question_ids: Sequence[int]) -> str:
+    """What the model reads after the document, as text, the template around it removed: the
+    question (in a chat, after the earlier turns)."""
+    text = tokenizer.decode(list(question_ids))
+    return text.removeprefix(template.middle).removesuffix(template.tail)
+
+
 def _after_document(
     tokenizer: Any, template: Template, question: str, history: Sequence[Turn]
 ) -> str:

@@ -85,8 +85,8 @@ class ZoomTrace:
         """For spans ``index`` (a source's): in how many layers (and layer-heads) any was zoomed
         while answering; for the question, how many layer-heads zoomed the best of them and
         its rank among all spans by that count, and how many made one their first choice. A
-        book's passages are ranked by ``scores`` (N,) instead (the question's attention beyond
-        the neutral question's).
+        book's passages are ranked by ``scores`` (N,) instead (the question's words and its
+        attention beyond the neutral question's, fused).
         Empty when nothing was recorded."""
         if self.zoomed is None or self.question_zoom is None or not index.numel():
             return {}

@@ -12,6 +12,8 @@ position (``bounded`` False). A book's store is *bounded* (keys kept pre-RoPE, r
     anchors                       none (a book's boundary tokens stay in their spans;
                                   a store that still holds some puts them at position 0)
     zoomed spans' tokens          packed per KV head in document order, ending at pool_end - 1
+                                  (an answer's pinned passages: each in document order, the
+                                  passages ordered by rank, the best one last)
     local tokens                  pool_end, pool_end + 1, ... (question/answer, or streamed chunk)
 
 so every RoPE distance stays below ``pool_end`` + local length, whatever the document's length.
@@ -54,6 +56,9 @@ class SpanMemory:
         self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
         self.n_sinks = int(positions.get("sinks", 0))
         self.pool_end: int | None = None  # bounded: the first local position (set per answer)
+        # bounded: (N,) where each span's passage goes among the answer's passages (larger:
+        # nearer the question; sekv_core.passages.placement); None: document order
+        self.placement: torch.Tensor | None = None
         self.routed_dims: int | None = None  # sketch directions on the device (place_sketch)
         self.rep_blocks = RepBlocks()  # the prefilter's coarse index, grown with the store
         self.refresh()
@@ -164,8 +169,10 @@ class SpanMemory:
     # -- zoom-in ---------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Drop the zoom pools and the answer's counters (between questions)."""
+        """Drop the zoom pools, the passages' placement and the answer's counters (between
+        questions)."""
         self.drop_pools()
+        self.placement = None
         self.peak_cached_bytes = 0
         self.reconstructions = 0
 

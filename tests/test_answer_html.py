@@ -169,8 +169,8 @@ def test_zoom_facts_in_plain_words():
     assert ", the first choice" not in zoom_words({**facts, "first_choice": 0})
     facts.update(ranked_by="question", rank=2, spans=12000)
     assert zoom_words(facts).startswith(
-        "read as a passage: 2nd of 12,000 spans by the question's attention beyond a neutral "
-        "question's; zoomed in 21"
+        "read as a passage: 2nd of 12,000 spans by the question's words and its attention "
+        "beyond a neutral question's; zoomed in 21"
     )
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 102, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "102nd", "111th"

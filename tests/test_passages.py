@@ -5,7 +5,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sekv_core.passages import choose, span_sentences, specific
+from sekv_core.kvquant import Rows
+from sekv_core.passages import (
+    FUSION_K,
+    choose,
+    fuse,
+    placement,
+    sentence_index,
+    sentence_texts,
+    span_sentences,
+    specific,
+)
+from sekv_core.pools import ZoomPool, document_order
 
 TEXT = "One two three. Four five six.\nSeven eight? Nine ten eleven twelve! Thirteen."
 
@@ -75,3 +86,59 @@ def test_a_question_as_general_as_the_neutral_one_keeps_its_own_ranking():
     question = torch.tensor([0.2, 0.0, 0.1])
     assert torch.equal(specific(question, question), question)
     assert torch.equal(specific(question, question + 0.1), question)
+
+
+def test_each_sentence_text_holds_the_characters_numbered_with_it():
+    texts = sentence_texts(TEXT)
+    assert "".join(texts) == TEXT and texts[1] == " Four five six.\n"
+    index = sentence_index(TEXT, np.arange(len(TEXT)))
+    for at, sentence in enumerate(index.tolist()):
+        before = sum(len(t) for t in texts[:sentence])
+        assert before <= at < before + len(texts[sentence])
+
+
+def test_fused_rankings_favour_spans_both_rank_well_and_keep_either_alone():
+    attention = torch.tensor([0.9, 0.0, 0.3, 0.2, 0.0, 0.1])
+    words = torch.tensor([0.0, 5.0, 4.0, 4.0, 0.0, 0.5])  # spans 2 and 3: one sentence's
+    got = fuse(attention, words)
+    # span 4: ranked by neither, never read; span 1: first by its words alone, as span 0 by
+    # the attention alone; spans 2 and 3 (good in both) above either
+    assert got[4] == 0 and (got[[0, 1, 2, 3, 5]] > 0).all()
+    assert torch.isclose(got[0], got[1]) and torch.isclose(got[0], torch.tensor(1 / (FUSION_K + 1)))
+    assert got[2] > got[3] > got[0]
+    assert torch.isclose(got[3], torch.tensor(1 / (FUSION_K + 3) + 1 / (FUSION_K + 2)))
+    # one ranking alone keeps its order
+    assert fuse(attention).argsort(descending=True)[:4].tolist() == [0, 2, 3, 5]
+
+
+def test_passages_are_placed_by_their_best_score_the_best_last():
+    chosen = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 1, 1], dtype=torch.bool)
+    scores = torch.tensor([0.0, 0.1, 0.5, 0.0, 0.9, 0.0, 0.0, 0.2, 0.1, 0.3])
+    # three passages (runs of chosen spans): 1-2 (best 0.5), 4 (0.9), 7-9 (0.3)
+    assert placement(chosen, scores).tolist() == [0, 1, 1, 0, 2, 0, 0, 0, 0, 0]
+    assert not placement(torch.zeros(4, dtype=torch.bool), torch.ones(4)).any()
+
+
+def test_a_pool_reads_its_passages_by_placement_each_in_document_order():
+    # one head, six slots: spans 0 (tokens 0-1), 3 (tokens 5-6), 5 (token 9); slot 5 free
+    owner = torch.tensor([[3, 0, 5, 0, 3, -1]])
+    token = torch.tensor([[6, 1, 9, 0, 5, -1]])
+    active = owner >= 0
+    pool = ZoomPool(
+        rows=Rows.empty((2, 1, 6), 4, 8, torch.device("cpu")),
+        owner=owner,
+        last=torch.zeros_like(owner),
+        held=torch.zeros(1, 6, dtype=torch.bool),
+        zoom=torch.zeros(1, 6, dtype=torch.bool),
+        active=active,
+        bias=torch.zeros(1, 6),
+        pool_end=20,
+        token=token,
+    )
+    tokens = lambda order: token[0, order[0, :5]].tolist()  # noqa: E731
+    assert tokens(document_order(pool)) == [0, 1, 5, 6, 9]
+    pool.order = None  # a new update
+    chosen = torch.tensor([1, 0, 0, 1, 0, 1], dtype=torch.bool)  # three passages
+    place = placement(chosen, torch.tensor([0.9, 0, 0, 0.1, 0, 0.5]))
+    # span 0's passage (0.9) last, next to the question; span 3's (0.1) first
+    assert tokens(document_order(pool, place)) == [5, 6, 9, 0, 1]

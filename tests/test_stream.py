@@ -28,7 +28,8 @@ from sekv_core.format import CODEBOOKS, FILES
 from sekv_core.ingest import open_or_build
 from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.models import load_model
-from sekv_core.passages import NEUTRAL_QUESTION
+from sekv_core.passages import FUSION_K, NEUTRAL_QUESTION
+from sekv_core.pools import document_order
 from sekv_core.prefilter import RepBlocks, SpanSubset, candidates, representative_scores
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.router import SketchRouter
@@ -474,9 +475,45 @@ def test_a_book_keeps_no_anchors_and_answers_from_whole_sentence_passages(small,
     assert (zoomed == pinned[None, None]).all()
     assert {z["span"] for z in answer.zoom} == set(pinned.nonzero()[:, 0].tolist())
     assert method.max_position < WINDOW
+    # passage by passage before the question, the best passage last, each in document order
+    pool, place = method.spans.pools[0], method.spans.placement.cpu()
+    order = document_order(pool, method.spans.placement)[0].cpu()
+    owner, token = pool.owner[0].cpu(), pool.token[0].cpu()
+    read = order[: int(pool.active[0].sum())]  # the first at pool_end - n, the last pool_end - 1
+    assert set(owner[read].tolist()) == set(pinned.nonzero()[:, 0].tolist())
+    assert place[owner[read]].tolist() == sorted(place[owner[read]].tolist())
+    best = place == place[pinned].max()
+    assert scores[best].max() == scores[pinned].max() and bool(best[owner[read[-1]]])
+    nearest = read[best[owner[read]]]
+    assert token[nearest].tolist() == sorted(token[nearest].tolist())
     # the spans rank by the attention beyond the neutral question's, read once per session
     neutral = method.neutral[1]
     assert (scores >= 0).all() and neutral.shape == scores.shape and bool((neutral > 0).any())
     # the neutral question itself (nothing beyond itself) still reads its best passages
     again = session.ask(NEUTRAL_QUESTION, max_new_tokens=2)
     assert method.neutral[1] is neutral and again.routing["passages"]["spans"] > 0
+
+
+def test_a_book_reads_the_sentence_that_shares_the_question_words(small, tmp_path):
+    rare = "The zephyr quartz lies in the copper annex."
+    paragraphs = text_of(40).split("\n\n")
+    paragraphs.insert(23, rare)
+    doc = document(tmp_path, "\n\n".join(paragraphs))
+    session = Session(small, doc, "sekv", MethodSettings(store=BOOK, passages=192))
+    method = session.method
+    question = "Where does the zephyr quartz lie?"
+    ids = encode_question(small.tokenizer, chat_template(small.tokenizer), question)
+    # the question's words pick the one sentence that holds them, through the store's spans
+    words = method.word_scores(ids)
+    offsets = method.store.trace["offsets"]
+    starts = offsets[method.spans.starts.long(), 0]
+    at = doc.text.index(rare)
+    inside = (starts >= at) & (starts < at + len(rare))
+    assert inside.any() and (words[inside] == words.max()).all()
+    assert words[~inside].max() < words.max()
+    # a random model's attention knows nothing of them; the fused ranking still puts the
+    # sentence first (beside the attention's own first) and reads it
+    session.ask(question, max_new_tokens=2)
+    scores = method.policy.pinned_scores.cpu()
+    assert (scores[inside] >= 1 / (FUSION_K + 1) - 1e-7).all()
+    assert method.policy.pinned.cpu()[inside].all()

@@ -6,7 +6,7 @@ from sekv_core.config import MethodSettings
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.methods.window import PASSAGE_MAX, Retrieve, Truncate, cut_passages
-from sekv_core.prompt import chat_template, encode_question
+from sekv_core.prompt import chat_template, encode_question, question_text
 
 
 def book(tmp_path, sentences: int = 700):
@@ -36,7 +36,7 @@ def test_retrieval_ranks_the_passage_that_shares_the_question_words(tiny_loaded,
     method = session.method
     tok, template = tiny_loaded.tokenizer, chat_template(tiny_loaded.tokenizer)
     question = "Where does the zephyr quartz lie?"
-    assert method.question_text(encode_question(tok, template, question)) == question
+    assert question_text(tok, template, encode_question(tok, template, question)) == question
     chosen = method.select(question)
     assert chosen == sorted(chosen) and len(chosen) < len(method.passages)  # a window's worth
     best = max(range(len(method.texts)), key=lambda i: "zephyr" in method.texts[i])

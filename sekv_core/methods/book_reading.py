@@ -1,8 +1,9 @@
 """A book's question read once: the first routing stage of :mod:`sekv_core.passages`.
 
 The question is read with the usual per-layer routing over the bounded memory; the attention its
-tokens pay each zoomed span, summed over layers and heads, is what ranks the spans, less what the
-neutral question pays them (read the same way).
+tokens pay each zoomed span, summed over layers and heads, less what the neutral question pays
+them (read the same way), ranks the spans; so do the question's words, by BM25 over the book's
+sentences.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from transformers import DynamicCache
 
 from ..attention import ZoomPolicy
 from ..decode import PositionedStep
+from ..lexical import LexicalIndex
 from ..models import LoadedModel
 from ..passages import NEUTRAL_QUESTION
 from ..prompt import chat_template, encode_question
@@ -51,3 +53,10 @@ def neutral_attention(loaded: LoadedModel, spans: SpanMemory, policy: ZoomPolicy
         attribute=False,
     )
     return question_attention(loaded, spans, ids, neutral)
+
+
+def word_scores(index: LexicalIndex, sentences: torch.Tensor, question: str) -> torch.Tensor:
+    """(N,) the BM25 score of each span's sentence for the question's words (``sentences`` (N,):
+    each span's index into the texts of ``index``); 0 where the sentence shares none."""
+    per_sentence = torch.from_numpy(index.scores(question)).float()
+    return per_sentence[sentences.long()].clamp(min=0)

@@ -19,14 +19,15 @@ from ..config import DEFAULT_BUDGET
 from ..decode import PositionedStep, greedy
 from ..documents import Document
 from ..ingest import open_or_build
-from ..prompt import stop_ids
+from ..lexical import LexicalIndex
+from ..prompt import chat_template, question_text, stop_ids
 from ..rope import Rope
 from ..router import SketchRouter, TrainedRouter
 from ..router_files import RouterFile, resolve_router
 from ..store import SpanStore
 from ..zoom import SpanMemory
 from .base import Method, Progress
-from .book_reading import neutral_attention, question_attention
+from .book_reading import neutral_attention, question_attention, word_scores
 
 MIN_ZOOM = 32
 STARVED_SHARE = 0.05  # a zoom under this share of the span tokens routes with half the sketch
@@ -43,6 +44,7 @@ class SeKV(Method):
     cache_hit: bool = False
     observer: Observer | None = None  # told of every routing decision (diagnostics)
     neutral: tuple[int, torch.Tensor] | None = None  # books: (budget, neutral_attention)
+    sentence_words: LexicalIndex | None = None  # books: BM25 over the book's sentences
 
     def prepare(self, progress: Progress | None = None) -> None:
         self.store, self.cache_hit = open_or_build(
@@ -171,14 +173,15 @@ class SeKV(Method):
     def pin_passages(self, question_ids: list[int]) -> None:
         """Books, two-stage routing (:mod:`sekv_core.passages`): read the question once with
         per-layer routing, rank spans by the attention its tokens paid them beyond what the
-        neutral question pays, and pin the passages around the best for every layer and KV
+        neutral question pays and by their sentence's BM25 score for the question's words,
+        fuse the two rankings, and pin the passages around the best for every layer and KV
         head of the answer."""
         spans, first = self.spans, self.policy
         assert first is not None
         baseline = self.neutral_attention(first)
         first.attribute = False  # the answer's sources come from the passages' reading
         asked = question_attention(self.loaded, spans, question_ids, first)
-        scores = passages.specific(asked, baseline)
+        scores = passages.fuse(passages.specific(asked, baseline), self.word_scores(question_ids))
         # a budget asked for is the passages' size too: tokens every layer and KV head reads
         budget = min(self.settings.budget or self.settings.passages, self.max_band())
         if self.settings.memory_share is not None:
@@ -186,6 +189,7 @@ class SeKV(Method):
         chosen = passages.choose(scores, self.span_sentences(), spans.lengths, budget)
         tokens = int(spans.lengths[chosen.to(spans.lengths.device)].sum())
         spans.pool_end = spans.n_sinks + tokens
+        spans.placement = passages.placement(chosen, scores)  # the best passage last
         self.policy = ZoomPolicy(
             router=first.router,
             budget=tokens,
@@ -203,6 +207,14 @@ class SeKV(Method):
         if self.neutral is None or self.neutral[0] != policy.budget:
             self.neutral = (policy.budget, neutral_attention(self.loaded, self.spans, policy))
         return self.neutral[1]
+
+    def word_scores(self, question_ids: list[int]) -> torch.Tensor:
+        """(N,) BM25 of each span's sentence for the question's words (index built once)."""
+        if self.sentence_words is None:
+            self.sentence_words = LexicalIndex(passages.sentence_texts(self.document.text))
+        tokenizer = self.loaded.tokenizer
+        question = question_text(tokenizer, chat_template(tokenizer), question_ids)
+        return word_scores(self.sentence_words, self.span_sentences(), question)
 
     def span_sentences(self) -> torch.Tensor:
         """(N,) sentence index of each span (:func:`sekv_core.passages.span_sentences`)."""

@@ -14,26 +14,19 @@ fp16 like every method's.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
-from rank_bm25 import BM25Okapi
 from transformers import DynamicCache
 
-from ..prompt import chat_template, encode_context
+from ..lexical import LexicalIndex
+from ..prompt import chat_template, encode_context, question_text
 from .base import Method, Progress
 from .full import answer_over, prefill_cache, truncate
 
 ANSWER_ROOM = 256  # window tokens kept for the question and the answer
 PASSAGE_TOKENS = 96  # a passage ends at the first sentence end past this many tokens ...
 PASSAGE_MAX = 192  # ... or here at the latest
-WORD = re.compile(r"\w+")
-
-
-def words(text: str) -> list[str]:
-    """BM25 terms: lower-cased words."""
-    return WORD.findall(text.lower())
 
 
 class WindowMethod(Method):
@@ -103,20 +96,15 @@ class Retrieve(WindowMethod):
         text, offsets = self.document.text, self.context.offsets
         self.passages = cut_passages(text, offsets)
         self.texts = [text[offsets[a][0] : offsets[b - 1][1]] for a, b in self.passages]
-        self.index = BM25Okapi([words(t) for t in self.texts])
+        self.index = LexicalIndex(self.texts)
         self.template = chat_template(self.loaded.tokenizer)
         self.chosen = []
         if progress:
             progress(len(self.context), len(self.context))
 
-    def question_text(self, question_ids: list[int]) -> str:
-        """The question as the user wrote it (the template around it removed)."""
-        text = self.loaded.tokenizer.decode(question_ids)
-        return text.removeprefix(self.template.middle).removesuffix(self.template.tail)
-
     def select(self, question: str) -> list[int]:
         """Passages by BM25 score while they fit the window, returned in document order."""
-        scores = self.index.get_scores(words(question))
+        scores = self.index.scores(question)
         left, chosen = self.room, []
         for i in sorted(range(len(scores)), key=lambda i: (-scores[i], i)):
             size = self.passages[i][1] - self.passages[i][0]
@@ -126,7 +114,7 @@ class Retrieve(WindowMethod):
         return sorted(chosen)
 
     def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
-        self.chosen = self.select(self.question_text(question_ids))
+        self.chosen = self.select(question_text(self.loaded.tokenizer, self.template, question_ids))
         self.read("\n\n".join(self.texts[i] for i in self.chosen))
         yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
 
