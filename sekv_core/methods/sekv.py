@@ -189,7 +189,7 @@ class SeKV(Method):
         chosen = passages.choose(scores, self.span_sentences(), spans.lengths, budget)
         tokens = int(spans.lengths[chosen.to(spans.lengths.device)].sum())
         spans.pool_end = spans.n_sinks + tokens
-        spans.placement = passages.placement(chosen, scores)  # the best passage last
+        spans.placement = passages.placement(chosen, scores).to(spans.device)  # best last
         self.policy = ZoomPolicy(
             router=first.router,
             budget=tokens,
