@@ -25,7 +25,6 @@ class LexicalIndex:
     """BM25 over ``texts``, built once; :meth:`scores` ranks them against one question."""
 
     def __init__(self, texts: Sequence[str]) -> None:
-        self.size = len(texts)
         self.index = BM25Okapi([words(t) for t in texts]) if texts else None
 
     def scores(self, question: str) -> np.ndarray:

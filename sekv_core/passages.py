@@ -27,7 +27,7 @@ SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)\n*|\n+")  # ".\n" and "\n\n" end one 
 CONTEXT_SENTENCES = 1  # sentences each side of a chosen span's own
 # the baseline question: the attention it pays a span is what any question would
 NEUTRAL_QUESTION = "What does this document say?"
-# reciprocal-rank fusion: a span earns 1 / (FUSION_K + rank) from each ranking (rank 0 best);
+# reciprocal-rank fusion: a span earns 1 / (FUSION_K + r) from each ranking, r = 1 for its best;
 # the customary constant, which keeps either ranking's top few from deciding alone
 FUSION_K = 60
 
@@ -49,7 +49,8 @@ def specific(scores: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
 def fuse(*rankings: torch.Tensor) -> torch.Tensor:
     """(N,) one score per span from several (N,) scores (above 0: ranked; 0: not): the sum over
     them of 1 / (FUSION_K + 1 + rank), rank counting the spans that score strictly higher (ties
-    share a rank: the spans of one sentence, its BM25 score). Above 0 where any is.
+    share a rank: the spans of one sentence, its BM25 score). Above 0 where any is; on the
+    first ranking's device.
 
     The question's attention finds what its words do not say (a paraphrase), its words find what
     the attention spreads thin over thousands of spans (a name, a code); neither's scale means
@@ -61,7 +62,7 @@ def fuse(*rankings: torch.Tensor) -> torch.Tensor:
         ascending = scores.sort().values
         rank = scores.shape[0] - torch.searchsorted(ascending, scores, right=True)
         total += torch.where(scores > 0, 1.0 / (FUSION_K + 1 + rank.float()), 0.0)
-    return total
+    return total.to(rankings[0].device)
 
 
 def sentence_texts(text: str) -> list[str]:
