@@ -68,7 +68,7 @@ def fuse(*rankings: torch.Tensor) -> torch.Tensor:
 def sentence_texts(text: str) -> list[str]:
     """The text of each sentence (:func:`sentence_index`'s numbering; the last runs to the end,
     empty when the text ends with a sentence end)."""
-    ends = [m.end() for m in SENTENCE_END.finditer(text)]
+    ends = sentence_ends(text)
     starts = [0, *ends]
     return [text[a:b] for a, b in zip(starts, [*ends, len(text)], strict=True)]
 
@@ -83,8 +83,13 @@ def sentence_index(text: str, char_starts: np.ndarray) -> np.ndarray:
 
     A sentence ends at ``.``, ``!`` or ``?`` before white space, or at a line break.
     """
-    ends = np.array([m.end() for m in SENTENCE_END.finditer(text)], dtype=np.int64)
+    ends = np.array(sentence_ends(text), dtype=np.int64)
     return np.searchsorted(ends, char_starts, side="right").astype(np.int64)
+
+
+def sentence_ends(text: str) -> list[int]:
+    """The character offset just past each sentence's end (:data:`SENTENCE_END`)."""
+    return [m.end() for m in SENTENCE_END.finditer(text)]
 
 
 def choose(
