@@ -73,10 +73,9 @@ def record_ranges(
     counts = mem.host_lengths[spans]
     first = mem.record0[spans] + (layer * mem.num_kv_heads + heads) * mem.record_stride[spans]
     starts = torch.cumsum(counts, 0) - counts  # each pair's first row among all T rows
-    flat = torch.arange(int(counts.sum()))
-    shifts = torch.stack([first - starts, -starts], dim=1).repeat_interleave(counts, dim=0)
-    index, along = (shifts + flat[:, None]).unbind(dim=1)
-    return RecordRanges(first, counts, index), along
+    pair = torch.repeat_interleave(counts)  # (T,) each row's pair
+    along = torch.arange(pair.numel()) - starts[pair]
+    return RecordRanges(first, counts, first[pair] + along), along
 
 
 def rows(

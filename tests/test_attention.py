@@ -257,6 +257,30 @@ def test_routing_with_the_sketchs_first_directions_is_a_smaller_sketch(tiny_load
     assert wide.spans.resident_bytes() == before
 
 
+def test_the_placed_sketch_is_column_major_and_routes_as_its_rows(tiny_loaded, tmp_path):
+    """The device copy of the sketch holds each (layer, head)'s code columns contiguous (the
+    routing products read them along every row) and routes exactly as the row-major rows."""
+    from sekv_core.sketch import sketch_logits
+
+    segment = SegmentSettings(min_len=4, max_len=8)
+    method, _ = sekv_method(tiny_loaded, tmp_path, StoreSettings(segment=segment))
+    memory = method.spans
+    L, H, S, cols = memory.sketch.shape
+    assert S > cols
+    assert all(memory.sketch[layer].transpose(-1, -2).is_contiguous() for layer in range(L))
+    placed, rows = memory.sketch, memory.sketch.contiguous()
+    assert torch.equal(placed, rows)
+    q = torch.randn(H, 2, 1, memory.head_dim, generator=torch.Generator().manual_seed(1))
+    router = SketchRouter()
+    for layer in range(L):
+        a, scores_a = sketch_logits(memory, layer, q), router.scores(memory, layer, q, 0.125)
+        memory.sketch = rows
+        b, scores_b = sketch_logits(memory, layer, q), router.scores(memory, layer, q, 0.125)
+        memory.sketch = placed
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-4)
+        assert torch.allclose(scores_a, scores_b, rtol=1e-5, atol=1e-4)
+
+
 def test_a_starved_zoom_routes_with_half_the_sketch(tiny_loaded, tmp_path):
     """Under a memory target that would leave the zoom less than STARVED_SHARE of the span
     tokens, the answer places half the sketch and zooms more; a looser target keeps it whole."""
