@@ -158,6 +158,18 @@ def sketch_logits(
     return (logits + offset).view(H, G, Tq, -1)
 
 
+def column_major(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` (..., S, C) as the same values stored with S contiguous: (..., C, S) in memory,
+    seen as (..., S, C); no copy when they already are. Element-wise ops keep that layout, so
+    :func:`code_products` multiplies by the rows' transpose reading contiguous memory (the
+    routing step's largest read, about a third faster than row-major rows on a CPU)."""
+    return rows.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def is_column_major(rows: torch.Tensor) -> bool:
+    return rows.transpose(-1, -2).is_contiguous()
+
+
 def code_products(qs: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """(H, M, S) products of ``qs`` (H, M, R) with the codes of sketch rows ``packed`` (H, S,
     ...) as :func:`quantize_sketch` stores them (without their scale), without unpacking the

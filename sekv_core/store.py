@@ -40,6 +40,7 @@ from .models import LoadedModel
 from .prompt import Context
 from .reconstruct import RecordRanges
 from .segment import SINK, n_sinks
+from .sketch import column_major
 from .summary import STORE_DTYPE
 
 
@@ -218,6 +219,7 @@ def place_resident(resident: dict[str, torch.Tensor], loaded: LoadedModel) -> No
     # the resident tier stays in half precision on the device (fp32 models compute on copies)
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
     resident["sketch_mean"] = resident["sketch_mean"].to(device=device, dtype=dtype)
+    resident["sketch"] = column_major(resident["sketch"])  # the layout routing reads fastest
     # SpanMemory places these: sinks' and anchors' K/V at the answer's precision, the sketch's
     # directions an answer routes with
     for name in ("fixed_k", "fixed_v", "sketch_proj", "sketch_scale"):

@@ -31,6 +31,7 @@ from .pools import ZoomPool, zoom_pool
 from .prefilter import RepBlocks
 from .reconstruct import reconstruct
 from .rope import Rope
+from .sketch import column_major, is_column_major
 from .store import SpanStore
 
 
@@ -137,9 +138,10 @@ class SpanMemory:
         self.routed_dims = dims
         self.sketch_proj = r["sketch_proj"][..., :dims].contiguous().to(self.device)
         self.sketch_scale = r["sketch_scale"][..., :dims].contiguous().to(self.device)
-        # (L, H, S, cols) held column-major per (layer, head): the routing products read each
-        # code column along all S rows (sketch.code_products), the step's largest read
-        self.sketch = column_major(packed[..., :cols].to(self.device))
+        cut = packed[..., :cols].to(self.device)  # (L, H, S, cols)
+        # a stored sketch stays column-major (store.place_resident; a view when all of it is
+        # placed); a streamed build's growing rows are copied as they are
+        self.sketch = column_major(cut) if is_column_major(packed) else cut.contiguous()
 
     def fixed_kv(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Sinks' and anchors' K, V (H, F, D) of ``layer`` in ``dtype``."""
@@ -212,10 +214,3 @@ class SpanMemory:
         read, before they are encoded. Memory targets turn into zoom budgets with it."""
         held = self.num_layers * (1.5 if self.bounded else 1.0) + 2
         return int(self.num_kv_heads * tokens * held * self.token_bytes) + self.entry_bytes(tokens)
-
-
-def column_major(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` (..., S, C) as the same values stored with S contiguous: (..., C, S) in memory,
-    seen as (..., S, C). Element-wise ops keep that layout, so a product with the rows' transpose
-    reads contiguous memory."""
-    return rows.transpose(-1, -2).contiguous().transpose(-1, -2)

@@ -258,8 +258,9 @@ def test_routing_with_the_sketchs_first_directions_is_a_smaller_sketch(tiny_load
 
 
 def test_the_placed_sketch_is_column_major_and_routes_as_its_rows(tiny_loaded, tmp_path):
-    """The device copy of the sketch holds each (layer, head)'s code columns contiguous (the
-    routing products read them along every row) and routes exactly as the row-major rows."""
+    """The sketch routing reads holds each (layer, head)'s code columns contiguous (the routing
+    products read them along every row), as the one copy a loaded store keeps (a part of it
+    placed: in the same layout), and routes exactly as the row-major rows."""
     from sekv_core.sketch import sketch_logits
 
     segment = SegmentSettings(min_len=4, max_len=8)
@@ -268,6 +269,11 @@ def test_the_placed_sketch_is_column_major_and_routes_as_its_rows(tiny_loaded, t
     L, H, S, cols = memory.sketch.shape
     assert S > cols
     assert all(memory.sketch[layer].transpose(-1, -2).is_contiguous() for layer in range(L))
+    assert memory.sketch.data_ptr() == memory.store.resident["sketch"].data_ptr()  # no 2nd copy
+    memory.place_sketch(memory.sketch_dims // 2)
+    assert memory.sketch.shape[-1] == cols // 2
+    assert all(memory.sketch[layer].transpose(-1, -2).is_contiguous() for layer in range(L))
+    memory.place_sketch()
     placed, rows = memory.sketch, memory.sketch.contiguous()
     assert torch.equal(placed, rows)
     q = torch.randn(H, 2, 1, memory.head_dim, generator=torch.Generator().manual_seed(1))
