@@ -14,6 +14,7 @@ build vs full KV's prefill.
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import tempfile
@@ -22,6 +23,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from sekv_core.decode import forced
 from sekv_core.documents import Document, load_document
@@ -105,7 +108,11 @@ def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: in
     for _ in range(repeats):
         runs["full"].append(forced_answer(full, ids))
         runs["sekv"].append(forced_answer(cached, ids))
-    return {
+    pairs = [
+        round(s.timings["decode_tokens_per_s"] / f.timings["decode_tokens_per_s"], 4)
+        for f, s in zip(runs["full"], runs["sekv"], strict=True)
+    ]  # each SeKV answer over the full-KV answer just before it: the machine's drift cancels
+    row = {
         "tokens": full.doc_tokens,
         "context_tokens": len(full.context),
         "full": {
@@ -121,7 +128,30 @@ def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: in
             "resident_share": resident_share(cached_fresh.memory, 4),
             **repeated(runs["sekv"]),
         },
+        "decode_pair_ratios": pairs,
     }
+    del full, cached, full_fresh, cached_fresh, runs  # each method measured alone next
+    row["device_peak_bytes"] = device_peaks(loaded, document, ids)
+    return row
+
+
+def device_peaks(loaded: LoadedModel, document: Document, ids: list[int]) -> dict | None:
+    """On a CUDA device: the most device memory above the weights that a fresh session's first
+    answer takes, per method, each alone (full KV: its prefill and cache; SeKV: its store
+    loaded, the resident tier and the zoom). None elsewhere (the child processes' peak RSS
+    measures a CPU)."""
+    if loaded.device.type != "cuda":
+        return None
+    peaks = {}
+    for method in ("full", "sekv"):  # the store home already holds SeKV's store
+        gc.collect()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(loaded.device)
+        torch.cuda.reset_peak_memory_stats(loaded.device)
+        answer = forced_answer(Session(loaded, document, method), ids)
+        del answer
+        peaks[method] = torch.cuda.max_memory_allocated(loaded.device) - base
+    return peaks
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -131,8 +161,12 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def ratios(row: dict[str, Any]) -> dict[str, float | None]:
     """SeKV over full KV (below 1: SeKV takes less; for decode, above 1: SeKV is faster)."""
     f, s, p = row["full"], row["sekv"], row.get("processes")
+    pairs, peaks = row.get("decode_pair_ratios") or [None], row.get("device_peak_bytes")
     out = {
         "decode": ratio(s["decode_tokens_per_s"], f["decode_tokens_per_s"]),
+        "decode_pair_min": min(pairs, key=lambda x: x or 0),
+        "decode_pair_max": max(pairs, key=lambda x: x or 0),
+        "device_peak": ratio(peaks["sekv"], peaks["full"]) if peaks else None,
         "first_token_fresh": ratio(s["first_token_fresh_s"], f["first_token_fresh_s"]),
         "first_token_prepared": ratio(s["first_token_prepared_s"], f["first_token_prepared_s"]),
         "build_over_prefill": ratio(s["build_s"], f["prefill_s"]),
@@ -249,6 +283,12 @@ def times(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}×"
 
 
+def spread(q: dict[str, Any]) -> str:
+    """The range of the alternating pairs' decode ratios, where there are several."""
+    low, high = q.get("decode_pair_min"), q.get("decode_pair_max")
+    return "" if low is None or low == high else f" ({low:.2f}–{high:.2f})"
+
+
 def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
     """One display row per measured size and condition (the Markdown and terminal table)."""
     shown = []
@@ -260,7 +300,7 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
                 "run": r["condition"],
                 "decode tok/s full / sekv": f"{f['decode_tokens_per_s']:.1f} / "
                 f"{s['decode_tokens_per_s']:.1f}",
-                "decode ×": times(q["decode"]),
+                "decode ×": times(q["decode"]) + spread(q),
                 "1st token s full / sekv": f"{seconds(f['first_token_fresh_s'])} / "
                 f"{seconds(s['first_token_fresh_s'])}",
                 "1st token ×": times(q["first_token_fresh"]),
@@ -271,6 +311,12 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
                 "peak RSS ×": times(q["build_rss_over_prefill_rss"]),
             }
         )
+        if r.get("device_peak_bytes"):
+            peaks = r["device_peak_bytes"]
+            shown[-1]["device memory MiB full / sekv"] = (
+                f"{peaks['full'] / 2**20:.0f} / {peaks['sekv'] / 2**20:.0f} "
+                f"({times(q['device_peak'])})"
+            )
     return shown
 
 
@@ -288,11 +334,13 @@ def markdown(result: dict[str, Any]) -> str:
         *markdown_table(rows),
         "",
         "×: SeKV over full KV (decode: above 1, SeKV is faster; the others: below 1, SeKV "
-        "takes less). 1st token: a fresh session's first answer (full KV: prefill + first "
-        "token; SeKV: the store loaded from disk + first token). Build: SeKV's first session "
-        "on the document (an empty store home) vs full KV's prefill. Ask wall: `sekv ask` as "
-        "a whole process on a cached store vs `sekv ask --method full`. Peak RSS: `sekv "
-        "ingest` vs `sekv ask --method full` (its prefill).",
+        "takes less); decode's range: each SeKV answer over the full-KV answer just before it. "
+        "Device memory (CUDA): the most a fresh session's first answer allocates above the "
+        "weights, each method alone. 1st token: a fresh session's first answer (full KV: "
+        "prefill + first token; SeKV: the store loaded from disk + first token). Build: "
+        "SeKV's first session on the document (an empty store home) vs full KV's prefill. "
+        "Ask wall: `sekv ask` as a whole process on a cached store vs `sekv ask --method "
+        "full`. Peak RSS: `sekv ingest` vs `sekv ask --method full` (its prefill).",
         "",
     ]
     return "\n".join(lines)

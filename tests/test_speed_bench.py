@@ -13,7 +13,7 @@ def test_speed_bench_measures_both_methods_per_size(tiny_model_dirs, tmp_path, s
     out = tmp_path / "speed"
     result = CliRunner().invoke(
         app,
-        ["bench", "speed", "--sizes", "300,600", "--tokens", "4", "--repeats", "1",
+        ["bench", "speed", "--sizes", "300,600", "--tokens", "4", "--repeats", "2",
          "--no-processes", "--threads", "1", "--model", str(tiny_model_dirs["llama"]),
          "--out", str(out), "--json"],
     )  # fmt: skip
@@ -30,6 +30,12 @@ def test_speed_bench_measures_both_methods_per_size(tiny_model_dirs, tmp_path, s
         assert full["prefill_s"] > 0 and sekv["build_s"] > 0 and sekv["load_s"] > 0
         assert r["ratios"]["decode"] > 0 and r["ratios"]["build_over_prefill"] > 0
         assert r["ratios"]["process_wall"] is None  # --no-processes
+        # each alternating pair's ratio: the SeKV answer over the full-KV answer before it
+        pairs = [s / f for f, s in zip(full["decode_runs"], sekv["decode_runs"], strict=True)]
+        assert r["decode_pair_ratios"] == [round(x, 4) for x in pairs] and len(pairs) == 2
+        assert r["ratios"]["decode_pair_min"] == min(r["decode_pair_ratios"])
+        assert r["ratios"]["decode_pair_max"] == max(r["decode_pair_ratios"])
+        assert r["device_peak_bytes"] is None and r["ratios"]["device_peak"] is None  # a CPU
     assert set(data["summary"][0]) >= {
         "decode", "first_token_fresh", "build_over_prefill", "process_wall",
         "build_rss_over_prefill_rss", "decode_contended",
