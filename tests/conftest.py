@@ -10,11 +10,6 @@ import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
     "Question: what is the name of the keeper? Answer: the keeper is named Orla.",
@@ -28,28 +23,10 @@ TINY = {
 
 
 def build_tokenizer(out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from sekv_bench.random_model import byte_bpe
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        unk_token="<unk>",
-        pad_token="<|im_end|>",
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-    return fast
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    return byte_bpe(out, CORPUS, 400, specials, pad="<|im_end|>", unk="<unk>")
 
 
 def build_tiny_model(out: Path, family: str, window: int = 2048) -> Path:
