@@ -108,10 +108,11 @@ def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: in
     for _ in range(repeats):
         runs["full"].append(forced_answer(full, ids))
         runs["sekv"].append(forced_answer(cached, ids))
+    # each SeKV answer over the full-KV answer just before it: the machine's drift cancels
     pairs = [
-        round(s.timings["decode_tokens_per_s"] / f.timings["decode_tokens_per_s"], 4)
+        ratio(s.timings["decode_tokens_per_s"], f.timings["decode_tokens_per_s"])
         for f, s in zip(runs["full"], runs["sekv"], strict=True)
-    ]  # each SeKV answer over the full-KV answer just before it: the machine's drift cancels
+    ]
     row = {
         "tokens": full.doc_tokens,
         "context_tokens": len(full.context),
@@ -148,8 +149,7 @@ def device_peaks(loaded: LoadedModel, document: Document, ids: list[int]) -> dic
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(loaded.device)
         torch.cuda.reset_peak_memory_stats(loaded.device)
-        answer = forced_answer(Session(loaded, document, method), ids)
-        del answer
+        forced_answer(Session(loaded, document, method), ids)  # dropped before the next
         peaks[method] = torch.cuda.max_memory_allocated(loaded.device) - base
     return peaks
 
@@ -161,11 +161,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def ratios(row: dict[str, Any]) -> dict[str, float | None]:
     """SeKV over full KV (below 1: SeKV takes less; for decode, above 1: SeKV is faster)."""
     f, s, p = row["full"], row["sekv"], row.get("processes")
-    pairs, peaks = row.get("decode_pair_ratios") or [None], row.get("device_peak_bytes")
+    pairs, peaks = row.get("decode_pair_ratios") or [], row.get("device_peak_bytes")
     out = {
         "decode": ratio(s["decode_tokens_per_s"], f["decode_tokens_per_s"]),
-        "decode_pair_min": min(pairs, key=lambda x: x or 0),
-        "decode_pair_max": max(pairs, key=lambda x: x or 0),
+        "decode_pair_min": min(pairs) if pairs else None,
+        "decode_pair_max": max(pairs) if pairs else None,
         "device_peak": ratio(peaks["sekv"], peaks["full"]) if peaks else None,
         "first_token_fresh": ratio(s["first_token_fresh_s"], f["first_token_fresh_s"]),
         "first_token_prepared": ratio(s["first_token_prepared_s"], f["first_token_prepared_s"]),
