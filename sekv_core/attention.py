@@ -142,20 +142,26 @@ def mixed_attention(
             enable_gqa=True,
         )
         return out, None
-    logits_mem = torch.einsum("hgtd,hmd->hgtm", q, k_mem).float() * scaling
-    logits_mem = logits_mem + bias_mem[:, None, None, :].float()
-    logits_loc = torch.einsum("hgtd,hld->hgtl", q, k_local).float() * scaling
-    if Tq > 1:  # one query (a decoding step) sees the whole local window
-        visible = (
-            torch.arange(Tl, device=q.device)[None]
-            <= torch.arange(Tl - Tq, Tl, device=q.device)[:, None]
-        )  # (Tq, Tl)
-        logits_loc = logits_loc.masked_fill(~visible, float("-inf"))
-    probs = torch.cat([logits_mem, logits_loc], dim=-1).softmax(dim=-1).to(q.dtype)
+    # one product over every entry, in float32 (no copy when the model's is), the bias (0 or
+    # absent on memory, 0 on local) added in it
+    H, G, _, D = q.shape
     M = k_mem.shape[1]
-    out = torch.einsum("hgtm,hmd->hgtd", probs[..., :M], v_mem) + torch.einsum(
-        "hgtl,hld->hgtd", probs[..., M:], v_local
-    )
+    bias = torch.cat([bias_mem.float(), bias_mem.new_zeros(H, Tl, dtype=torch.float32)], dim=1)
+    logits = torch.baddbmm(
+        bias[:, None],
+        q.reshape(H, G * Tq, D).float(),
+        torch.cat([k_mem, k_local], dim=1).float().transpose(1, 2),
+        alpha=scaling,
+    ).view(H, G, Tq, M + Tl)
+    if Tq > 1:  # one query (a decoding step) sees the whole local window
+        hidden = (
+            torch.arange(Tl, device=q.device)[None]
+            > torch.arange(Tl - Tq, Tl, device=q.device)[:, None]
+        )  # (Tq, Tl)
+        logits[..., M:].masked_fill_(hidden, float("-inf"))
+    probs = logits.softmax(dim=-1).to(q.dtype)
+    values = torch.cat([v_mem, v_local], dim=1)
+    out = torch.bmm(probs.view(H, G * Tq, M + Tl), values).view(H, G, Tq, D)
     return out, probs[..., :M].float().sum(dim=1)
 
 
