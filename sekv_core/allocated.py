@@ -153,10 +153,10 @@ class AllocatedCode:
         return (low_bytes & used).float(), (high_bytes & used).float(), shift
 
     def decode(
-        self, records: torch.Tensor, layer: int, heads: torch.Tensor, dtype: torch.dtype
+        self, records: torch.Tensor, layer: int, heads: torch.Tensor | list[int], dtype: torch.dtype
     ) -> torch.Tensor:
         """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
-        KV heads, ascending. In float arithmetic, exact on these small integers, every row at
+        KV heads, ascending (or each head's rows, :func:`per_head`). In float arithmetic, exact on these small integers, every row at
         once (a layer's heads share a layout): one product puts each code's two bytes, over
         2^offset, in its column, two floors cut the code out; then one product per head maps
         the codes to rows."""
@@ -196,17 +196,23 @@ class AllocatedCode:
 
 
 def per_head(
-    coef: torch.Tensor, heads: torch.Tensor, maps: torch.Tensor, bias: torch.Tensor
+    coef: torch.Tensor,
+    heads: torch.Tensor | list[int],
+    maps: torch.Tensor,
+    bias: torch.Tensor,
 ) -> torch.Tensor:
-    """Rows (T, D) of coefficients (T, C) grouped by KV head (``heads`` (T,) ascending): one
-    product per head with its map (H, C, D), plus its bias (H, D). Both offload codes end so."""
-    counts = torch.bincount(heads.cpu(), minlength=maps.shape[0]).tolist()
-    parts = [
-        torch.addmm(bias[h], part, maps[h])
-        for h, part in enumerate(coef.split(counts))
-        if part.shape[0]
-    ]
-    return parts[0] if len(parts) == 1 else torch.cat(parts) if parts else coef
+    """Rows (T, D) of coefficients (T, C) grouped by KV head (``heads``: (T,) each row's head,
+    ascending, or the rows of each head as a list): one product per head with its map
+    (H, C, D), plus its bias (H, D), written in place. Both offload codes end so."""
+    if not isinstance(heads, list):
+        heads = torch.bincount(heads.cpu(), minlength=maps.shape[0]).tolist()
+    out = coef.new_empty(coef.shape[0], maps.shape[-1])
+    at = 0
+    for h, n in enumerate(heads):
+        if n:
+            torch.addmm(bias[h], coef[at : at + n], maps[h], out=out[at : at + n])
+            at += n
+    return out
 
 
 def _errors(coef: torch.Tensor, span: torch.Tensor) -> torch.Tensor:

@@ -100,10 +100,11 @@ class Codebook:
         return torch.cat(pieces, dim=-1) if pieces else torch.zeros(shape, dtype=torch.uint8)
 
     def decode(
-        self, records: torch.Tensor, layer: int, heads: torch.Tensor, dtype: torch.dtype
+        self, records: torch.Tensor, layer: int, heads: torch.Tensor | list[int], dtype: torch.dtype
     ) -> torch.Tensor:
         """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
-        KV heads, ascending (rows grouped by head); on the records' device. One product per
+        KV heads, ascending (rows grouped by head; or each head's rows, as
+        :func:`~sekv_core.allocated.per_head` takes them); on the records' device. One product per
         head of its rows' coefficients with its synthesis map."""
         synth, mean = self.synthesis
         return per_head(self.coefficients(records), heads, synth[layer], mean[layer]).to(dtype)

@@ -23,10 +23,10 @@ SCALE_DTYPE = torch.float16
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 codes (same shape as ``x``) and fp16 scales (``x.shape[:-1]``), one per last-dim row."""
-    amax = x.detach().abs().amax(dim=-1).float()
-    scale = (amax / LEVELS).to(SCALE_DTYPE)
-    step = scale.float().clamp(min=torch.finfo(SCALE_DTYPE).tiny)  # all-zero rows: any step
-    codes = (x.float() / step[..., None]).round().clamp(-LEVELS, LEVELS).to(torch.int8)
+    amax = x.detach().abs().amax(dim=-1)  # a new tensor: the steps below work in place
+    scale = amax.float().div_(LEVELS).to(SCALE_DTYPE)
+    step = scale.float().clamp_(min=torch.finfo(SCALE_DTYPE).tiny)  # all-zero rows: any step
+    codes = x.float().div(step[..., None]).round_().clamp_(-LEVELS, LEVELS).to(torch.int8)
     return codes, scale
 
 

@@ -44,15 +44,17 @@ def reconstruct(
         order = heads.argsort(stable=True)  # the codebook decodes rows grouped by head
         spans, heads = spans[order], heads[order]
     ranges, along = record_ranges(mem, layer, spans, heads)
-    row_heads = heads.repeat_interleave(ranges.counts)  # (T,)
-    keys = rows(mem, "k", layer, ranges, row_heads)  # pre-RoPE
+    # each KV head's rows (the pairs are grouped by head), one host copy for both kinds
+    head_rows = ranges.counts.new_zeros(mem.num_kv_heads).index_add_(0, heads, ranges.counts)
+    head_rows = head_rows.tolist()
+    keys = rows(mem, "k", layer, ranges, head_rows)  # pre-RoPE
     if not mem.bounded:
         pos = (mem.starts[spans].repeat_interleave(ranges.counts) + along).clamp(
             max=mem.context_len - 1
         )
         cos, sin = mem.rope.tables(pos, keys)
         keys = keys * cos + rotate_half(keys) * sin
-    values = rows(mem, "v", layer, ranges, row_heads)
+    values = rows(mem, "v", layer, ranges, head_rows)
     if order is not None:  # back to the pairs' order, token by token
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel())
@@ -79,13 +81,13 @@ def record_ranges(
 
 
 def rows(
-    mem: SpanMemory, kind: str, layer: int, ranges: RecordRanges, row_heads: torch.Tensor
+    mem: SpanMemory, kind: str, layer: int, ranges: RecordRanges, head_rows: list[int]
 ) -> torch.Tensor:
-    """(T, D) rows of one kind of ``layer`` at ``ranges`` (:func:`record_ranges`),
-    ``row_heads`` (T,) each row's KV head; keys pre-RoPE, in the model dtype on the device.
+    """(T, D) rows of one kind of ``layer`` at ``ranges`` (:func:`record_ranges`), grouped by
+    KV head, ``head_rows`` of each; keys pre-RoPE, in the model dtype on the device.
     Every pair's records in one read, decoded at once on the host (where the records and the
     codebook are)."""
     code = mem.codebooks[kind]
     records = mem.store.offload_records(f"{kind}_rows", code.record_bytes, ranges)
-    decoded = code.decode(records, layer, row_heads, mem.dtype)
+    decoded = code.decode(records, layer, head_rows, mem.dtype)
     return decoded.to(mem.device, non_blocking=True)

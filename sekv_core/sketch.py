@@ -148,14 +148,15 @@ def sketch_logits(
     H, G, Tq, _ = q.shape
     proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
     scale = memory.sketch_scale[layer].to(q.dtype)[:, None]  # (H, 1, R)
-    qs = torch.bmm(q.reshape(H, G * Tq, -1), proj) * scale  # (H, M, R)
-    offset = torch.bmm(q.reshape(H, G * Tq, -1), memory.sketch_mean[layer].to(q.dtype)[..., None])
+    flat = q.reshape(H, G * Tq, -1)
+    qs = torch.bmm(flat, proj) * scale  # (H, M, R)
+    offset = torch.bmm(flat, memory.sketch_mean[layer].to(q.dtype)[..., None])  # (H, M, 1)
     if values is not None:
-        logits = torch.bmm(qs, values.to(q.dtype).transpose(1, 2))
+        logits = torch.baddbmm(offset, qs, values.to(q.dtype).transpose(1, 2))
     else:
         packed = memory.sketch[layer] if rows is None else memory.sketch[layer][:, rows]
-        logits = code_products(qs, packed)
-    return (logits + offset).view(H, G, Tq, -1)
+        logits = code_products(qs, packed, offset)
+    return logits.view(H, G, Tq, -1)
 
 
 def column_major(rows: torch.Tensor) -> torch.Tensor:
@@ -170,16 +171,22 @@ def is_column_major(rows: torch.Tensor) -> bool:
     return rows.transpose(-1, -2).is_contiguous()
 
 
-def code_products(qs: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+def code_products(
+    qs: torch.Tensor, packed: torch.Tensor, offset: torch.Tensor | None = None
+) -> torch.Tensor:
     """(H, M, S) products of ``qs`` (H, M, R) with the codes of sketch rows ``packed`` (H, S,
-    ...) as :func:`quantize_sketch` stores them (without their scale), without unpacking the
-    rows: a byte's two 4-bit codes multiply the even and the odd directions of ``qs``."""
+    ...) as :func:`quantize_sketch` stores them (without their scale), plus ``offset`` (H, M, 1)
+    when given, without unpacking the rows: a byte's two 4-bit codes multiply the even and the
+    odd directions of ``qs``. Constants per query are added inside the first product."""
     if packed.dtype == torch.int8:
-        return torch.bmm(qs, packed.to(qs.dtype).transpose(1, 2))
+        codes = packed.to(qs.dtype).transpose(1, 2)
+        return torch.bmm(qs, codes) if offset is None else torch.baddbmm(offset, qs, codes)
     low, high = qs.unflatten(-1, (-1, 2)).unbind(-1)  # (H, M, R / 2) each
-    products = torch.bmm(low, (packed & 15).to(qs.dtype).transpose(1, 2))
-    products = products.baddbmm_(high, (packed >> 4).to(qs.dtype).transpose(1, 2))
-    return products - 8 * qs.sum(dim=-1, keepdim=True)  # codes are levels + 8
+    base = qs.sum(dim=-1, keepdim=True) * -8  # codes are levels + 8
+    if offset is not None:
+        base = base + offset
+    products = torch.baddbmm(base, low, (packed & 15).to(qs.dtype).transpose(1, 2))
+    return products.baddbmm_(high, (packed >> 4).to(qs.dtype).transpose(1, 2))
 
 
 def span_mean_keys(
