@@ -156,10 +156,10 @@ class AllocatedCode:
         self, records: torch.Tensor, layer: int, heads: torch.Tensor | list[int], dtype: torch.dtype
     ) -> torch.Tensor:
         """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
-        KV heads, ascending (or each head's rows, :func:`per_head`). In float arithmetic, exact on these small integers, every row at
-        once (a layer's heads share a layout): one product puts each code's two bytes, over
-        2^offset, in its column, two floors cut the code out; then one product per head maps
-        the codes to rows."""
+        KV heads, ascending (or each head's rows, :func:`per_head`). In float arithmetic, exact
+        on these small integers, every row at once (a layer's heads share a layout): one
+        product puts each code's two bytes, over 2^offset, in its column, two floors cut the
+        code out; then one product per head maps the codes to rows."""
         windows, narrow, width = (t[layer] for t in self.fields)
         # code + bits above it; the spare byte after the record (always 0) adds nothing
         field = records.float() @ windows[:-1]
