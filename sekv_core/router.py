@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from . import native
 from .sketch import segment_max, sketch_logits
 from .zoomnet import ZoomNet, sketch_spans
 
@@ -88,8 +89,15 @@ def select(
     ``rounds - 1`` spans are skipped (else the last pass stops at its cut). The passes run over
     the best-ranked spans only, enough to fill the budget twice over with the shortest spans;
     for a head whose lower-ranked spans could still have taken part, over every span (so a
-    head's decision never depends on the other heads').
+    head's decision never depends on the other heads'). Spans of equal score go in document
+    order. On the CPU the same decision is one native call (:mod:`sekv_core.native`).
     """
+    if (
+        scores.dtype == torch.float32
+        and lengths.dtype == torch.int64
+        and native.usable(scores, lengths)
+    ):
+        return native.select(scores, lengths, budget, margin, rounds)
     if margin is None:
         threshold = scores.new_zeros(scores.shape[0])
     else:
@@ -97,25 +105,19 @@ def select(
     N = scores.shape[1]
     shortest = max(1, int(lengths.min())) if N else 1
     ranks = min(N, 2 * (budget // shortest) + 4 * rounds)
-    if ranks == N:
-        return _select_ranked(scores, lengths, threshold, budget, rounds), threshold
-    ranked, order = scores.topk(ranks, dim=1)
-    taken, left = greedy_passes(ranked, lengths[order], threshold, budget, rounds)
-    zoom = torch.zeros_like(scores, dtype=torch.bool).scatter(1, order, taken)
-    reachable = (ranked[:, -1] >= threshold) & (left >= shortest)  # (H,)
-    if bool(reachable.any()):  # a head whose lower ranks could still take a span: all of them
+    ranked, order = scores.sort(dim=1, descending=True, stable=True)  # ties: document order
+    taken, left = greedy_passes(
+        ranked[:, :ranks], lengths[order[:, :ranks]], threshold, budget, rounds
+    )
+    zoom = torch.zeros_like(scores, dtype=torch.bool).scatter(1, order[:, :ranks], taken)
+    reachable = (ranked[:, ranks - 1] >= threshold) & (left >= shortest) if ranks < N else None
+    if reachable is not None and bool(reachable.any()):  # lower ranks could still take a span
         rows = reachable.nonzero()[:, 0]
-        zoom[rows] = _select_ranked(scores[rows], lengths, threshold[rows], budget, rounds)
+        taken, _ = greedy_passes(
+            ranked[rows], lengths[order[rows]], threshold[rows], budget, rounds
+        )
+        zoom[rows] = torch.zeros_like(taken).scatter(1, order[rows], taken)
     return zoom, threshold
-
-
-def _select_ranked(
-    scores: torch.Tensor, lengths: torch.Tensor, threshold: torch.Tensor, budget: int, rounds: int
-) -> torch.Tensor:
-    """:func:`select`'s decision over every span of each row of ``scores``."""
-    ranked, order = scores.sort(dim=1, descending=True)  # (H, N)
-    taken, _ = greedy_passes(ranked, lengths[order], threshold, budget, rounds)
-    return torch.zeros_like(taken).scatter(1, order, taken)
 
 
 def greedy_passes(

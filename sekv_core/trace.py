@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from . import native
+
 
 @dataclass
 class ZoomTrace:
@@ -49,6 +51,23 @@ class ZoomTrace:
             self.best_margin = scores.new_full((N,), float("-inf"))
             self.best_score = scores.new_zeros(N)
             self.tokens_max = lengths.new_zeros(())
+        if (
+            layer in self.ranked_layers
+            and scores.dtype == self.best_margin.dtype == torch.float32
+            and lengths.dtype == torch.int64
+            and native.usable(zoom, scores, threshold, lengths, self.zoomed)
+        ):  # a decoding step's record: one native call on the CPU
+            native.record(
+                self.zoomed[layer],
+                self.best_margin,
+                self.best_score,
+                self.tokens_max,
+                zoom,
+                scores,
+                threshold,
+                lengths,
+            )
+            return
         self.zoomed[layer] |= zoom
         margin = (scores - threshold[:, None]).masked_fill(~zoom, float("-inf"))  # (H, N)
         best, head = margin.max(dim=0)  # (N,)

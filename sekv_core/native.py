@@ -1,0 +1,159 @@
+"""Native kernels for the decode step on the CPU (``zoomstep.c``), compiled on first use.
+
+On a CPU a SeKV decode step's cost is the count of small tensor ops per layer, not their
+arithmetic: routing's tail (widening, :func:`~sekv_core.router.select`, the trace's record) is
+about a hundred of them, each several microseconds. In C it is one call each. The library is
+built with the system's C compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per
+source and compiler; without a compiler, or for tensors on a GPU, the tensor code runs instead,
+with the same decisions (``tests/test_native.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .errors import SekvError
+from .paths import sekv_home
+
+SOURCE = Path(__file__).with_name("zoomstep.c")
+FLAGS = ["-O2", "-fPIC", "-shared", "-ffp-contract=off"]  # no fused multiply-adds: exact as torch
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+SIGNATURES = {
+    "sekv_widen": (None, [_P, _I, _I, _I, _P]),
+    "sekv_select": (ctypes.c_int, [_P, _I, _I, _P, _I, ctypes.c_int, ctypes.c_float, _I, _P, _P]),
+    "sekv_record": (None, [_P, _P, _P, _I, _I, _P, _P, _P, _P, _P]),
+}
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None where they cannot be built or loaded (the tensor code runs)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    try:
+        path = _built(compiler)
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:  # a damaged library: built again, once
+            path.unlink(missing_ok=True)
+            lib = ctypes.CDLL(str(_built(compiler)))
+    except (OSError, SekvError, subprocess.SubprocessError):
+        return None
+    for name, (restype, argtypes) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def _built(compiler: str) -> Path:
+    """The library for this source, compiler and machine, compiled if not there yet (written
+    under a temporary name and renamed: a concurrent build or an interrupted one never leaves a
+    partial library under the final name)."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(
+        b"\0".join(
+            [source, compiler.encode(), " ".join(FLAGS).encode(), platform.machine().encode()]
+        )
+    ).hexdigest()[:16]
+    folder = sekv_home() / "native"
+    path = folder / f"zoomstep-{key}.so"
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.part")
+    os.close(fd)
+    try:
+        subprocess.run(
+            [compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """The kernels can take these tensors: on the CPU, contiguous, outside autograd."""
+    return all(
+        t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad for t in tensors
+    ) and (library() is not None)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def widen(scores: torch.Tensor, neighbours: int) -> torch.Tensor:
+    """:func:`sekv_core.attention.widen` for float32 scores (H, N) on the CPU."""
+    out = torch.empty_like(scores)
+    H, N = scores.shape
+    library().sekv_widen(_ptr(scores), H, N, neighbours, _ptr(out))
+    return out
+
+
+def select(
+    scores: torch.Tensor, lengths: torch.Tensor, budget: int, margin: float | None, rounds: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sekv_core.router.select` for float32 scores (H, N) and int64 lengths (N,) on the
+    CPU."""
+    H, N = scores.shape
+    zoom = torch.empty(H, N, dtype=torch.bool)
+    threshold = torch.empty(H)
+    failed = library().sekv_select(
+        _ptr(scores),
+        H,
+        N,
+        _ptr(lengths),
+        budget,
+        margin is not None,
+        0.0 if margin is None else margin,
+        rounds,
+        _ptr(zoom),
+        _ptr(threshold),
+    )
+    if failed:
+        raise MemoryError("out of memory in select")
+    return zoom, threshold
+
+
+def record(
+    zoomed: torch.Tensor,
+    best_margin: torch.Tensor,
+    best_score: torch.Tensor,
+    tokens_max: torch.Tensor,
+    zoom: torch.Tensor,
+    scores: torch.Tensor,
+    threshold: torch.Tensor,
+    lengths: torch.Tensor,
+) -> None:
+    """The per-step part of :meth:`sekv_core.trace.ZoomTrace.record`, in place: ``zoomed``
+    (H, N) bool, ``best_margin`` and ``best_score`` (N,) float32, ``tokens_max`` () int64."""
+    H, N = zoom.shape
+    library().sekv_record(
+        _ptr(zoom),
+        _ptr(scores),
+        _ptr(threshold),
+        H,
+        N,
+        _ptr(lengths),
+        _ptr(zoomed),
+        _ptr(best_margin),
+        _ptr(best_score),
+        _ptr(tokens_max),
+    )
