@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import native
 from .backend import use_attention
 from .config import DEFAULT_BUDGET, MethodSettings
 from .pools import in_document_order
@@ -293,8 +292,6 @@ def widen(scores: torch.Tensor, neighbours: int) -> torch.Tensor:
     """
     if neighbours <= 0 or scores.shape[1] < 2:
         return scores
-    if scores.dtype == torch.float32 and native.usable(scores):
-        return native.widen(scores, neighbours)
     width = 2 * neighbours + 1
     pooled = torch.nn.functional.max_pool1d(scores[:, None].float(), width, 1, neighbours)
     return pooled[:, 0].to(scores.dtype)

@@ -1,11 +1,12 @@
 """Native kernels for the decode step on the CPU (``zoomstep.c``), compiled on first use.
 
 On a CPU a SeKV decode step's cost is the count of small tensor ops per layer, not their
-arithmetic: routing's tail (widening, :func:`~sekv_core.router.select`, the trace's record) is
-about a hundred of them, each several microseconds. In C it is one call each. The library is
-built with the system's C compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per
-source and compiler; without a compiler, or for tensors on a GPU, the tensor code runs instead,
-with the same decisions (``tests/test_native.py``).
+arithmetic: routing's tail (:func:`~sekv_core.router.select`, the trace's record) and the zoom
+pool's slot bookkeeping (:mod:`sekv_core.pools`) are over a hundred of them per layer and step,
+each several microseconds. In C each is one call. The library is built with the system's C
+compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per source and compiler;
+without a compiler, or for tensors on a GPU, the tensor code runs instead, with the same
+decisions and placements (``tests/test_native.py``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ from .errors import SekvError
 from .paths import sekv_home
 
 SOURCE = Path(__file__).with_name("zoomstep.c")
-FLAGS = ["-O2", "-fPIC", "-shared", "-ffp-contract=off"]  # no fused multiply-adds: exact as torch
+FLAGS = ["-O3", "-fno-trapping-math", "-fPIC", "-shared", "-ffp-contract=off"]  # no fused mul-adds
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {
-    "sekv_widen": (None, [_P, _I, _I, _I, _P]),
     "sekv_select": (ctypes.c_int, [_P, _I, _I, _P, _I, ctypes.c_int, ctypes.c_float, _I, _P, _P]),
     "sekv_record": (None, [_P, _P, _P, _I, _I, _P, _P, _P, _P, _P]),
+    "sekv_pairs": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P]),
+    "sekv_place": (ctypes.c_int, [_I, _I, _I, _I, *[_P] * 5, _I, *[_P] * 8]),
+    "sekv_activate": (None, [_P, _P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_float]),
 }
 
 
@@ -99,14 +102,6 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-def widen(scores: torch.Tensor, neighbours: int) -> torch.Tensor:
-    """:func:`sekv_core.attention.widen` for float32 scores (H, N) on the CPU."""
-    out = torch.empty_like(scores)
-    H, N = scores.shape
-    library().sekv_widen(_ptr(scores), H, N, neighbours, _ptr(out))
-    return out
-
-
 def select(
     scores: torch.Tensor, lengths: torch.Tensor, budget: int, margin: float | None, rounds: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,3 +152,79 @@ def record(
         _ptr(best_score),
         _ptr(tokens_max),
     )
+
+
+def new_pairs(
+    zoom: torch.Tensor, held: torch.Tensor, owner: torch.Tensor, lengths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The picked (span, head) pairs a pool does not hold, head-major: heads and spans (n,)
+    int64, and the most slots one head needs (its held picked spans' and the new tokens)."""
+    H, N = zoom.shape
+    heads = torch.empty(H * N, dtype=torch.long)
+    spans = torch.empty(H * N, dtype=torch.long)
+    needed = torch.zeros((), dtype=torch.long)
+    n = library().sekv_pairs(
+        _ptr(zoom),
+        _ptr(held),
+        _ptr(owner),
+        H,
+        N,
+        owner.shape[1],
+        _ptr(lengths),
+        _ptr(heads),
+        _ptr(spans),
+        _ptr(needed),
+    )
+    return heads[:n], spans[:n], int(needed)
+
+
+def place(pool, zoom: torch.Tensor, heads, spans, lengths, first_row, k, v) -> None:
+    """The slot bookkeeping of :func:`sekv_core.pools.place_new_spans` for an 8-bit pool of
+    CPU tensors, in place: new rows ``k``, ``v`` (T, D) float32 in pair order."""
+    owner, (codes, scale) = pool.owner, pool.rows.tensors()
+    (H, C), D = owner.shape, codes.shape[-1]
+    failed = library().sekv_place(
+        H,
+        zoom.shape[1],
+        C,
+        D,
+        _ptr(zoom),
+        _ptr(pool.held),
+        _ptr(owner),
+        _ptr(pool.last),
+        _ptr(pool.token),
+        heads.numel(),
+        _ptr(heads),
+        _ptr(spans),
+        _ptr(lengths),
+        _ptr(first_row),
+        _ptr(k),
+        _ptr(v),
+        _ptr(codes),
+        _ptr(scale),
+    )
+    if failed:
+        raise MemoryError("out of memory placing zoomed rows")
+
+
+def activate(
+    zoom: torch.Tensor, owner: torch.Tensor, last: torch.Tensor, update: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slots of picked spans (H, C) bool and attention's bias over the slots (0 there, the
+    float32 minimum elsewhere); their ``last`` use set to ``update`` in place."""
+    H, C = owner.shape
+    active = torch.empty(H, C, dtype=torch.bool)
+    bias = torch.empty(H, C)
+    library().sekv_activate(
+        _ptr(zoom),
+        _ptr(owner),
+        H,
+        zoom.shape[1],
+        C,
+        update,
+        _ptr(last),
+        _ptr(active),
+        _ptr(bias),
+        torch.finfo(torch.float32).min,
+    )
+    return active, bias

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import native
 from .kvquant import Rows
 from .rope import rotate_half
 
@@ -111,10 +112,13 @@ def zoom_pool(memory: SpanMemory, layer: int, zoom: torch.Tensor, capacity: int)
     pool.updates += 1
     new = place_new_spans(memory, layer, pool, zoom)
     owner = pool.owner
-    active = of_span(zoom, owner)
-    pool.last.masked_fill_(active, pool.updates)
+    if in_native_code(memory, pool, zoom):
+        active, pool.bias = native.activate(zoom, owner, pool.last, pool.updates)
+    else:
+        active = of_span(zoom, owner)
+        pool.last.masked_fill_(active, pool.updates)
+        pool.bias = torch.where(active, 0.0, torch.finfo(torch.float32).min)
     pool.active, pool.zoom, pool.pool_end = active, zoom, memory.pool_end  # zoom: not mutated
-    pool.bias = torch.where(active, 0.0, torch.finfo(torch.float32).min)
     pool.order = None  # of the previous picks
     if memory.bounded:
         pool.rotated = rotated_keys(memory, pool)
@@ -164,13 +168,25 @@ def empty_pool(memory: SpanMemory, zoom: torch.Tensor, capacity: int) -> ZoomPoo
 def place_new_spans(memory: SpanMemory, layer: int, pool: ZoomPool, zoom: torch.Tensor) -> int:
     """Reconstruct the picked (span, head) pairs the pool does not hold, in one batch, into
     slots that no picked span uses (free first, then the least recently active). Returns the
-    head-tokens reconstructed."""
-    pairs = (zoom & ~pool.held).nonzero()  # (n, 2): (head, span), head-major
-    if not pairs.numel():
+    head-tokens reconstructed. On the CPU the bookkeeping is native code (:mod:`sekv_core.native`),
+    with the same placement."""
+    fast = in_native_code(memory, pool, zoom)
+    if fast:
+        heads, spans, needed = native.new_pairs(zoom, pool.held, pool.owner, memory.host_lengths)
+    else:
+        pairs = (zoom & ~pool.held).nonzero()  # (n, 2): (head, span), head-major
+        heads, spans = pairs[:, 0].cpu(), pairs[:, 1].cpu()
+    if not spans.numel():
         return 0
-    heads, spans = pairs[:, 0].cpu(), pairs[:, 1].cpu()
     k, v = memory.reconstruct(layer, spans, heads)
     memory.reconstructions += int(spans.numel())
+    if fast:
+        if needed > pool.owner.shape[1]:
+            widen_pool(memory, pool, needed)
+        lengths, first_row = memory.host_lengths, memory.first_row
+        k, v = (t.float().contiguous() for t in (k, v))
+        native.place(pool, zoom, heads, spans, lengths, first_row, k, v)
+        return k.shape[0]
     device, H = zoom.device, zoom.shape[0]
     lengths = memory.host_lengths[spans]
     row_head = heads.repeat_interleave(lengths).to(device)  # (T,)
@@ -182,7 +198,8 @@ def place_new_spans(memory: SpanMemory, layer: int, pool: ZoomPool, zoom: torch.
         widen_pool(memory, pool, needed)
         owner = pool.owner
         keep = torch.nn.functional.pad(keep, (0, needed - keep.shape[1]))
-    order = torch.where(keep, NEVER, pool.last).argsort(dim=1)  # free (-1) first, then oldest
+    # free (-1) first, then the oldest; ties in slot order
+    order = torch.where(keep, NEVER, pool.last).argsort(dim=1, stable=True)
     first_of_head = torch.cumsum(per_head, 0) - per_head
     rank = torch.arange(row_head.numel(), device=device) - first_of_head[row_head]
     slot = order[row_head, rank]
@@ -201,6 +218,16 @@ def place_new_spans(memory: SpanMemory, layer: int, pool: ZoomPool, zoom: torch.
     owner.masked_fill_(stale, -1)
     pool.last.masked_fill_(stale, -1)
     return int(row_head.numel())
+
+
+def in_native_code(memory: SpanMemory, pool: ZoomPool, zoom: torch.Tensor) -> bool:
+    """Whether the pool's update runs in :mod:`sekv_core.native` (8-bit rows on the CPU)."""
+    return (  # the pool's own tensors are contiguous, made here
+        memory.kv_bits == 8
+        and zoom.dtype == torch.bool
+        and memory.host_lengths.dtype == memory.first_row.dtype == torch.long
+        and native.usable(zoom, pool.owner)
+    )
 
 
 def widen_pool(memory: SpanMemory, pool: ZoomPool, capacity: int) -> None:

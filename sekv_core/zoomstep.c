@@ -1,5 +1,5 @@
-/* The routing tail of a decode step on the CPU: widening, select and the trace's record, one
- * call each where the tensor code takes ~100 small ops per layer and step. Loaded by
+/* The bookkeeping of a decode step on the CPU: routing's select and the trace's record, and
+ * the zoom pool's update, one call each where the tensor code takes dozens of small ops. Loaded by
  * sekv_core/native.py; the same decisions as sekv_core/router.py's tensor code (ties in score:
  * document order). Arrays are C-contiguous; bool arrays are one byte per element. */
 #include <math.h>
@@ -29,21 +29,6 @@ static void radix_sort(uint64_t *keys, uint64_t *tmp, int64_t n) {
         }
         for (int64_t i = 0; i < n; i++) tmp[count[(keys[i] >> shift) & 255]++] = keys[i];
         memcpy(keys, tmp, (size_t)n * sizeof *keys);
-    }
-}
-
-/* out[h, n]: the largest of scores[h, n - width .. n + width] within the row (NaN wins) */
-void sekv_widen(const float *scores, int64_t H, int64_t N, int64_t width, float *out) {
-    for (int64_t h = 0; h < H; h++) {
-        const float *s = scores + h * N;
-        float *o = out + h * N;
-        for (int64_t n = 0; n < N; n++) {
-            int64_t a = n < width ? 0 : n - width, b = n + width >= N ? N - 1 : n + width;
-            float m = s[a];
-            for (int64_t j = a + 1; j <= b; j++)
-                if (s[j] > m || isnan(s[j])) m = s[j];
-            o[n] = m;
-        }
     }
 }
 
@@ -134,4 +119,143 @@ void sekv_record(const uint8_t *zoom, const float *scores, const float *threshol
         }
         if (used > *tokens_max) *tokens_max = used;
     }
+}
+
+/* ---- zoom pools (sekv_core/pools.py): the slot bookkeeping of one layer's update ---------- */
+
+/* IEEE half precision from a float, rounded to nearest even */
+static uint16_t half_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;
+    if (mag >= 0x7f800000u) return (uint16_t)(sign | (mag > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (mag >= 0x47800000u) return (uint16_t)(sign | 0x7c00u); /* 2^16 and up: infinity */
+    if (mag < 0x38800000u) { /* below 2^-14: a subnormal half, in units of 2^-24 */
+        float v;
+        memcpy(&v, &mag, sizeof v);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(v * 16777216.0f));
+    }
+    uint32_t h = ((mag >> 23) - 112) << 10 | ((mag >> 13) & 0x3ffu), rest = mag & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++; /* a carry moves the exponent */
+    return (uint16_t)(sign | h);
+}
+
+static float half_value(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+    if (e == 0) {
+        float v = (float)m * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    x = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+/* one row as int8 codes and an fp16 scale (sekv_core.kvquant.quantize_rows) */
+static void encode_row(const float *x, int64_t D, int8_t *codes, uint16_t *scale) {
+    uint32_t top = 0; /* the largest magnitude: the bits of non-negative floats order as they do */
+    for (int64_t d = 0; d < D; d++) {
+        uint32_t bits;
+        memcpy(&bits, x + d, sizeof bits);
+        bits &= 0x7fffffffu;
+        top = bits > top ? bits : top;
+    }
+    float amax;
+    memcpy(&amax, &top, sizeof amax);
+    *scale = half_bits(amax / 127.0f);
+    float step = half_value(*scale);
+    step = step < 6.103515625e-05f ? 6.103515625e-05f : step; /* fp16's smallest normal */
+    for (int64_t d = 0; d < D; d++) {
+        float c = x[d] / step; /* a division, as torch's: not a product with 1 / step */
+        c = c > 127.0f ? 127.0f : (c < -127.0f ? -127.0f : c);
+        /* to the nearest integer, ties to even (|c| < 2^22): adding 1.5 * 2^23 drops the
+           fraction in the default rounding mode */
+        codes[d] = (int8_t)((c + 12582912.0f) - 12582912.0f);
+    }
+}
+
+/* The picked (span, head) pairs the pool does not hold, head-major: zoom & ~held. Writes heads
+ * and spans (room for H * N) and *needed, the most slots one head needs (its held picked spans'
+ * slots and the new pairs' tokens); returns the pairs' count. */
+int64_t sekv_pairs(const uint8_t *zoom, const uint8_t *held, const int64_t *owner, int64_t H,
+                   int64_t N, int64_t C, const int64_t *lengths, int64_t *heads, int64_t *spans,
+                   int64_t *needed) {
+    int64_t n = 0, most = 0;
+    for (int64_t h = 0; h < H; h++) {
+        int64_t slots = 0;
+        for (int64_t s = 0; s < N; s++)
+            if (zoom[h * N + s] && !held[h * N + s]) {
+                heads[n] = h;
+                spans[n++] = s;
+                slots += lengths[s];
+            }
+        for (int64_t c = 0; c < C; c++) {
+            int64_t o = owner[h * C + c];
+            if (o >= 0 && zoom[h * N + o]) slots++;
+        }
+        if (slots > most) most = slots;
+    }
+    *needed = most;
+    return n;
+}
+
+/* Put the new pairs' rows k, v (T, D; in pair order) in slots no picked span uses: free ones
+ * first, then the least recently active (ties: slot order). The spans losing a slot are no
+ * longer held and their other slots are freed. codes (2, H, C, D), scale (2, H, C): the pool's
+ * 8-bit rows; owner, last, token (H, C); held (H, N); first_row (N,): each span's first row of
+ * the sketch order. Returns 0, or -1 when out of memory. */
+int sekv_place(int64_t H, int64_t N, int64_t C, int64_t D, const uint8_t *zoom, uint8_t *held,
+               int64_t *owner, int64_t *last, int64_t *token, int64_t n_pairs,
+               const int64_t *heads, const int64_t *spans, const int64_t *lengths,
+               const int64_t *first_row, const float *k, const float *v, int8_t *codes,
+               uint16_t *scale) {
+    size_t room = C > 0 ? (size_t)C : 1;
+    uint64_t *keys = malloc(2 * room * sizeof *keys);
+    if (!keys) return -1;
+    uint64_t *tmp = keys + room;
+    int64_t pair = 0, row = 0;
+    for (int64_t h = 0; h < H; h++) {
+        int64_t m = 0; /* this head's slots not kept, least recently active first */
+        for (int64_t c = 0; c < C; c++) {
+            int64_t o = owner[h * C + c];
+            if (o >= 0 && zoom[h * N + o]) continue;
+            keys[m++] = ((uint64_t)(last[h * C + c] + 1) << 32) | (uint64_t)c;
+        }
+        radix_sort(keys, tmp, m);
+        int64_t next = 0;
+        for (; pair < n_pairs && heads[pair] == h; pair++) {
+            int64_t s = spans[pair];
+            for (int64_t along = 0; along < lengths[s]; along++, row++, next++) {
+                int64_t c = (int64_t)(keys[next] & 0xffffffffu), at = h * C + c;
+                if (owner[at] >= 0) held[h * N + owner[at]] = 0; /* evicted */
+                owner[at] = s;
+                token[at] = first_row[s] + along;
+                encode_row(k + row * D, D, codes + at * D, scale + at);
+                encode_row(v + row * D, D, codes + (H * C + at) * D, scale + H * C + at);
+            }
+            held[h * N + s] = 1;
+        }
+    }
+    for (int64_t h = 0; h < H; h++) /* what is left of evicted spans: free */
+        for (int64_t c = 0; c < C; c++) {
+            int64_t o = owner[h * C + c];
+            if (o >= 0 && !held[h * N + o]) owner[h * C + c] = last[h * C + c] = -1;
+        }
+    free(keys);
+    return 0;
+}
+
+/* The slots of picked spans: active (H, C) out, their last use set to `update`, and bias (H, C)
+ * 0 there and `hidden` elsewhere (attention's additive bias). */
+void sekv_activate(const uint8_t *zoom, const int64_t *owner, int64_t H, int64_t N, int64_t C,
+                   int64_t update, int64_t *last, uint8_t *active, float *bias, float hidden) {
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t c = 0; c < C; c++) {
+            int64_t o = owner[h * C + c];
+            uint8_t on = o >= 0 && zoom[h * N + o];
+            active[h * C + c] = on;
+            bias[h * C + c] = on ? 0.0f : hidden;
+            if (on) last[h * C + c] = update;
+        }
 }

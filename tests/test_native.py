@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sekv_core import native
-from sekv_core.attention import widen
+from sekv_core.kvquant import quantize_rows
+from sekv_core.pools import empty_pool, in_native_code
 from sekv_core.router import select
 from sekv_core.trace import ZoomTrace
 
@@ -78,14 +80,6 @@ def test_select_of_equal_scores_goes_in_document_order():
     assert zoom[0].tolist() == [True, True, True, False, False, False]
 
 
-def test_widen_is_the_tensor_code(tensor_code):
-    g = torch.Generator().manual_seed(1)
-    for neighbours in (1, 2, 5):
-        scores = torch.randn(3, 257, generator=g)
-        scores[0, 7] = float("-inf")
-        assert torch.equal(widen(scores, neighbours), tensor_code(widen, scores, neighbours))
-
-
 def test_the_trace_records_as_the_tensor_code(tensor_code):
     g = torch.Generator().manual_seed(2)
     L, H, N = 3, 2, 50
@@ -100,3 +94,64 @@ def test_the_trace_records_as_the_tensor_code(tensor_code):
     for name in ("zoomed", "best_margin", "best_score", "tokens_max", "question_zoom"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
     assert fast.spans() == slow.spans()
+
+
+def pool_state(pool) -> dict[str, torch.Tensor]:
+    codes, scale = pool.rows.tensors()
+    names = ("owner", "last", "token", "held", "active", "bias")
+    return {"codes": codes, "scale": scale} | {n: getattr(pool, n) for n in names}
+
+
+def test_pool_updates_place_rows_as_the_tensor_code(tiny_loaded, tmp_path, tensor_code):
+    """A run of picks under a tight budget (evictions, a span dropped and picked again, a pool
+    that must widen): the native update leaves every slot, row and flag as the tensor code."""
+    from test_attention import sekv_method
+
+    method, _ = sekv_method(tiny_loaded, tmp_path)
+    memory = method.spans
+    H, N = memory.num_kv_heads, memory.n_spans
+    budget = int(memory.lengths[: max(2, N // 3)].sum())
+    g = torch.Generator().manual_seed(3)
+    picks = []
+    for step in range(12):
+        zoom = torch.rand(H, N, generator=g) < 0.3
+        if step == 5:
+            zoom[:] = True  # more than the budget: the pool widens
+        picks.append(zoom)
+    memory.clear()
+    fast, slow, counts = {}, {}, {}
+    for step, zoom in enumerate(picks):
+        for name, pools in (("fast", fast), ("slow", slow)):
+            memory.pools = pools  # each run its own pool of layer 0
+            before = memory.reconstructions
+            if name == "fast":
+                memory.zoom_pool(0, zoom, budget)
+            else:
+                tensor_code(memory.zoom_pool, 0, zoom, budget)
+            counts[name] = memory.reconstructions - before
+        assert counts["fast"] == counts["slow"], step
+        a, b = pool_state(fast[0]), pool_state(slow[0])
+        for key in a:
+            assert torch.equal(a[key], b[key]), (step, key)
+    assert fast[0].owner.shape[1] > budget  # it widened
+    assert in_native_code(memory, fast[0], picks[0])
+
+
+def test_rows_are_encoded_as_the_tensor_code():
+    """8-bit rows of any magnitude (all zero, subnormal scales, large values, ties at half a
+    step) get the codes and fp16 scales of :func:`sekv_core.kvquant.quantize_rows`."""
+    g = torch.Generator().manual_seed(4)
+    T, D = 64, 16
+    rows = torch.randn(2, T, D, generator=g) * torch.logspace(-9, 4, T)[None, :, None]
+    rows[0, 0] = 0.0
+    rows[1, 1] = torch.arange(D) - 7.5  # scale 8.5 / 127: many values near half a step
+    memory = SimpleNamespace(span_tokens=T, head_dim=D, kv_bits=8, device=torch.device("cpu"))
+    zoom = torch.ones(1, 1, dtype=torch.bool)
+    pool = empty_pool(memory, zoom, T)
+    heads, spans = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    lengths, first_row = torch.tensor([T]), torch.tensor([0])
+    native.place(pool, zoom, heads, spans, lengths, first_row, rows[0], rows[1])
+    codes, scale = quantize_rows(rows)
+    assert torch.equal(pool.rows.codes[:, 0], codes)
+    assert torch.equal(pool.rows.scale[:, 0], scale)
+    assert pool.token[0].tolist() == list(range(T)) and pool.owner[0].eq(0).all()
