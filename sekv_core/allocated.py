@@ -26,6 +26,7 @@ from functools import cached_property
 
 import torch
 
+from . import native
 from .summary import STORE_DTYPE, stored
 from .tiers import MAX_BITS
 
@@ -160,13 +161,21 @@ class AllocatedCode:
         on these small integers, every row at once (a layer's heads share a layout): one
         product puts each code's two bytes, over 2^offset, in its column, two floors cut the
         code out; then one product per head maps the codes to rows."""
-        windows, narrow, width = (t[layer] for t in self.fields)
-        # code + bits above it; the spare byte after the record (always 0) adds nothing
-        field = records.float() @ windows[:-1]
-        above = torch.floor(field * narrow)
-        codes = torch.addcmul(field, above, width, value=-1.0).floor_()  # (T, D), >= 0
+        if records.dtype == torch.uint8 and native.usable(records):  # one call on the CPU
+            codes = native.field_codes(records, self.layer_bits[layer])
+        else:
+            windows, narrow, width = (t[layer] for t in self.fields)
+            # code + bits above it; the spare byte after the record (always 0) adds nothing
+            field = records.float() @ windows[:-1]
+            above = torch.floor(field * narrow)
+            codes = torch.addcmul(field, above, width, value=-1.0).floor_()  # (T, D), >= 0
         maps, bias = self.synthesis
         return per_head(codes, heads, maps[layer], bias[layer]).to(dtype)
+
+    @cached_property
+    def layer_bits(self) -> torch.Tensor:
+        """(L, D) int64 each direction's bits per layer (a layer's heads share a layout)."""
+        return self.bits[:, 0].long().contiguous()
 
     @cached_property
     def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ from functools import cached_property
 
 import torch
 
+from . import native
 from .allocated import AllocatedCode, per_head, query_metric
 from .bitpack import pack_codes, unpack_codes
 from .errors import SekvError
@@ -77,8 +78,8 @@ class Codebook:
         mean, span = tensors[f"{prefix}_mean"].float(), tensors[f"{prefix}_range"].float()
         return cls(basis, mean, span, parse_tiers(spec, basis.shape[-1]))
 
-    @property
-    def record_bytes(self) -> int:
+    @cached_property
+    def record_bytes(self) -> int:  # read at every zoom: computed once
         return record_bytes(self.tiers)
 
     def encode(self, rows: torch.Tensor) -> torch.Tensor:
@@ -107,7 +108,11 @@ class Codebook:
         :func:`~sekv_core.allocated.per_head` takes them); on the records' device. One product per
         head of its rows' coefficients with its synthesis map."""
         synth, mean = self.synthesis
-        return per_head(self.coefficients(records), heads, synth[layer], mean[layer]).to(dtype)
+        if records.dtype == torch.uint8 and native.usable(records):
+            coef = native.tier_coefficients(records, self.tiers)  # one call on the CPU
+        else:
+            coef = self.coefficients(records)
+        return per_head(coef, heads, synth[layer], mean[layer]).to(dtype)
 
     def coefficients(self, records: torch.Tensor) -> torch.Tensor:
         """Coefficients (T, D) float32 of records (T, B), dropped directions 0."""

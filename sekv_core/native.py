@@ -36,6 +36,9 @@ SIGNATURES = {
     "sekv_pairs": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P]),
     "sekv_place": (ctypes.c_int, [_I, _I, _I, _I, *[_P] * 5, _I, *[_P] * 8]),
     "sekv_activate": (None, [_P, _P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_float]),
+    "sekv_field_codes": (None, [_P, _I, _I, _I, _P, _P]),
+    "sekv_tier_coefficients": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P]),
+    "sekv_gather": (_I, [_I, _P, _P, _I, _I, *[_P] * 4, _I, _P, _I, _I, _P, _I, _I, *[_P] * 4]),
 }
 
 
@@ -228,3 +231,87 @@ def activate(
         torch.finfo(torch.float32).min,
     )
     return active, bias
+
+
+def gather(
+    mem,
+    layer: int,
+    spans: torch.Tensor,
+    heads: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    k_bytes: int,
+    v_bytes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]] | None:
+    """The records (T, bytes) of keys and values of (span, head) pairs of ``layer`` (heads
+    ascending) from the flat offload buffers, each row's context position (T,) and the rows of
+    each KV head; None when the heads are not ascending. A record out of range (a store that
+    does not match its span table) is an error."""
+    lengths = mem.host_lengths
+    T = int(lengths[spans].sum())
+    k_out = torch.empty(T, k_bytes, dtype=torch.uint8)
+    v_out = torch.empty(T, v_bytes, dtype=torch.uint8)
+    pos = torch.empty(T, dtype=torch.long)
+    head_rows = torch.empty(mem.num_kv_heads, dtype=torch.long)
+    rows = library().sekv_gather(
+        spans.numel(),
+        _ptr(spans),
+        _ptr(heads),
+        layer,
+        mem.num_kv_heads,
+        _ptr(mem.record0),
+        _ptr(mem.record_stride),
+        _ptr(lengths),
+        _ptr(mem.starts),
+        mem.context_len,
+        _ptr(k_buf),
+        k_buf.numel() // k_bytes,
+        k_bytes,
+        _ptr(v_buf),
+        v_buf.numel() // v_bytes,
+        v_bytes,
+        _ptr(k_out),
+        _ptr(v_out),
+        _ptr(pos),
+        _ptr(head_rows),
+    )
+    if rows == -1:
+        return None
+    if rows != T:
+        raise RuntimeError("a zoomed span's records lie outside the offload tier")
+    return k_out, v_out, pos, head_rows.tolist()
+
+
+def field_codes(records: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """Codes (T, D) float32 of an allocated code's records (T, B) uint8, ``bits`` (D,) int64
+    per direction (:meth:`sekv_core.allocated.AllocatedCode.decode`)."""
+    (T, B), D = records.shape, bits.numel()
+    out = torch.empty(T, D)
+    library().sekv_field_codes(_ptr(records), T, B, D, _ptr(bits), _ptr(out))
+    return out
+
+
+def tier_coefficients(records: torch.Tensor, tiers) -> torch.Tensor:
+    """Coefficients (T, D) float32 of a codebook's records (T, B) uint8 in ``tiers``
+    (:meth:`sekv_core.codec.Codebook.coefficients`)."""
+    T, B = records.shape
+    counts, bits, levels = _tier_table(tuple((t.count, t.bits, t.levels) for t in tiers))
+    out = torch.empty(T, int(counts.sum()))
+    library().sekv_tier_coefficients(
+        _ptr(records),
+        T,
+        B,
+        out.shape[1],
+        len(tiers),
+        _ptr(counts),
+        _ptr(bits),
+        _ptr(levels),
+        _ptr(out),
+    )
+    return out
+
+
+@functools.cache
+def _tier_table(tiers: tuple[tuple[int, int, int], ...]) -> tuple[torch.Tensor, ...]:
+    """Tiers' counts, bits and levels as int64 arrays for the kernels."""
+    return tuple(torch.tensor(column, dtype=torch.long) for column in zip(*tiers, strict=True))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import native
 from .rope import rotate_half
 
 if TYPE_CHECKING:  # the memory passes itself in; this module only reads its tables
@@ -39,22 +40,26 @@ def reconstruct(
     Keys are rotated to their positions (bounded memories: kept pre-RoPE, rotated where the
     pool places them).
     """
+    gathered = _gathered(mem, layer, spans, heads)
     order = None
-    if heads.numel() > 1 and not bool((heads[1:] >= heads[:-1]).all()):
-        order = heads.argsort(stable=True)  # the codebook decodes rows grouped by head
-        spans, heads = spans[order], heads[order]
-    ranges, along = record_ranges(mem, layer, spans, heads)
-    # each KV head's rows (the pairs are grouped by head), one host copy for both kinds
-    head_rows = ranges.counts.new_zeros(mem.num_kv_heads).index_add_(0, heads, ranges.counts)
-    head_rows = head_rows.tolist()
-    keys = rows(mem, "k", layer, ranges, head_rows)  # pre-RoPE
+    if gathered is None:
+        if heads.numel() > 1 and not bool((heads[1:] >= heads[:-1]).all()):
+            order = heads.argsort(stable=True)  # the codebook decodes rows grouped by head
+            spans, heads = spans[order], heads[order]
+        ranges, along = record_ranges(mem, layer, spans, heads)
+        # each KV head's rows (the pairs are grouped by head), one host copy for both kinds
+        head_rows = ranges.counts.new_zeros(mem.num_kv_heads).index_add_(0, heads, ranges.counts)
+        head_rows = head_rows.tolist()
+        k_records, v_records = (records(mem, kind, ranges) for kind in ("k", "v"))
+        pos = mem.starts[spans].repeat_interleave(ranges.counts) + along
+        pos = pos.clamp(max=mem.context_len - 1)
+    else:
+        k_records, v_records, pos, head_rows = gathered
+    keys = decoded(mem, "k", layer, k_records, head_rows)  # pre-RoPE
     if not mem.bounded:
-        pos = (mem.starts[spans].repeat_interleave(ranges.counts) + along).clamp(
-            max=mem.context_len - 1
-        )
         cos, sin = mem.rope.tables(pos, keys)
         keys = keys * cos + rotate_half(keys) * sin
-    values = rows(mem, "v", layer, ranges, head_rows)
+    values = decoded(mem, "v", layer, v_records, head_rows)
     if order is not None:  # back to the pairs' order, token by token
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel())
@@ -65,6 +70,26 @@ def reconstruct(
         tokens = tokens.to(keys.device)
         keys, values = keys.index_select(0, tokens), values.index_select(0, tokens)
     return keys, values
+
+
+def _gathered(
+    mem: SpanMemory, layer: int, spans: torch.Tensor, heads: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]] | None:
+    """The pairs' records, positions and rows per head read in one native call
+    (:func:`sekv_core.native.gather`), or None where the tensor code reads them."""
+    offload = getattr(mem.store, "offload", None)  # a streamed build reads its part files
+    if offload is None:
+        return None
+    k_buf, v_buf = offload["k_rows"], offload["v_rows"]
+    tables = (spans, heads, mem.record0, mem.record_stride, mem.host_lengths, mem.starts)
+    if not (
+        all(t.dtype == torch.long for t in tables)
+        and k_buf.dtype == v_buf.dtype == torch.uint8
+        and native.usable(*tables, k_buf, v_buf)
+    ):
+        return None
+    k_bytes, v_bytes = mem.codebooks["k"].record_bytes, mem.codebooks["v"].record_bytes
+    return native.gather(mem, layer, spans, heads, k_buf, v_buf, k_bytes, v_bytes)
 
 
 def record_ranges(
@@ -80,14 +105,16 @@ def record_ranges(
     return RecordRanges(first, counts, first[pair] + along), along
 
 
-def rows(
-    mem: SpanMemory, kind: str, layer: int, ranges: RecordRanges, head_rows: list[int]
+def records(mem: SpanMemory, kind: str, ranges: RecordRanges) -> torch.Tensor:
+    """(T, bytes) records of one kind at ``ranges`` (:func:`record_ranges`), in one read."""
+    return mem.store.offload_records(f"{kind}_rows", mem.codebooks[kind].record_bytes, ranges)
+
+
+def decoded(
+    mem: SpanMemory, kind: str, layer: int, records: torch.Tensor, head_rows: list[int]
 ) -> torch.Tensor:
-    """(T, D) rows of one kind of ``layer`` at ``ranges`` (:func:`record_ranges`), grouped by
-    KV head, ``head_rows`` of each; keys pre-RoPE, in the model dtype on the device.
-    Every pair's records in one read, decoded at once on the host (where the records and the
-    codebook are)."""
-    code = mem.codebooks[kind]
-    records = mem.store.offload_records(f"{kind}_rows", code.record_bytes, ranges)
-    decoded = code.decode(records, layer, head_rows, mem.dtype)
-    return decoded.to(mem.device, non_blocking=True)
+    """(T, D) rows of one kind of ``layer`` from their ``records``, grouped by KV head,
+    ``head_rows`` of each; keys pre-RoPE, in the model dtype on the device. Decoded at once on
+    the host (where the records and the codebook are)."""
+    rows = mem.codebooks[kind].decode(records, layer, head_rows, mem.dtype)
+    return rows.to(mem.device, non_blocking=True)

@@ -259,3 +259,97 @@ void sekv_activate(const uint8_t *zoom, const int64_t *owner, int64_t H, int64_t
             if (on) last[h * C + c] = update;
         }
 }
+
+/* ---- zoom-in (sekv_core/reconstruct.py): the records of (span, head) pairs ------------------ */
+
+/* Copy the records of n (span, head) pairs of `layer` (heads ascending) from the offload
+ * tier's flat buffers of keys' and values' records (k_count, v_count records of kB, vB bytes)
+ * into kout (T, kB) and vout (T, vB), pair after pair: a span's records of (layer, head) start
+ * at record0[span] + (layer * H + head) * stride[span]. pos (T,): each row's context position
+ * (starts[span] + its place in the span, at most context_len - 1); head_rows (H,): the rows of
+ * each head. Returns T, -1 when the heads are not ascending, -2 when a record is out of range
+ * (kout, vout, pos: room for the pairs' total length). */
+int64_t sekv_gather(int64_t n, const int64_t *spans, const int64_t *heads, int64_t layer,
+                    int64_t H, const int64_t *record0, const int64_t *stride,
+                    const int64_t *lengths, const int64_t *starts, int64_t context_len,
+                    const uint8_t *kbuf, int64_t k_count, int64_t kB, const uint8_t *vbuf,
+                    int64_t v_count, int64_t vB, uint8_t *kout, uint8_t *vout, int64_t *pos,
+                    int64_t *head_rows) {
+    int64_t row = 0;
+    memset(head_rows, 0, (size_t)H * sizeof *head_rows);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = spans[i], h = heads[i], len = lengths[s];
+        if (h < 0 || h >= H || (i && h < heads[i - 1])) return -1;
+        int64_t first = record0[s] + (layer * H + h) * stride[s];
+        if (first < 0 || len < 0 || first + len > k_count || first + len > v_count) return -2;
+        memcpy(kout + row * kB, kbuf + first * kB, (size_t)(len * kB));
+        memcpy(vout + row * vB, vbuf + first * vB, (size_t)(len * vB));
+        for (int64_t a = 0; a < len; a++) {
+            int64_t p = starts[s] + a;
+            pos[row + a] = p < context_len - 1 ? p : context_len - 1;
+        }
+        head_rows[h] += len;
+        row += len;
+    }
+    return row;
+}
+
+/* The codes (T, D) as floats of an allocated code's records (T, B) (sekv_core.allocated): the
+ * d-th code has bits[d] bits from bit sum(bits[:d]) of the record on, least significant first,
+ * read from that bit's byte and the next (none after the record's last byte). */
+void sekv_field_codes(const uint8_t *records, int64_t T, int64_t B, int64_t D,
+                      const int64_t *bits, float *out) {
+    int64_t start = 0;
+    for (int64_t d = 0; d < D; d++) {
+        int64_t first = start / 8 < B - 1 ? start / 8 : B - 1, shift = start - 8 * first;
+        uint32_t mask = (1u << bits[d]) - 1u;
+        int has_next = first + 1 < B;
+        for (int64_t t = 0; t < T; t++) {
+            const uint8_t *r = records + t * B;
+            uint32_t window = r[first] | (has_next ? (uint32_t)r[first + 1] << 8 : 0u);
+            out[t * D + d] = (float)((window >> shift) & mask);
+        }
+        start += bits[d];
+    }
+}
+
+/* The coefficients (T, D) of a codebook's records (T, B) (sekv_core.codec): tiers of
+ * counts[i] directions at bits[i] bits one after another in each record; 16 bits: fp16 values;
+ * 8: int8 codes, then an fp16 scale; 4 and 2: codes packed least significant first, less
+ * levels[i], then the scale; 0: nothing stored, coefficients 0. */
+void sekv_tier_coefficients(const uint8_t *records, int64_t T, int64_t B, int64_t D,
+                            int64_t n_tiers, const int64_t *counts, const int64_t *bits,
+                            const int64_t *levels, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        const uint8_t *r = records + t * B;
+        float *o = out + t * D;
+        int64_t byte = 0, col = 0;
+        for (int64_t i = 0; i < n_tiers; i++) {
+            int64_t n = counts[i], b = bits[i];
+            if (b == 0) {
+                for (int64_t j = 0; j < n; j++) o[col + j] = 0.0f;
+            } else if (b == 16) {
+                for (int64_t j = 0; j < n; j++)
+                    o[col + j] = half_value((uint16_t)(r[byte + 2 * j] | r[byte + 2 * j + 1] << 8));
+                byte += 2 * n;
+            } else {
+                int64_t code_bytes = n * b / 8;
+                const uint8_t *sb = r + byte + code_bytes;
+                float scale = half_value((uint16_t)(sb[0] | sb[1] << 8));
+                for (int64_t j = 0; j < n; j++) {
+                    float code;
+                    if (b == 8) {
+                        code = (float)(int8_t)r[byte + j];
+                    } else {
+                        int64_t at = j * b; /* bit position among the tier's codes */
+                        uint32_t c = (r[byte + at / 8] >> (at % 8)) & ((1u << b) - 1u);
+                        code = (float)c - (float)levels[i];
+                    }
+                    o[col + j] = code * scale;
+                }
+                byte += code_bytes + 2;
+            }
+            col += n;
+        }
+    }
+}

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sekv_core import native
+from sekv_core.codec import fit_code
 from sekv_core.kvquant import quantize_rows
 from sekv_core.pools import empty_pool, in_native_code
 from sekv_core.router import select
@@ -155,3 +156,23 @@ def test_rows_are_encoded_as_the_tensor_code():
     assert torch.equal(pool.rows.codes[:, 0], codes)
     assert torch.equal(pool.rows.scale[:, 0], scale)
     assert pool.token[0].tolist() == list(range(T)) and pool.owner[0].eq(0).all()
+
+
+@pytest.mark.parametrize(
+    "spec", ["alloc:2", "alloc:5", "alloc:8", "64x16", "64x4", "8x16,8x8,16x4,16x2,*x0"]
+)
+def test_records_decode_as_the_tensor_code(spec, tensor_code):
+    """Every code a store can be written in (allocated bit fields; tiers of 16, 8, 4, 2 and 0
+    bits) decodes to the same rows natively."""
+    g = torch.Generator().manual_seed(5)
+    L, H, S, D = 2, 3, 70, 64
+    x = torch.randn(L, H, S, D, generator=g) * torch.logspace(0, -2, D)
+    x[0, 1, 3] *= 1e4  # an atypical row
+    code = fit_code(x, spec, moment=torch.eye(D).expand(L, H, D, D))
+    records = code.encode(x)
+    for layer in range(L):
+        flat = records[layer].reshape(H * S, -1)
+        heads = [S] * H
+        got = code.decode(flat, layer, heads, torch.float32)
+        want = tensor_code(code.decode, flat, layer, heads, torch.float32)
+        assert torch.equal(got, want), layer

@@ -23,7 +23,7 @@ from ..attention import mixed_attention
 from ..backend import use_attention
 from ..decode import PositionedStep, greedy
 from ..prompt import stop_ids
-from ..reconstruct import record_ranges, rows
+from ..reconstruct import decoded, record_ranges, records
 from ..segment import SPAN
 from ..summary import STORE_DTYPE, gather_spans, summarize
 from ..zoom import SpanMemory
@@ -82,7 +82,10 @@ def store_summaries(
     out_k, out_v = [], []
     for layer in range(spans.num_layers):
         ranges, _ = record_ranges(spans, layer, spans_all, heads)
-        k, v = (rows(spans, kind, layer, ranges, row_heads).float().cpu() for kind in "kv")
+        k, v = (
+            decoded(spans, kind, layer, records(spans, kind, ranges), row_heads).float().cpu()
+            for kind in "kv"
+        )
         summary_k, summary_v = summarize(
             blocks(k.view(H, -1, D)), blocks(v.view(H, -1, D)), weights, lengths
         )
