@@ -38,6 +38,10 @@ SIGNATURES = {
     "sekv_activate": (None, [_P, _P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_float]),
     "sekv_field_codes": (None, [_P, _I, _I, _I, _P, _P]),
     "sekv_tier_coefficients": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P]),
+    "sekv_sketch_scores": (
+        ctypes.c_int,
+        [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _I, _P, _P, _P],
+    ),
     "sekv_gather": (_I, [_I, _P, _P, _I, _I, *[_P] * 4, _I, _P, _I, _I, _P, _I, _I, *[_P] * 4]),
 }
 
@@ -315,3 +319,35 @@ def tier_coefficients(records: torch.Tensor, tiers) -> torch.Tensor:
 def _tier_table(tiers: tuple[tuple[int, int, int], ...]) -> tuple[torch.Tensor, ...]:
     """Tiers' counts, bits and levels as int64 arrays for the kernels."""
     return tuple(torch.tensor(column, dtype=torch.long) for column in zip(*tiers, strict=True))
+
+
+def sketch_scores(
+    qs: torch.Tensor,
+    base: torch.Tensor,
+    packed: torch.Tensor,
+    scaling: float,
+    first_row: torch.Tensor,
+    lengths: torch.Tensor,
+) -> torch.Tensor:
+    """(H, N) each span's best estimated logit (:class:`sekv_core.router.SketchRouter`) from the
+    queries ``qs`` (H, M, R) in the sketch's scale, their constants ``base`` (H, M) and one
+    layer's 4-bit sketch ``packed`` (H, S, R / 2) held column-major."""
+    (H, M, R), S, N = qs.shape, packed.shape[1], first_row.numel()
+    out = torch.empty(H, N)
+    failed = library().sekv_sketch_scores(
+        _ptr(qs),
+        _ptr(base),
+        _ptr(packed),
+        H,
+        M,
+        R,
+        S,
+        scaling,
+        N,
+        _ptr(first_row),
+        _ptr(lengths),
+        _ptr(out),
+    )
+    if failed:
+        raise MemoryError("out of memory scoring spans")
+    return out

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from . import native
-from .sketch import segment_max, sketch_logits
+from .sketch import is_column_major, segment_max, sketch_logits, sketch_queries
 from .zoomnet import ZoomNet, sketch_spans
 
 if TYPE_CHECKING:  # routers read the memory they are given (or a subset of it)
@@ -43,9 +43,33 @@ class SketchRouter:
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
+        fast = native_scores(memory, layer, q, scaling)
+        if fast is not None:
+            return fast
         logits = sketch_logits(memory, layer, q)  # (H, G, Tq, S)
         best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
         return segment_max(best, memory.sketch_span, memory.n_spans)
+
+
+def native_scores(
+    memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
+) -> torch.Tensor | None:
+    """:class:`SketchRouter`'s scores of a whole memory's 4-bit sketch (held column-major) on
+    the CPU in one native call (:mod:`sekv_core.native`; the same scores to float rounding: the
+    products sum in another order); None where the tensor code scores."""
+    first_row = getattr(memory, "first_row", None)  # a subset (prefilter) scores its rows
+    packed = memory.sketch[layer]
+    if (
+        first_row is None
+        or packed.dtype != torch.uint8
+        or q.dtype != torch.float32
+        or not is_column_major(packed)
+        or not native.usable(q, packed.transpose(1, 2), first_row, memory.host_lengths)
+    ):
+        return None
+    qs, offset = sketch_queries(memory, layer, q)
+    base = qs.sum(dim=-1) * -8 + offset[..., 0]  # (H, M): codes are levels + 8
+    return native.sketch_scores(qs, base[..., 0], packed, scaling, first_row, memory.host_lengths)
 
 
 class TrainedRouter:

@@ -146,17 +146,26 @@ def sketch_logits(
     :func:`sketch_rows`). ``memory`` holds ``sketch``, ``sketch_proj``, ``sketch_scale`` and
     ``sketch_mean`` per layer."""
     H, G, Tq, _ = q.shape
-    proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
-    scale = memory.sketch_scale[layer].to(q.dtype)[:, None]  # (H, 1, R)
-    flat = q.reshape(H, G * Tq, -1)
-    qs = torch.bmm(flat, proj) * scale  # (H, M, R)
-    offset = torch.bmm(flat, memory.sketch_mean[layer].to(q.dtype)[..., None])  # (H, M, 1)
+    qs, offset = sketch_queries(memory, layer, q)
     if values is not None:
         logits = torch.baddbmm(offset, qs, values.to(q.dtype).transpose(1, 2))
     else:
         packed = memory.sketch[layer] if rows is None else memory.sketch[layer][:, rows]
         logits = code_products(qs, packed, offset)
     return logits.view(H, G, Tq, -1)
+
+
+def sketch_queries(memory, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries ``q`` (H, G, Tq, D) in the sketch's scaled directions (H, M, R) and their
+    products with the mean key (H, M, 1), M = G * Tq: a sketch row's estimated logit is the
+    first's product with its codes plus the second."""
+    H, G, Tq, _ = q.shape
+    proj = memory.sketch_proj[layer].to(q.dtype)  # (H, D, R)
+    scale = memory.sketch_scale[layer].to(q.dtype)[:, None]  # (H, 1, R)
+    flat = q.reshape(H, G * Tq, -1)
+    qs = torch.bmm(flat, proj) * scale  # (H, M, R)
+    offset = torch.bmm(flat, memory.sketch_mean[layer].to(q.dtype)[..., None])  # (H, M, 1)
+    return qs, offset
 
 
 def column_major(rows: torch.Tensor) -> torch.Tensor:

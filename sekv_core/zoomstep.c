@@ -353,3 +353,47 @@ void sekv_tier_coefficients(const uint8_t *records, int64_t T, int64_t B, int64_
         }
     }
 }
+
+/* ---- routing (sekv_core/router.py): the sketch router's scores -------------------------- */
+
+/* Each span's best estimated logit per KV head (sekv_core.router.SketchRouter): for the M
+ * queries (H, M, R) of each head, base (H, M) plus the products with the 4-bit sketch codes
+ * packed two per byte, each direction pair's byte column contiguous over the S rows (H, R / 2,
+ * S; the low nibble multiplies the even direction); the best query's, times scaling; the best
+ * row of each span (rows first_row[n] .. + lengths[n]). out (H, N). Returns 0, or -1 when out
+ * of memory. */
+int sekv_sketch_scores(const float *qs, const float *base, const uint8_t *packed, int64_t H,
+                       int64_t M, int64_t R, int64_t S, float scaling, int64_t N,
+                       const int64_t *first_row, const int64_t *lengths, float *out) {
+    float *acc = malloc((size_t)(M * S + S) * sizeof *acc + 1);
+    if (!acc) return -1;
+    float *best = acc + M * S;
+    int64_t cols = R / 2;
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t m = 0; m < M; m++) {
+            float b = base[h * M + m], *a = acc + m * S;
+            for (int64_t s = 0; s < S; s++) a[s] = b;
+        }
+        for (int64_t j = 0; j < cols; j++) {
+            const uint8_t *col = packed + (h * cols + j) * S;
+            for (int64_t m = 0; m < M; m++) {
+                float even = qs[(h * M + m) * R + 2 * j], odd = qs[(h * M + m) * R + 2 * j + 1];
+                float *a = acc + m * S;
+                for (int64_t s = 0; s < S; s++)
+                    a[s] += even * (float)(col[s] & 15) + odd * (float)(col[s] >> 4);
+            }
+        }
+        memcpy(best, acc, (size_t)S * sizeof *best);
+        for (int64_t m = 1; m < M; m++)
+            for (int64_t s = 0; s < S; s++) best[s] = acc[m * S + s] > best[s] ? acc[m * S + s] : best[s];
+        for (int64_t s = 0; s < S; s++) best[s] *= scaling;
+        for (int64_t n = 0; n < N; n++) {
+            float top = -INFINITY;
+            for (int64_t s = first_row[n]; s < first_row[n] + lengths[n]; s++)
+                top = best[s] > top ? best[s] : top;
+            out[h * N + n] = top;
+        }
+    }
+    free(acc);
+    return 0;
+}

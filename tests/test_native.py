@@ -12,7 +12,8 @@ from sekv_core import native
 from sekv_core.codec import fit_code
 from sekv_core.kvquant import quantize_rows
 from sekv_core.pools import empty_pool, in_native_code
-from sekv_core.router import select
+from sekv_core.router import SketchRouter, native_scores, select
+from sekv_core.sketch import column_major
 from sekv_core.trace import ZoomTrace
 
 pytestmark = pytest.mark.skipif(
@@ -176,3 +177,31 @@ def test_records_decode_as_the_tensor_code(spec, tensor_code):
         got = code.decode(flat, layer, heads, torch.float32)
         want = tensor_code(code.decode, flat, layer, heads, torch.float32)
         assert torch.equal(got, want), layer
+
+
+def test_sketch_scores_are_the_tensor_codes_to_float_rounding(tensor_code):
+    g = torch.Generator().manual_seed(6)
+    L, H, D, R, G = 2, 3, 16, 8, 3
+    lengths = torch.randint(1, 9, (150,), generator=g)
+    S = int(lengths.sum())
+    packed = torch.randint(0, 256, (L, H, S, R // 2), generator=g, dtype=torch.uint8)
+    memory = SimpleNamespace(
+        sketch=column_major(packed),
+        sketch_proj=torch.randn(L, H, D, R, generator=g),
+        sketch_scale=torch.rand(L, H, R, generator=g),
+        sketch_mean=torch.randn(L, H, D, generator=g),
+        first_row=torch.cumsum(lengths, 0) - lengths,
+        host_lengths=lengths,
+        sketch_span=torch.repeat_interleave(torch.arange(150), lengths),
+        n_spans=150,
+    )
+    router = SketchRouter()
+    for layer in range(L):
+        for Tq in (1, 5):
+            q = torch.randn(H, G, Tq, D, generator=g)
+            got = router.scores(memory, layer, q, 0.25)
+            want = tensor_code(router.scores, memory, layer, q, 0.25)
+            assert got.shape == (H, 150)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    row_major = SimpleNamespace(**{**vars(memory), "sketch": packed})  # a growing sketch
+    assert native_scores(row_major, 0, q, 0.25) is None
