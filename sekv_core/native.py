@@ -27,7 +27,10 @@ from .errors import SekvError
 from .paths import sekv_home
 
 SOURCE = Path(__file__).with_name("zoomstep.c")
-FLAGS = ["-O3", "-fno-trapping-math", "-fPIC", "-shared", "-ffp-contract=off"]  # no fused mul-adds
+# no fused multiply-adds (each product and sum rounded as torch rounds it); the vector width
+# of this CPU where the compiler knows it (the library is kept per CPU), else the baseline's
+FLAGS = ["-O3", "-fno-trapping-math", "-fPIC", "-shared", "-ffp-contract=off"]
+NATIVE_ARCH = ["-march=native"]
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {
@@ -68,15 +71,12 @@ def library() -> ctypes.CDLL | None:
 
 
 def _built(compiler: str) -> Path:
-    """The library for this source, compiler and machine, compiled if not there yet (written
-    under a temporary name and renamed: a concurrent build or an interrupted one never leaves a
+    """The library for this source, compiler and CPU, compiled if not there yet (written under
+    a temporary name and renamed: a concurrent build or an interrupted one never leaves a
     partial library under the final name)."""
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(
-        b"\0".join(
-            [source, compiler.encode(), " ".join(FLAGS).encode(), platform.machine().encode()]
-        )
-    ).hexdigest()[:16]
+    parts = [source, compiler.encode(), " ".join(FLAGS).encode(), _cpu().encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     folder = sekv_home() / "native"
     path = folder / f"zoomstep-{key}.so"
     if path.exists():
@@ -85,17 +85,29 @@ def _built(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.part")
     os.close(fd)
     try:
-        subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        for arch in (NATIVE_ARCH, []):  # a compiler without -march=native: the baseline
+            command = [compiler, *FLAGS, *arch, "-o", tmp, str(SOURCE), "-lm"]
+            done = subprocess.run(command, capture_output=True, timeout=120)
+            if done.returncode == 0:
+                break
+        done.check_returncode()
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _cpu() -> str:
+    """What a library built for this CPU depends on: the architecture and its instruction set
+    extensions (a home directory shared by machines keeps one library per kind of CPU)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            flags = next((line for line in info if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} {flags.strip()}"
 
 
 def usable(*tensors: torch.Tensor) -> bool:
