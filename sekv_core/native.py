@@ -45,6 +45,7 @@ SIGNATURES = {
         ctypes.c_int,
         [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _I, _P, _P, _P],
     ),
+    "sekv_rotate": (ctypes.c_int, [_P, _P, _P, _I, _I, _I, _P]),
     "sekv_gather": (_I, [_I, _P, _P, _I, _I, *[_P] * 4, _I, _P, _I, _I, _P, _I, _I, *[_P] * 4]),
 }
 
@@ -362,4 +363,14 @@ def sketch_scores(
     )
     if failed:
         raise MemoryError("out of memory scoring spans")
+    return out
+
+
+def rotate(keys: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Keys (T, D) float32 rotated to ``positions`` (T,) with RoPE's ``table`` (n, 2D) of cos |
+    sin per position (:meth:`sekv_core.rope.Rope.rotate`): k cos + rotate_half(k) sin."""
+    (T, D), n = keys.shape, table.shape[0]
+    out = torch.empty_like(keys)
+    if library().sekv_rotate(_ptr(keys), _ptr(positions), _ptr(table), T, D, n, _ptr(out)):
+        raise IndexError("a position outside the rotary table")
     return out

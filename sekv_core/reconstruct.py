@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import native
-from .rope import rotate_half
 
 if TYPE_CHECKING:  # the memory passes itself in; this module only reads its tables
     from .zoom import SpanMemory
@@ -57,8 +56,7 @@ def reconstruct(
         k_records, v_records, pos, head_rows = gathered
     keys = decoded(mem, "k", layer, k_records, head_rows)  # pre-RoPE
     if not mem.bounded:
-        cos, sin = mem.rope.tables(pos, keys)
-        keys = keys * cos + rotate_half(keys) * sin
+        keys = mem.rope.rotate(keys, pos)
     values = decoded(mem, "v", layer, v_records, head_rows)
     if order is not None:  # back to the pairs' order, token by token
         back = torch.empty_like(order)

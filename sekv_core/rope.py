@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from . import native
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -37,8 +39,15 @@ class Rope:
         if not (self.static and positions.device.type == "cpu" and positions.numel()):
             cos, sin = self.rotary(like, positions.to(like.device)[None])
             return cos[0].to(like.dtype), sin[0].to(like.dtype)
+        table = self.table(int(positions.max()) + 1, like)
+        both = table.index_select(0, positions.to(like.device))  # one row gather for both
+        half = table.shape[1] // 2
+        return both[:, :half], both[:, half:]
+
+    def table(self, need: int, like: torch.Tensor) -> torch.Tensor:
+        """cos | sin (n, 2D) of positions 0 .. n - 1, n >= ``need`` (static rotary types), in
+        ``like``'s dtype and device."""
         table = self._table
-        need = int(positions.max()) + 1
         stale = table is None or table.device != like.device or table.dtype != like.dtype
         if stale or table.shape[0] < need:
             size = -(-need // TABLE_STEP) * TABLE_STEP  # whole steps: few regrowths
@@ -46,12 +55,21 @@ class Rope:
             every = torch.arange(size, device=like.device)[None]
             cos, sin = self.rotary(like.new_zeros((), dtype=torch.float), every)
             table = self._table = torch.cat([cos[0], sin[0]], dim=1).to(like.dtype)
-        both = table.index_select(0, positions.to(like.device))  # one row gather for both
-        half = table.shape[1] // 2
-        return both[:, :half], both[:, half:]
+        return table
 
     def rotate(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Pre-RoPE keys (..., T, D) -> post-RoPE at ``positions`` (T,)."""
+        """Pre-RoPE keys (..., T, D) -> post-RoPE at ``positions`` (T,). Rows (T, D) of a static
+        rotary type on the CPU rotate in one native call (:mod:`sekv_core.native`), with the
+        same products and sums."""
+        if (
+            self.static
+            and k.dim() == 2
+            and k.dtype == torch.float32
+            and positions.dtype == torch.long
+            and positions.numel()
+            and native.usable(k, positions)
+        ):
+            return native.rotate(k, positions, self.table(int(positions.max()) + 1, k))
         cos, sin = self.tables(positions, k)
         return k * cos + rotate_half(k) * sin
 

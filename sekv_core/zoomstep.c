@@ -397,3 +397,22 @@ int sekv_sketch_scores(const float *qs, const float *base, const uint8_t *packed
     free(acc);
     return 0;
 }
+
+/* ---- RoPE (sekv_core/rope.py): keys rotated to their positions -------------------------- */
+
+/* out (T, D) = k cos + rotate_half(k) sin, cos | sin the row (2D) of each key's position in
+ * table (n, 2D); rotate_half(k) = (-k[D/2:], k[:D/2]). Each product and sum rounded as torch
+ * rounds them. Returns 0, or -1 for a position outside the table. */
+int sekv_rotate(const float *keys, const int64_t *pos, const float *table, int64_t T, int64_t D,
+                int64_t n, float *out) {
+    int64_t half = D / 2;
+    for (int64_t t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= n) return -1;
+    for (int64_t t = 0; t < T; t++) {
+        const float *k = keys + t * D, *cs = table + pos[t] * 2 * D, *sn = cs + D;
+        float *o = out + t * D;
+        for (int64_t d = 0; d < half; d++) o[d] = k[d] * cs[d] + (-k[d + half]) * sn[d];
+        for (int64_t d = half; d < D; d++) o[d] = k[d] * cs[d] + k[d - half] * sn[d];
+    }
+    return 0;
+}

@@ -12,6 +12,7 @@ from sekv_core import native
 from sekv_core.codec import fit_code
 from sekv_core.kvquant import quantize_rows
 from sekv_core.pools import empty_pool, in_native_code
+from sekv_core.rope import Rope
 from sekv_core.router import SketchRouter, native_scores, select
 from sekv_core.sketch import column_major
 from sekv_core.trace import ZoomTrace
@@ -205,3 +206,14 @@ def test_sketch_scores_are_the_tensor_codes_to_float_rounding(tensor_code):
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
     row_major = SimpleNamespace(**{**vars(memory), "sketch": packed})  # a growing sketch
     assert native_scores(row_major, 0, q, 0.25) is None
+
+
+def test_keys_rotate_as_the_tensor_code(tiny_loaded, tensor_code):
+    rope = Rope(tiny_loaded.model)
+    g = torch.Generator().manual_seed(7)
+    D = rope.table(1, torch.zeros(1)).shape[1] // 2  # the heads' dimension
+    keys = torch.randn(300, D, generator=g)
+    positions = torch.randint(0, 1500, (300,), generator=g)
+    got = rope.rotate(keys, positions)
+    assert torch.equal(got, tensor_code(rope.rotate, keys, positions))
+    assert not torch.equal(got, keys)
