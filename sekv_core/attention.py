@@ -206,14 +206,10 @@ def sekv_attention_forward(
     pool = memory.zoom_pool(layer, zoom, policy.budget)
     if policy.ordered:
         pool_k, pool_v, pool_bias, owner, slots = in_document_order(pool, q.dtype, memory.placement)
-    else:  # (Hkv, C, D) every slot, read back in the model dtype; inactive ones absent
-        (pool_k, pool_v), pool_bias, owner = pool.kv(q.dtype), pool.bias, pool.owner
-        slots = pool.token
-    fixed_k, fixed_v = memory.fixed_kv(layer, q.dtype)  # (Hkv, F, D)
-    fixed_bias = fixed_k.new_zeros(Hkv, fixed_k.shape[1], dtype=torch.float32)
-    k_mem = torch.cat([fixed_k, pool_k], dim=1)
-    v_mem = torch.cat([fixed_v, pool_v], dim=1)
-    bias = torch.cat([fixed_bias, pool_bias], dim=1)
+        k_mem, v_mem, bias = memory.entries(layer, pool_k, pool_v, pool_bias)
+    else:  # (Hkv, C, D) every slot in the model dtype; inactive ones absent
+        k_mem, v_mem, bias = memory.pool_entries(layer, pool, q.dtype)
+        owner, slots = pool.owner, pool.token
     # a streamed chunk (no mass tracked) runs the fused kernel
     out, mass = mixed_attention(
         q, k_loc, v_loc, k_mem, v_mem, bias, scaling, with_mass=policy.track_mass

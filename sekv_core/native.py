@@ -46,6 +46,7 @@ SIGNATURES = {
         [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _I, _P, _P, _P],
     ),
     "sekv_rotate": (ctypes.c_int, [_P, _P, _P, _I, _I, _I, _P]),
+    "sekv_entries": (None, [*[_P] * 7, _I, _I, _I, _I, _P, _P, _P]),
     "sekv_gather": (_I, [_I, _P, _P, _I, _I, *[_P] * 4, _I, _P, _I, _I, _P, _I, _I, *[_P] * 4]),
 }
 
@@ -374,3 +375,25 @@ def rotate(keys: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> 
     if library().sekv_rotate(_ptr(keys), _ptr(positions), _ptr(table), T, D, n, _ptr(out)):
         raise IndexError("a position outside the rotary table")
     return out
+
+
+def entries(fixed_k, fixed_v, pool_rows, pool_bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The memory entries of one attention call, float32: K, V (H, F + C, D) of this layer's
+    8-bit sinks and anchors (``fixed_k``, ``fixed_v``: Rows (H, F, D)) then the pool's slots
+    (``pool_rows``: Rows (2, H, C, D)), and the bias (H, F + C): 0, then ``pool_bias`` (H, C)."""
+    (H, F, D), C = fixed_k.codes.shape, pool_bias.shape[1]
+    k = torch.empty(H, F + C, D)
+    v = torch.empty(H, F + C, D)
+    bias = torch.empty(H, F + C)
+    library().sekv_entries(
+        *(_ptr(t) for t in (*fixed_k.tensors(), *fixed_v.tensors(), *pool_rows.tensors())),
+        _ptr(pool_bias),
+        H,
+        F,
+        C,
+        D,
+        _ptr(k),
+        _ptr(v),
+        _ptr(bias),
+    )
+    return k, v, bias

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from . import native
 from .codec import store_codebooks
 from .kvquant import KV_BITS, Rows, row_bytes
 from .pools import ZoomPool, zoom_pool
@@ -147,6 +148,36 @@ class SpanMemory:
         """Sinks' and anchors' K, V (H, F, D) of ``layer`` in ``dtype``."""
         k, v = self.fixed
         return k.layer(layer).read(dtype), v.layer(layer).read(dtype)
+
+    def entries(
+        self, layer: int, pool_k: torch.Tensor, pool_v: torch.Tensor, pool_bias: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What one attention call of ``layer`` reads from the memory: K, V (H, F + P, D), the
+        sinks and anchors then the pool's entries ``pool_k``, ``pool_v`` (H, P, D), and the
+        additive bias (H, F + P) float32: 0, then ``pool_bias``."""
+        fixed_k, fixed_v = self.fixed_kv(layer, pool_k.dtype)  # (H, F, D)
+        fixed_bias = pool_bias.new_zeros(fixed_k.shape[:2])
+        return (
+            torch.cat([fixed_k, pool_k], dim=1),
+            torch.cat([fixed_v, pool_v], dim=1),
+            torch.cat([fixed_bias, pool_bias], dim=1),
+        )
+
+    def pool_entries(
+        self, layer: int, pool: ZoomPool, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`entries` with every slot of ``pool`` (inactive ones masked by the bias), in
+        ``dtype``; 8-bit float32 rows on the CPU in one native call (the same values)."""
+        fixed_k, fixed_v = (rows.layer(layer) for rows in self.fixed)
+        if (
+            dtype == torch.float32
+            and self.kv_bits == 8
+            and pool.rotated is None
+            and native.usable(pool.bias, *fixed_k.tensors(), *fixed_v.tensors())
+        ):
+            return native.entries(fixed_k, fixed_v, pool.rows, pool.bias)
+        keys, values = pool.kv(dtype)
+        return self.entries(layer, keys, values, pool.bias)
 
     def token_positions(self, rows: torch.Tensor) -> torch.Tensor:
         """Context positions of span-token ``rows`` (any shape; -1, a free slot: the context

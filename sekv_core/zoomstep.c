@@ -416,3 +416,36 @@ int sekv_rotate(const float *keys, const int64_t *pos, const float *table, int64
     }
     return 0;
 }
+
+/* ---- attention (sekv_core/attention.py): the memory entries of one call ----------------- */
+
+/* The entries attention reads from the memory, per KV head: the F sinks and anchors, then the
+ * pool's C slots, dequantized (code x scale) into k (H, F + C, D) and v, and bias (H, F + C): 0
+ * for the fixed rows, the pool's own bias for its slots. fixed: this layer's rows (H, F, D) and
+ * scales (H, F); pool: rows (2, H, C, D) and scales (2, H, C), keys first. */
+void sekv_entries(const int8_t *fk, const uint16_t *fks, const int8_t *fv, const uint16_t *fvs,
+                  const int8_t *pool, const uint16_t *pool_scale, const float *pool_bias,
+                  int64_t H, int64_t F, int64_t C, int64_t D, float *k, float *v, float *bias) {
+    int64_t E = F + C;
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t e = 0; e < E; e++) {
+            const int8_t *kc, *vc;
+            float ks, vs;
+            if (e < F) {
+                kc = fk + (h * F + e) * D, vc = fv + (h * F + e) * D;
+                ks = half_value(fks[h * F + e]), vs = half_value(fvs[h * F + e]);
+                bias[h * E + e] = 0.0f;
+            } else {
+                int64_t c = h * C + e - F;
+                kc = pool + c * D, vc = pool + (H * C + c) * D;
+                ks = half_value(pool_scale[c]), vs = half_value(pool_scale[H * C + c]);
+                bias[h * E + e] = pool_bias[c];
+            }
+            float *ko = k + (h * E + e) * D, *vo = v + (h * E + e) * D;
+            for (int64_t d = 0; d < D; d++) {
+                ko[d] = (float)kc[d] * ks;
+                vo[d] = (float)vc[d] * vs;
+            }
+        }
+    }
+}

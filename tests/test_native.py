@@ -136,6 +136,10 @@ def test_pool_updates_place_rows_as_the_tensor_code(tiny_loaded, tmp_path, tenso
         a, b = pool_state(fast[0]), pool_state(slow[0])
         for key in a:
             assert torch.equal(a[key], b[key]), (step, key)
+        read = memory.pool_entries(0, fast[0], torch.float32)  # what attention reads
+        want = tensor_code(memory.pool_entries, 0, slow[0], torch.float32)
+        for got, expected in zip(read, want, strict=True):
+            assert torch.equal(got, expected), step
     assert fast[0].owner.shape[1] > budget  # it widened
     assert in_native_code(memory, fast[0], picks[0])
 
