@@ -214,6 +214,9 @@ def sekv_attention_forward(
     out, mass = mixed_attention(
         q, k_loc, v_loc, k_mem, v_mem, bias, scaling, with_mass=policy.track_mass
     )
+    if mass is not None and not policy.ordered:  # a decoding step: one native call on the CPU
+        if policy.trace.add_step(layer, memory, mass, owner, slots, Hq, policy.attribute):
+            mass = None
     if mass is not None:  # (Hkv, Tq, M)
         P = owner.shape[1]
         pool_mass = mass[:, :, -P:].sum(dim=1) / (Hq * Tq)  # (Hkv, P)

@@ -47,6 +47,10 @@ SIGNATURES = {
     ),
     "sekv_rotate": (ctypes.c_int, [_P, _P, _P, _I, _I, _I, _P]),
     "sekv_entries": (None, [*[_P] * 7, _I, _I, _I, _I, _P, _P, _P]),
+    "sekv_attention_trace": (
+        ctypes.c_int,
+        [_P, _I, _I, _I, _I, _P, _I, _P, _P, _P, _P, _I, _I, _P],
+    ),
     "sekv_gather": (_I, [_I, _P, _P, _I, _I, *[_P] * 4, _I, _P, _I, _I, _P, _I, _I, *[_P] * 4]),
 }
 
@@ -397,3 +401,39 @@ def entries(fixed_k, fixed_v, pool_rows, pool_bias: torch.Tensor) -> tuple[torch
         _ptr(bias),
     )
     return k, v, bias
+
+
+def attention_trace(
+    mass: torch.Tensor,
+    fixed: int,
+    q_heads: int,
+    owner: torch.Tensor,
+    span_mass: torch.Tensor,
+    token: torch.Tensor,
+    fixed_positions: torch.Tensor,
+    span_positions: torch.Tensor,
+    answer: torch.Tensor | None,
+) -> None:
+    """One decoding step's attention (H, E) over the memory entries into the trace, in place:
+    each pool slot's share to its span's ``span_mass`` (N + 1,) and, with ``answer`` (H, T + 1),
+    the most attention each context token got (:meth:`sekv_core.trace.ZoomTrace.add_step`)."""
+    (H, C), N, S = owner.shape, span_mass.numel() - 1, span_positions.numel() - 1
+    T = answer.shape[1] - 1 if answer is not None else 0
+    failed = library().sekv_attention_trace(
+        _ptr(mass),
+        H,
+        fixed,
+        C,
+        q_heads,
+        _ptr(owner),
+        N,
+        _ptr(span_mass),
+        _ptr(token),
+        _ptr(fixed_positions),
+        _ptr(span_positions),
+        S,
+        T,
+        None if answer is None else _ptr(answer),
+    )
+    if failed:
+        raise IndexError("an attention entry's position lies outside the document")

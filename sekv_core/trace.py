@@ -100,6 +100,45 @@ class ZoomTrace:
             self.answer = mass.new_zeros(num_layers, mass.shape[0], T + 1)
         self.answer[layer].scatter_reduce_(1, positions, mass, reduce="amax")
 
+    def add_step(
+        self,
+        layer: int,
+        memory,
+        mass: torch.Tensor,
+        owner: torch.Tensor,
+        slots: torch.Tensor,
+        q_heads: int,
+        attribute: bool,
+    ) -> bool:
+        """:meth:`add_mass` and (``attribute``) :meth:`add_answer` of one decoding step's query
+        at once on the CPU: ``mass`` (H, 1, E) its attention over a memory's entries (the
+        fixed rows, then every pool slot: ``owner``, ``slots`` (H, C)). False where the tensor
+        code must run (another device or layout); the same sums and maxima."""
+        if mass.shape[1] != 1 or mass.dtype != torch.float32:
+            return False
+        fixed = memory.fixed_positions[layer]
+        span_positions = memory.span_positions
+        if not native.usable(mass, owner, slots, fixed, span_positions):
+            return False
+        if self.mass is None:
+            self.mass = mass.new_zeros(memory.n_spans + 1)
+        if attribute and self.answer is None:
+            self.answer = mass.new_zeros(memory.num_layers, mass.shape[0], memory.context_len + 1)
+        answer = self.answer[layer] if attribute else None
+        native.attention_trace(
+            mass[:, 0],
+            fixed.shape[1],
+            q_heads,
+            owner,
+            self.mass,
+            slots,
+            fixed,
+            span_positions,
+            answer,
+        )
+        self.calls += 1
+        return True
+
     def explain(self, index: torch.Tensor, scores: torch.Tensor | None = None) -> dict[str, Any]:
         """For spans ``index`` (a source's): in how many layers (and layer-heads) any was zoomed
         while answering; for the question, how many layer-heads zoomed the best of them and

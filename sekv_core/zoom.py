@@ -105,7 +105,9 @@ class SpanMemory:
             [self.starts[span] + rows - first[span], torch.tensor([self.context_len])]
         ).to(device)
         # (L, H, F) context positions of the sinks and anchors
-        self.fixed_positions = r["fixed_pos"].long().to(device).expand(fixed_k.shape[:3])
+        self.fixed_positions = (
+            r["fixed_pos"].long().to(device).expand(fixed_k.shape[:3]).contiguous()
+        )
         # each span's highest-surprisal sketch rows, for the prefilter of long documents
         self.span_reps = r.get("span_reps")  # (N, 4)
         self.num_layers, self.num_kv_heads, self.fixed_tokens, self.head_dim = fixed_k.shape

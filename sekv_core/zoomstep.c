@@ -449,3 +449,40 @@ void sekv_entries(const int8_t *fk, const uint16_t *fks, const int8_t *fv, const
         }
     }
 }
+
+/* ---- the trace (sekv_core/trace.py): what one decoding step's attention paid ------------- */
+
+/* One query's attention mass (H, E) over the memory entries (F fixed rows, then C pool slots)
+ * of a decoding step, summed over each KV head's query heads: each slot's share
+ * (mass / q_heads) added to its span's in span_mass (N + 1; free slots: the last), in slot
+ * order; and, with answer (H, T + 1), each entry's context token keeping the most any step
+ * paid it (fixed rows: fixed_pos (H, F); slots: span_pos of their span token, a free slot's
+ * -1 reading the last entry: T). Returns 0, or -1 for a position outside the answer. */
+int sekv_attention_trace(const float *mass, int64_t H, int64_t F, int64_t C, int64_t q_heads,
+                         const int64_t *owner, int64_t N, float *span_mass, const int64_t *token,
+                         const int64_t *fixed_pos, const int64_t *span_pos, int64_t S,
+                         int64_t T, float *answer) {
+    int64_t E = F + C;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t c = 0; c < C; c++) {
+            int64_t o = owner[h * C + c];
+            span_mass[o < 0 ? N : o] += mass[h * E + F + c] / (float)q_heads;
+        }
+    if (!answer) return 0;
+    for (int64_t h = 0; h < H; h++) {
+        float *row = answer + h * (T + 1);
+        for (int64_t e = 0; e < E; e++) {
+            int64_t p;
+            if (e < F) {
+                p = fixed_pos[h * F + e];
+            } else {
+                int64_t r = token[h * C + e - F];
+                p = span_pos[r < 0 ? S : r];
+            }
+            if (p < 0 || p > T) return -1;
+            float m = mass[h * E + e] / (float)q_heads;
+            if (m > row[p]) row[p] = m;
+        }
+    }
+    return 0;
+}

@@ -12,6 +12,7 @@ from sekv_core import native
 from sekv_core.codec import fit_code
 from sekv_core.kvquant import quantize_rows
 from sekv_core.pools import empty_pool, in_native_code
+from sekv_core.prompt import chat_template, encode_question
 from sekv_core.rope import Rope
 from sekv_core.router import SketchRouter, native_scores, select
 from sekv_core.sketch import column_major
@@ -221,3 +222,29 @@ def test_keys_rotate_as_the_tensor_code(tiny_loaded, tensor_code):
     got = rope.rotate(keys, positions)
     assert torch.equal(got, tensor_code(rope.rotate, keys, positions))
     assert not torch.equal(got, keys)
+
+
+def test_an_answer_is_the_tensor_codes_trace_and_sources_included(
+    tiny_loaded, tmp_path, tensor_code
+):
+    """A whole answer (routing, pools, reconstruction, attention, the trace) gives the same
+    tokens, attention shares and per-token attention natively as in the tensor code, and the
+    router's scores to float rounding."""
+    from test_attention import sekv_method
+
+    method, _ = sekv_method(tiny_loaded, tmp_path, budget=40)
+    tok = tiny_loaded.tokenizer
+    question = encode_question(tok, chat_template(tok), "Where is item 4 kept?")
+
+    def answer():
+        tokens = list(method.generate(question, 8))
+        trace = method.policy.trace
+        return tokens, trace.mass.clone(), trace.answer.clone(), trace.spans()
+
+    fast, slow = answer(), tensor_code(answer)
+    assert fast[0] == slow[0]
+    assert torch.equal(fast[1], slow[1]) and torch.equal(fast[2], slow[2])
+    assert len(fast[3]) == len(slow[3])
+    for a, b in zip(fast[3], slow[3], strict=True):  # router scores: the same to float rounding
+        assert a == b | {key: pytest.approx(b[key], rel=1e-5) for key in ("score", "threshold")}
+    assert fast[2].amax() > 0
