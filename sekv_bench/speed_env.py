@@ -23,7 +23,8 @@ from sekv_core.errors import SekvError
 from sekv_core.paths import sekv_home
 
 HOME_ENV = "SEKV_HOME"
-SHARED = ("models", "routers")  # kept from the user's home: converted default model, routers
+# kept from the user's home: the converted default model, routers, the compiled native kernels
+SHARED = ("models", "routers", "native")
 HOG = (
     "import torch\n"
     "a = torch.randn(1024, 1024)\n"
@@ -64,8 +65,8 @@ def fresh_home(parent: Path) -> Iterator[Path]:
     """A new, empty ``$SEKV_HOME`` under ``parent`` for the duration (restored after).
 
     Its stores start empty, so the first SeKV session builds its store here, timed; the user's
-    converted default model and trained routers are linked in, so models load as fast and route
-    as they would outside the benchmark.
+    converted default model, trained routers and compiled kernels are linked in, so models load
+    as fast and route as they would outside the benchmark.
     """
     user = sekv_home()
     home = Path(tempfile.mkdtemp(prefix="home-", dir=parent))
