@@ -37,7 +37,7 @@ SIGNATURES = {
     "sekv_select": (ctypes.c_int, [_P, _I, _I, _P, _I, ctypes.c_int, ctypes.c_float, _I, _P, _P]),
     "sekv_record": (None, [_P, _P, _P, _I, _I, _P, _P, _P, _P, _P]),
     "sekv_pairs": (_I, [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P]),
-    "sekv_place": (ctypes.c_int, [_I, _I, _I, _I, *[_P] * 5, _I, *[_P] * 8]),
+    "sekv_place": (ctypes.c_int, [_I, _I, _I, _I, *[_P] * 5, _I, *[_P] * 4, _I, *[_P] * 4]),
     "sekv_activate": (None, [_P, _P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_float]),
     "sekv_field_codes": (None, [_P, _I, _I, _I, _P, _P]),
     "sekv_tier_coefficients": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P]),
@@ -127,12 +127,19 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+def _require(ok: bool, what: str) -> None:
+    """The kernels trust their arrays' sizes: a caller's mistake stops here, not in memory."""
+    if not ok:
+        raise ValueError(f"native kernel called with {what}")
+
+
 def select(
     scores: torch.Tensor, lengths: torch.Tensor, budget: int, margin: float | None, rounds: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sekv_core.router.select` for float32 scores (H, N) and int64 lengths (N,) on the
     CPU."""
     H, N = scores.shape
+    _require(lengths.shape == (N,), "one length per span")
     zoom = torch.empty(H, N, dtype=torch.bool)
     threshold = torch.empty(H)
     failed = library().sekv_select(
@@ -208,6 +215,8 @@ def place(pool, zoom: torch.Tensor, heads, spans, lengths, first_row, k, v) -> N
     CPU tensors, in place: new rows ``k``, ``v`` (T, D) float32 in pair order."""
     owner, (codes, scale) = pool.owner, pool.rows.tensors()
     (H, C), D = owner.shape, codes.shape[-1]
+    _require(k.shape == v.shape and k.shape[1:] == (D,), "rows of the pool's width")
+    _require(heads.shape == spans.shape and codes.shape == (2, H, C, D), "a pool's layout")
     failed = library().sekv_place(
         H,
         zoom.shape[1],
@@ -223,11 +232,13 @@ def place(pool, zoom: torch.Tensor, heads, spans, lengths, first_row, k, v) -> N
         _ptr(spans),
         _ptr(lengths),
         _ptr(first_row),
+        k.shape[0],
         _ptr(k),
         _ptr(v),
         _ptr(codes),
         _ptr(scale),
     )
+    _require(failed != -2, "rows other than the pairs' tokens")
     if failed:
         raise MemoryError("out of memory placing zoomed rows")
 
@@ -351,6 +362,8 @@ def sketch_scores(
     queries ``qs`` (H, M, R) in the sketch's scale, their constants ``base`` (H, M) and one
     layer's 4-bit sketch ``packed`` (H, S, R / 2) held column-major."""
     (H, M, R), S, N = qs.shape, packed.shape[1], first_row.numel()
+    _require(qs.is_contiguous() and base.shape == (H, M) and base.is_contiguous(), "queries")
+    _require(packed.shape == (H, S, R // 2) and lengths.shape == (N,), "a sketch's layout")
     out = torch.empty(H, N)
     failed = library().sekv_sketch_scores(
         _ptr(qs),
@@ -366,6 +379,7 @@ def sketch_scores(
         _ptr(lengths),
         _ptr(out),
     )
+    _require(failed != -2, "spans outside the sketch")
     if failed:
         raise MemoryError("out of memory scoring spans")
     return out
@@ -375,6 +389,7 @@ def rotate(keys: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> 
     """Keys (T, D) float32 rotated to ``positions`` (T,) with RoPE's ``table`` (n, 2D) of cos |
     sin per position (:meth:`sekv_core.rope.Rope.rotate`): k cos + rotate_half(k) sin."""
     (T, D), n = keys.shape, table.shape[0]
+    _require(table.shape[1:] == (2 * D,) and positions.shape == (T,), "a rotary table")
     out = torch.empty_like(keys)
     if library().sekv_rotate(_ptr(keys), _ptr(positions), _ptr(table), T, D, n, _ptr(out)):
         raise IndexError("a position outside the rotary table")
@@ -386,6 +401,7 @@ def entries(fixed_k, fixed_v, pool_rows, pool_bias: torch.Tensor) -> tuple[torch
     8-bit sinks and anchors (``fixed_k``, ``fixed_v``: Rows (H, F, D)) then the pool's slots
     (``pool_rows``: Rows (2, H, C, D)), and the bias (H, F + C): 0, then ``pool_bias`` (H, C)."""
     (H, F, D), C = fixed_k.codes.shape, pool_bias.shape[1]
+    _require(pool_rows.codes.shape == (2, H, C, D), "a pool's layout")
     k = torch.empty(H, F + C, D)
     v = torch.empty(H, F + C, D)
     bias = torch.empty(H, F + C)
@@ -418,6 +434,7 @@ def attention_trace(
     each pool slot's share to its span's ``span_mass`` (N + 1,) and, with ``answer`` (H, T + 1),
     the most attention each context token got (:meth:`sekv_core.trace.ZoomTrace.add_step`)."""
     (H, C), N, S = owner.shape, span_mass.numel() - 1, span_positions.numel() - 1
+    _require(mass.shape == (H, fixed + C) and fixed_positions.shape == (H, fixed), "entries")
     T = answer.shape[1] - 1 if answer is not None else 0
     failed = library().sekv_attention_trace(
         _ptr(mass),

@@ -69,7 +69,7 @@ def native_scores(
         return None
     qs, offset = sketch_queries(memory, layer, q)
     base = qs.sum(dim=-1) * -8 + offset[..., 0]  # (H, M): codes are levels + 8
-    return native.sketch_scores(qs, base[..., 0], packed, scaling, first_row, memory.host_lengths)
+    return native.sketch_scores(qs, base, packed, scaling, first_row, memory.host_lengths)
 
 
 class TrainedRouter:

@@ -204,12 +204,16 @@ int64_t sekv_pairs(const uint8_t *zoom, const uint8_t *held, const int64_t *owne
  * first, then the least recently active (ties: slot order). The spans losing a slot are no
  * longer held and their other slots are freed. codes (2, H, C, D), scale (2, H, C): the pool's
  * 8-bit rows; owner, last, token (H, C); held (H, N); first_row (N,): each span's first row of
- * the sketch order. Returns 0, or -1 when out of memory. */
+ * the sketch order; k, v hold T rows, the pairs' tokens. Returns 0, -1 when out of memory, or -2
+ * (nothing changed) when T is not the pairs' tokens. */
 int sekv_place(int64_t H, int64_t N, int64_t C, int64_t D, const uint8_t *zoom, uint8_t *held,
                int64_t *owner, int64_t *last, int64_t *token, int64_t n_pairs,
                const int64_t *heads, const int64_t *spans, const int64_t *lengths,
-               const int64_t *first_row, const float *k, const float *v, int8_t *codes,
-               uint16_t *scale) {
+               const int64_t *first_row, int64_t T, const float *k, const float *v,
+               int8_t *codes, uint16_t *scale) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < n_pairs; i++) total += lengths[spans[i]];
+    if (total != T) return -2;
     size_t room = C > 0 ? (size_t)C : 1;
     uint64_t *keys = malloc(2 * room * sizeof *keys);
     if (!keys) return -1;
@@ -360,11 +364,13 @@ void sekv_tier_coefficients(const uint8_t *records, int64_t T, int64_t B, int64_
  * queries (H, M, R) of each head, base (H, M) plus the products with the 4-bit sketch codes
  * packed two per byte, each direction pair's byte column contiguous over the S rows (H, R / 2,
  * S; the low nibble multiplies the even direction); the best query's, times scaling; the best
- * row of each span (rows first_row[n] .. + lengths[n]). out (H, N). Returns 0, or -1 when out
- * of memory. */
+ * row of each span (rows first_row[n] .. + lengths[n]). out (H, N). Returns 0, -1 when out of
+ * memory, or -2 when a span's rows lie outside the sketch. */
 int sekv_sketch_scores(const float *qs, const float *base, const uint8_t *packed, int64_t H,
                        int64_t M, int64_t R, int64_t S, float scaling, int64_t N,
                        const int64_t *first_row, const int64_t *lengths, float *out) {
+    for (int64_t n = 0; n < N; n++)
+        if (first_row[n] < 0 || lengths[n] < 0 || first_row[n] + lengths[n] > S) return -2;
     float *acc = malloc((size_t)(M * S + S) * sizeof *acc + 1);
     if (!acc) return -1;
     float *best = acc + M * S;
