@@ -26,7 +26,7 @@ from functools import cached_property
 
 import torch
 
-from . import native
+from . import kernels
 from .summary import STORE_DTYPE, stored
 from .tiers import MAX_BITS
 
@@ -161,8 +161,8 @@ class AllocatedCode:
         on these small integers, every row at once (a layer's heads share a layout): one
         product puts each code's two bytes, over 2^offset, in its column, two floors cut the
         code out; then one product per head maps the codes to rows."""
-        if records.dtype == torch.uint8 and native.usable(records):  # one call on the CPU
-            codes = native.field_codes(records, self.layer_bits[layer])
+        if records.dtype == torch.uint8 and kernels.usable(records):  # one call on the CPU
+            codes = kernels.field_codes(records, self.layer_bits[layer])
         else:
             windows, narrow, width = (t[layer] for t in self.fields)
             # code + bits above it; the spare byte after the record (always 0) adds nothing

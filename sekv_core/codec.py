@@ -21,7 +21,7 @@ from functools import cached_property
 
 import torch
 
-from . import native
+from . import kernels
 from .allocated import AllocatedCode, per_head, query_metric
 from .bitpack import pack_codes, unpack_codes
 from .errors import SekvError
@@ -108,8 +108,8 @@ class Codebook:
         :func:`~sekv_core.allocated.per_head` takes them); on the records' device. One product per
         head of its rows' coefficients with its synthesis map."""
         synth, mean = self.synthesis
-        if records.dtype == torch.uint8 and native.usable(records):
-            coef = native.tier_coefficients(records, self.tiers)  # one call on the CPU
+        if records.dtype == torch.uint8 and kernels.usable(records):
+            coef = kernels.tier_coefficients(records, self.tiers)  # one call on the CPU
         else:
             coef = self.coefficients(records)
         return per_head(coef, heads, synth[layer], mean[layer]).to(dtype)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import native
+from . import kernels
 from .kvquant import Rows
 from .rope import rotate_half
 
@@ -113,7 +113,7 @@ def zoom_pool(memory: SpanMemory, layer: int, zoom: torch.Tensor, capacity: int)
     new = place_new_spans(memory, layer, pool, zoom)
     owner = pool.owner
     if in_native_code(memory, pool, zoom):
-        active, pool.bias = native.activate(zoom, owner, pool.last, pool.updates)
+        active, pool.bias = kernels.activate(zoom, owner, pool.last, pool.updates)
     else:
         active = of_span(zoom, owner)
         pool.last.masked_fill_(active, pool.updates)
@@ -168,11 +168,11 @@ def empty_pool(memory: SpanMemory, zoom: torch.Tensor, capacity: int) -> ZoomPoo
 def place_new_spans(memory: SpanMemory, layer: int, pool: ZoomPool, zoom: torch.Tensor) -> int:
     """Reconstruct the picked (span, head) pairs the pool does not hold, in one batch, into
     slots that no picked span uses (free first, then the least recently active). Returns the
-    head-tokens reconstructed. On the CPU the bookkeeping is native code (:mod:`sekv_core.native`),
+    head-tokens reconstructed. On the CPU the bookkeeping is native code (:mod:`sekv_core.kernels`),
     with the same placement."""
     fast = in_native_code(memory, pool, zoom)
     if fast:
-        heads, spans, needed = native.new_pairs(zoom, pool.held, pool.owner, memory.host_lengths)
+        heads, spans, needed = kernels.new_pairs(zoom, pool.held, pool.owner, memory.host_lengths)
     else:
         pairs = (zoom & ~pool.held).nonzero()  # (n, 2): (head, span), head-major
         heads, spans = pairs[:, 0].cpu(), pairs[:, 1].cpu()
@@ -185,7 +185,7 @@ def place_new_spans(memory: SpanMemory, layer: int, pool: ZoomPool, zoom: torch.
             widen_pool(memory, pool, needed)
         lengths, first_row = memory.host_lengths, memory.first_row
         k, v = (t.float().contiguous() for t in (k, v))
-        native.place(pool, zoom, heads, spans, lengths, first_row, k, v)
+        kernels.place(pool, zoom, heads, spans, lengths, first_row, k, v)
         return k.shape[0]
     device, H = zoom.device, zoom.shape[0]
     lengths = memory.host_lengths[spans]
@@ -221,12 +221,12 @@ def place_new_spans(memory: SpanMemory, layer: int, pool: ZoomPool, zoom: torch.
 
 
 def in_native_code(memory: SpanMemory, pool: ZoomPool, zoom: torch.Tensor) -> bool:
-    """Whether the pool's update runs in :mod:`sekv_core.native` (8-bit rows on the CPU)."""
+    """Whether the pool's update runs in :mod:`sekv_core.kernels` (8-bit rows on the CPU)."""
     return (  # the pool's own tensors are contiguous, made here
         memory.kv_bits == 8
         and zoom.dtype == torch.bool
         and memory.host_lengths.dtype == memory.first_row.dtype == torch.long
-        and native.usable(zoom, pool.owner)
+        and kernels.usable(zoom, pool.owner)
     )
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import native
+from . import kernels
 
 if TYPE_CHECKING:  # the memory passes itself in; this module only reads its tables
     from .zoom import SpanMemory
@@ -74,7 +74,7 @@ def _gathered(
     mem: SpanMemory, layer: int, spans: torch.Tensor, heads: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]] | None:
     """The pairs' records, positions and rows per head read in one native call
-    (:func:`sekv_core.native.gather`), or None where the tensor code reads them."""
+    (:func:`sekv_core.kernels.gather`), or None where the tensor code reads them."""
     offload = getattr(mem.store, "offload", None)  # a streamed build reads its part files
     if offload is None:
         return None
@@ -83,11 +83,11 @@ def _gathered(
     if not (
         all(t.dtype == torch.long for t in tables)
         and k_buf.dtype == v_buf.dtype == torch.uint8
-        and native.usable(*tables, k_buf, v_buf)
+        and kernels.usable(*tables, k_buf, v_buf)
     ):
         return None
     k_bytes, v_bytes = mem.codebooks["k"].record_bytes, mem.codebooks["v"].record_bytes
-    return native.gather(mem, layer, spans, heads, k_buf, v_buf, k_bytes, v_bytes)
+    return kernels.gather(mem, layer, spans, heads, k_buf, v_buf, k_bytes, v_bytes)
 
 
 def record_ranges(

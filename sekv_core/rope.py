@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import native
+from . import kernels
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,7 @@ class Rope:
 
     def rotate(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Pre-RoPE keys (..., T, D) -> post-RoPE at ``positions`` (T,). Rows (T, D) of a static
-        rotary type on the CPU rotate in one native call (:mod:`sekv_core.native`), with the
+        rotary type on the CPU rotate in one native call (:mod:`sekv_core.kernels`), with the
         same products and sums."""
         if (
             self.static
@@ -67,9 +67,9 @@ class Rope:
             and k.dtype == torch.float32
             and positions.dtype == torch.long
             and positions.numel()
-            and native.usable(k, positions)
+            and kernels.usable(k, positions)
         ):
-            return native.rotate(k, positions, self.table(int(positions.max()) + 1, k))
+            return kernels.rotate(k, positions, self.table(int(positions.max()) + 1, k))
         cos, sin = self.tables(positions, k)
         return k * cos + rotate_half(k) * sin
 

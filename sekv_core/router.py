@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from . import native
+from . import kernels
 from .sketch import is_column_major, segment_max, sketch_logits, sketch_queries
 from .zoomnet import ZoomNet, sketch_spans
 
@@ -55,7 +55,7 @@ def native_scores(
     memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
 ) -> torch.Tensor | None:
     """:class:`SketchRouter`'s scores of a whole memory's 4-bit sketch (held column-major) on
-    the CPU in one native call (:mod:`sekv_core.native`; the same scores to float rounding: the
+    the CPU in one native call (:mod:`sekv_core.kernels`; the same scores to float rounding: the
     products sum in another order); None where the tensor code scores."""
     first_row = getattr(memory, "first_row", None)  # a subset (prefilter) scores its rows
     packed = memory.sketch[layer]
@@ -64,12 +64,12 @@ def native_scores(
         or packed.dtype != torch.uint8
         or q.dtype != torch.float32
         or not is_column_major(packed)
-        or not native.usable(q, packed.transpose(1, 2), first_row, memory.host_lengths)
+        or not kernels.usable(q, packed.transpose(1, 2), first_row, memory.host_lengths)
     ):
         return None
     qs, offset = sketch_queries(memory, layer, q)
     base = qs.sum(dim=-1) * -8 + offset[..., 0]  # (H, M): codes are levels + 8
-    return native.sketch_scores(qs, base, packed, scaling, first_row, memory.host_lengths)
+    return kernels.sketch_scores(qs, base, packed, scaling, first_row, memory.host_lengths)
 
 
 class TrainedRouter:
@@ -114,14 +114,14 @@ def select(
     the best-ranked spans only, enough to fill the budget twice over with the shortest spans;
     for a head whose lower-ranked spans could still have taken part, over every span (so a
     head's decision never depends on the other heads'). Spans of equal score go in document
-    order. On the CPU the same decision is one native call (:mod:`sekv_core.native`).
+    order. On the CPU the same decision is one native call (:mod:`sekv_core.kernels`).
     """
     if (
         scores.dtype == torch.float32
         and lengths.dtype == torch.int64
-        and native.usable(scores, lengths)
+        and kernels.usable(scores, lengths)
     ):
-        return native.select(scores, lengths, budget, margin, rounds)
+        return kernels.select(scores, lengths, budget, margin, rounds)
     if margin is None:
         threshold = scores.new_zeros(scores.shape[0])
     else:

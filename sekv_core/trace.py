@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import native
+from . import kernels
 
 
 @dataclass
@@ -55,9 +55,9 @@ class ZoomTrace:
             layer in self.ranked_layers
             and scores.dtype == self.best_margin.dtype == torch.float32
             and lengths.dtype == torch.int64
-            and native.usable(zoom, scores, threshold, lengths, self.zoomed)
+            and kernels.usable(zoom, scores, threshold, lengths, self.zoomed)
         ):  # a decoding step's record: one native call on the CPU
-            native.record(
+            kernels.record(
                 self.zoomed[layer],
                 self.best_margin,
                 self.best_score,
@@ -118,14 +118,14 @@ class ZoomTrace:
             return False
         fixed = memory.fixed_positions[layer]
         span_positions = memory.span_positions
-        if not native.usable(mass, owner, slots, fixed, span_positions):
+        if not kernels.usable(mass, owner, slots, fixed, span_positions):
             return False
         if self.mass is None:
             self.mass = mass.new_zeros(memory.n_spans + 1)
         if attribute and self.answer is None:
             self.answer = mass.new_zeros(memory.num_layers, mass.shape[0], memory.context_len + 1)
         answer = self.answer[layer] if attribute else None
-        native.attention_trace(
+        kernels.attention_trace(
             mass[:, 0],
             fixed.shape[1],
             q_heads,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from . import native
+from . import kernels
 from .codec import store_codebooks
 from .kvquant import KV_BITS, Rows, row_bytes
 from .pools import ZoomPool, zoom_pool
@@ -175,9 +175,9 @@ class SpanMemory:
             dtype == torch.float32
             and self.kv_bits == 8
             and pool.rotated is None
-            and native.usable(pool.bias, *fixed_k.tensors(), *fixed_v.tensors())
+            and kernels.usable(pool.bias, *fixed_k.tensors(), *fixed_v.tensors())
         ):
-            return native.entries(fixed_k, fixed_v, pool.rows, pool.bias)
+            return kernels.entries(fixed_k, fixed_v, pool.rows, pool.bias)
         keys, values = pool.kv(dtype)
         return self.entries(layer, keys, values, pool.bias)
 

@@ -1,7 +1,9 @@
-/* The bookkeeping of a decode step on the CPU: routing's select and the trace's record, and
- * the zoom pool's update, one call each where the tensor code takes dozens of small ops. Loaded by
- * sekv_core/native.py; the same decisions as sekv_core/router.py's tensor code (ties in score:
- * document order). Arrays are C-contiguous; bool arrays are one byte per element. */
+/* The decode step on the CPU, one call per step where the tensor code takes dozens of small
+ * ops: routing (the sketch router's scores, select), the zoom pool's update, zoom-in reads
+ * (records gathered and decoded, keys rotated), the memory entries attention reads, and the
+ * trace. Built and loaded by sekv_core/native.py, called through sekv_core/kernels.py; the same
+ * decisions and rows as the tensor code (ties in score: document order; the sketch scores to
+ * float rounding). Arrays are C-contiguous; bool arrays are one byte per element. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

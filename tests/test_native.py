@@ -1,4 +1,4 @@
-"""The decode step's native kernels (sekv_core/native.py) decide exactly as the tensor code."""
+"""The decode step's native kernels (sekv_core/native.py, kernels.py) decide as the tensor code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sekv_core import native
+from sekv_core import kernels, native
 from sekv_core.codec import fit_code
 from sekv_core.kvquant import quantize_rows
 from sekv_core.pools import empty_pool, in_native_code
@@ -29,7 +29,7 @@ def tensor_code(monkeypatch):
 
     def run(fn, *args, **kwargs):
         with monkeypatch.context() as m:
-            m.setattr(native, "usable", lambda *tensors: False)
+            m.setattr(kernels, "usable", lambda *tensors: False)
             return fn(*args, **kwargs)
 
     return run
@@ -158,7 +158,7 @@ def test_rows_are_encoded_as_the_tensor_code():
     pool = empty_pool(memory, zoom, T)
     heads, spans = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
     lengths, first_row = torch.tensor([T]), torch.tensor([0])
-    native.place(pool, zoom, heads, spans, lengths, first_row, rows[0], rows[1])
+    kernels.place(pool, zoom, heads, spans, lengths, first_row, rows[0], rows[1])
     codes, scale = quantize_rows(rows)
     assert torch.equal(pool.rows.codes[:, 0], codes)
     assert torch.equal(pool.rows.scale[:, 0], scale)
