@@ -223,6 +223,7 @@ def tier_coefficients(records: torch.Tensor, tiers) -> torch.Tensor:
     """Coefficients (T, D) float32 of a codebook's records (T, B) uint8 in ``tiers``
     (:meth:`sekv_core.codec.Codebook.coefficients`)."""
     T, B = records.shape
+    _require(B >= sum(t.nbytes for t in tiers), "records shorter than their tiers")
     counts, bits, levels = _tier_table(tuple((t.count, t.bits, t.levels) for t in tiers))
     out = torch.empty(T, int(counts.sum()))
     library().sekv_tier_coefficients(
