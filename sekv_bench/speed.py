@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from sekv_core.config import MethodSettings
 from sekv_core.decode import forced
 from sekv_core.documents import Document, load_document
 from sekv_core.engine import Answer, Session
@@ -41,6 +42,12 @@ NEUTRAL = (
     "each ordinary item in the book before the meeting closed for the evening."
 )
 WARM_UP_TOKENS = 200  # a small haystack both methods answer once before anything is timed
+ASKED = MethodSettings(router="auto")  # SeKV as `sekv ask` answers: the model's trained router
+
+
+def session(loaded: LoadedModel, document: Document, method: str) -> Session:
+    """A session of ``method`` with the settings `sekv ask` gives it by default."""
+    return Session(loaded, document, method, settings=ASKED if method == "sekv" else None)
 
 
 @dataclass
@@ -93,16 +100,16 @@ def repeated(answers: list[Answer]) -> dict[str, Any]:
 def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: int) -> dict:
     """Both methods on ``document``: preparations, fresh first tokens, then the timed answers
     alternately (the store home must not hold this document's store yet)."""
-    full = Session(loaded, document, "full")
+    full = session(loaded, document, "full")
     full_fresh = forced_answer(full, ids)  # warm-up: prefill + first token
-    built = Session(loaded, document, "sekv")  # an empty store home: the store is built
+    built = session(loaded, document, "sekv")  # an empty store home: the store is built
     build = {
         "build_s": round(built.prepare_s, 4),
         "build_cache_hit": built.method.store_info()["cache_hit"],
         "build_first_token_s": forced_answer(built, ids).timings["first_token_s"],  # warm-up
     }
     del built  # one SeKV session in memory while timing
-    cached = Session(loaded, document, "sekv")  # the store loaded from disk
+    cached = session(loaded, document, "sekv")  # the store loaded from disk
     cached_fresh = forced_answer(cached, ids)
     runs: dict[str, list[Answer]] = {"full": [], "sekv": []}
     for _ in range(repeats):
@@ -127,6 +134,7 @@ def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: in
             "load_cache_hit": cached.method.store_info()["cache_hit"],
             "first_token_fresh_s": cached_fresh.timings["first_token_s"],
             "resident_share": resident_share(cached_fresh.memory, 4),
+            "router": cached.method.routing()["router"],
             **repeated(runs["sekv"]),
         },
         "decode_pair_ratios": pairs,
@@ -149,7 +157,7 @@ def device_peaks(loaded: LoadedModel, document: Document, ids: list[int]) -> dic
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(loaded.device)
         torch.cuda.reset_peak_memory_stats(loaded.device)
-        forced_answer(Session(loaded, document, method), ids)  # dropped before the next
+        forced_answer(session(loaded, document, method), ids)  # dropped before the next
         peaks[method] = torch.cuda.max_memory_allocated(loaded.device) - base
     return peaks
 
@@ -193,7 +201,7 @@ def warm_up(loaded: LoadedModel, folder: Path, ids: list[int]) -> None:
     """One untimed answer per method on a small haystack (first-call costs land here)."""
     document = write_haystack(loaded.tokenizer, WARM_UP_TOKENS, folder)
     for method in ("full", "sekv"):
-        forced_answer(Session(loaded, document, method), ids)
+        forced_answer(session(loaded, document, method), ids)
 
 
 def run_pass(
@@ -320,6 +328,11 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
     return shown
 
 
+def routers(result: dict[str, Any]) -> str:
+    """The router(s) SeKV's answers used (``trained`` where the model ships one)."""
+    return " / ".join(sorted({r["sekv"].get("router", "sketch") for r in result["rows"]}))
+
+
 def markdown(result: dict[str, Any]) -> str:
     """results.md: the table, the machine and what each column means."""
     rows = table_rows(result)
@@ -329,7 +342,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Model {result['model']} on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch "
         f"threads, torch {m['torch']}, {m['device']}); {c['tokens']} tokens decoded per answer "
-        f"(teacher-forced, both methods), median of {c['repeats']} answers each.",
+        f"(teacher-forced, both methods), median of {c['repeats']} answers each. SeKV "
+        f"answers as `sekv ask` does: the {routers(result)} router.",
         "",
         *markdown_table(rows),
         "",

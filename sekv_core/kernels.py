@@ -2,9 +2,10 @@
 
 Each takes and returns torch tensors on the CPU (callers check :func:`usable` first; the tensor
 code runs elsewhere) and checks the sizes the C code trusts. Routing: :func:`select`,
-:func:`sketch_scores`, :func:`record`; the zoom pool: :func:`new_pairs`, :func:`place`,
-:func:`activate`; zoom-in reads: :func:`gather`, :func:`field_codes`, :func:`tier_coefficients`,
-:func:`rotate`; attention: :func:`entries`, :func:`attention_trace`.
+:func:`sketch_scores`, :func:`gate_scores`, :func:`record`; the zoom pool:
+:func:`new_pairs`, :func:`place`, :func:`activate`; zoom-in reads: :func:`gather`,
+:func:`field_codes`, :func:`tier_coefficients`, :func:`rotate`; attention: :func:`entries`,
+:func:`attention_trace`.
 """
 
 from __future__ import annotations
@@ -273,6 +274,60 @@ def sketch_scores(
         N,
         _ptr(first_row),
         _ptr(lengths),
+        _ptr(out),
+    )
+    _require(failed != -2, "spans outside the sketch")
+    if failed:
+        raise MemoryError("out of memory scoring spans")
+    return out
+
+
+def gate_scores(
+    q: torch.Tensor,
+    sketch: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    first_row: torch.Tensor,
+    lengths: torch.Tensor,
+    gate: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    scaling: float,
+) -> torch.Tensor:
+    """(H, N) :class:`sekv_core.router.TrainedRouter`'s scores: each span's largest gate logit
+    over the queries ``q`` (H, G, Tq, D) of one layer, in one pass over its 4-bit sketch.
+
+    sketch : the layer's ``proj`` (H, D, R), ``scale`` (H, R), ``mean`` (H, D) and packed codes
+    (H, S, R / 2) held column-major; first_row, lengths : (N,) each span's rows;
+    gate : the routing maps (H, G, D, K), the spans' mapped mean keys (H, G, N, K), the weights
+    (H, G, 5) of peak, mass, route term, log length and threshold, and log lengths (N,)."""
+    (H, G, Tq, D), N = q.shape, first_row.numel()
+    proj, scale, mean, packed = sketch
+    route, keys, coef, log_len = gate
+    R, S, K = proj.shape[-1], packed.shape[1], route.shape[-1]
+    _require(q.is_contiguous() and lengths.shape == (N,) and log_len.shape == (N,), "spans")
+    _require(proj.shape == (H, D, R) and scale.shape == (H, R) and mean.shape == (H, D), "sketch")
+    _require(packed.shape == (H, S, R // 2), "a sketch's layout")
+    _require(route.shape == (H, G, D, K) and keys.shape == (H, G, N, K), "routing maps")
+    _require(coef.shape == (H, G, 5), "gate weights")
+    out = torch.empty(H, N)
+    failed = library().sekv_gate_scores(
+        _ptr(q),
+        H,
+        G,
+        Tq,
+        D,
+        _ptr(proj),
+        _ptr(scale),
+        _ptr(mean),
+        R,
+        _ptr(packed),
+        S,
+        N,
+        _ptr(first_row),
+        _ptr(lengths),
+        _ptr(route),
+        _ptr(keys),
+        K,
+        _ptr(coef),
+        _ptr(log_len),
+        scaling,
         _ptr(out),
     )
     _require(failed != -2, "spans outside the sketch")

@@ -47,6 +47,10 @@ SIGNATURES = {
         ctypes.c_int,
         [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _I, _P, _P, _P],
     ),
+    "sekv_gate_scores": (
+        ctypes.c_int,
+        [_P, _I, _I, _I, _I, _P, _P, _P, _I, _P, _I, _I, *[_P] * 4, _I, _P, _P, ctypes.c_float, _P],
+    ),
     "sekv_rotate": (ctypes.c_int, [_P, _P, _P, _I, _I, _I, _P]),
     "sekv_entries": (None, [*[_P] * 7, _I, _I, _I, _I, _P, _P, _P]),
     "sekv_attention_trace": (

@@ -15,13 +15,14 @@ Two routers, behind one ``scores`` method:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from . import kernels
-from .sketch import is_column_major, segment_max, sketch_logits, sketch_queries
-from .zoomnet import ZoomNet, sketch_spans
+from .sketch import reads_natively, segment_max, sketch_logits, sketch_queries
+from .zoomnet import ZoomGate, ZoomNet, sketch_spans
 
 if TYPE_CHECKING:  # routers read the memory they are given (or a subset of it)
     from .zoom import SpanMemory
@@ -57,19 +58,12 @@ def native_scores(
     """:class:`SketchRouter`'s scores of a whole memory's 4-bit sketch (held column-major) on
     the CPU in one native call (:mod:`sekv_core.kernels`; the same scores to float rounding: the
     products sum in another order); None where the tensor code scores."""
-    first_row = getattr(memory, "first_row", None)  # a subset (prefilter) scores its rows
-    packed = memory.sketch[layer]
-    if (
-        first_row is None
-        or packed.dtype != torch.uint8
-        or q.dtype != torch.float32
-        or not is_column_major(packed)
-        or not kernels.usable(q, packed.transpose(1, 2), first_row, memory.host_lengths)
-    ):
+    if not reads_natively(memory, layer, q):
         return None
-    qs, offset = sketch_queries(memory, layer, q)
+    qs, offset = sketch_queries(memory, layer, q.contiguous())
     base = qs.sum(dim=-1) * -8 + offset[..., 0]  # (H, M): codes are levels + 8
-    return kernels.sketch_scores(qs, base, packed, scaling, first_row, memory.host_lengths)
+    packed, first_row, lengths = memory.sketch[layer], memory.first_row, memory.host_lengths
+    return kernels.sketch_scores(qs, base, packed, scaling, first_row, lengths)
 
 
 class TrainedRouter:
@@ -81,13 +75,62 @@ class TrainedRouter:
 
     def __init__(self, net: ZoomNet) -> None:
         self.net = net
+        self._layers: dict[int, GateLayer] = {}  # what each layer's scores reuse, step to step
 
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
+        kept = self.gate_layer(memory, layer, q.dtype)
+        if kept is not None and kept.native is not None and reads_natively(memory, layer, q):
+            sketch, gate = kept.native
+            first_row, lengths = memory.first_row, memory.host_lengths
+            return kernels.gate_scores(q.contiguous(), sketch, first_row, lengths, gate, scaling)
         spans = sketch_spans(memory, layer, q, scaling)
-        z = self.net.gate.logits(layer, q, spans, memory.log_len, scaling)
+        keys = None if kept is None else kept.keys
+        z = self.net.gate.logits(layer, q, spans, memory.log_len, scaling, span_keys=keys)
         return z.amax(dim=(1, 2))
+
+    def gate_layer(self, memory: SpanMemory, layer: int, dtype: torch.dtype) -> GateLayer | None:
+        """What ``layer``'s scores reuse while the memory's sketch stays the same (an answer's
+        steps); None for a subset of a memory (the prefilter's: its spans change each step)."""
+        if getattr(memory, "first_row", None) is None:
+            return None
+        kept = self._layers.get(layer)
+        if kept is None or kept.memory is not memory or kept.sketch is not memory.sketch:
+            kept = self._layers[layer] = GateLayer.make(self.net.gate, memory, layer, dtype)
+        return kept
+
+
+@dataclass
+class GateLayer:
+    """One layer's gate inputs that do not depend on the queries: the spans' mapped mean keys
+    and, for the native kernel, the sketch and the gate's weights as float32 arrays."""
+
+    memory: SpanMemory  # made from this memory's sketch
+    sketch: torch.Tensor
+    keys: torch.Tensor  # (Hkv, G, N, K)
+    native: tuple | None  # kernels.gate_scores' sketch and gate arguments; None: tensor code
+
+    @staticmethod
+    def make(gate: ZoomGate, memory: SpanMemory, layer: int, dtype: torch.dtype) -> GateLayer:
+        keys = gate.span_keys(layer, memory, dtype).detach()
+        native = None
+        if dtype == torch.float32:
+            sketch = (
+                memory.sketch_proj[layer].float().contiguous(),
+                memory.sketch_scale[layer].float().contiguous(),
+                memory.sketch_mean[layer].float().contiguous(),
+                memory.sketch[layer],
+            )
+            view = keys.shape[:2]
+            weights = [gate.sketch_weight, gate.mass_weight, gate.route_weight, gate.prior_weight]
+            coef = torch.stack([w[layer].view(view) for w in [*weights, gate.threshold]], -1)
+            route = gate.route(layer, torch.float32).contiguous()
+            log_len = memory.log_len.float().contiguous()
+            gate_args = (route.detach(), keys.contiguous(), coef.detach().contiguous(), log_len)
+            if kernels.usable(*sketch[:3], *gate_args):
+                native = (sketch, gate_args)
+        return GateLayer(memory, memory.sketch, keys, native)
 
 
 SELECT_ROUNDS = 4  # batched greedy passes of :func:`select`

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kernels
 from .bitpack import pack_codes, unpack_codes
 from .summary import STORE_DTYPE
 
@@ -166,6 +167,21 @@ def sketch_queries(memory, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, t
     qs = torch.bmm(flat, proj) * scale  # (H, M, R)
     offset = torch.bmm(flat, memory.sketch_mean[layer].to(q.dtype)[..., None])  # (H, M, 1)
     return qs, offset
+
+
+def reads_natively(memory, layer: int, q: torch.Tensor, *more: torch.Tensor) -> bool:
+    """Whether the native kernels read ``layer``'s sketch for queries ``q`` (and take ``more``
+    tensors beside): a whole memory's 4-bit sketch held column-major, float32 queries, on the CPU
+    (:mod:`sekv_core.kernels`; a subset of a memory is read by the tensor code)."""
+    first_row = getattr(memory, "first_row", None)  # a subset (prefilter) reads its own rows
+    packed = memory.sketch[layer]
+    return (
+        first_row is not None
+        and packed.dtype == torch.uint8
+        and q.dtype == torch.float32
+        and is_column_major(packed)
+        and kernels.usable(packed.transpose(1, 2), first_row, memory.host_lengths, *more)
+    )
 
 
 def column_major(rows: torch.Tensor) -> torch.Tensor:

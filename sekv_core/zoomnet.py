@@ -71,20 +71,25 @@ class ZoomGate(nn.Module):
         log_len: torch.Tensor,
         scaling: float,
         steps: torch.Tensor | None = None,
+        span_keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Gate logits (Hkv, G, Tq, N).
 
         q : (Hkv, G, Tq, D) queries; spans : the sketch's per-span estimates for them
         (:func:`sketch_spans`); log_len : (N,); steps : (Tq,) the zoom decision each query
-        serves (None: one decision for all of them, as when answering). "Best" in the gate is the
-        best over the decision's queries, the group's heads and the spans: the reference of the
-        training-free rule, which ranks spans by their max logit over those queries.
+        serves (None: one decision for all of them, as when answering); span_keys: the spans'
+        :meth:`span_keys`, if at hand. "Best" in the gate is the best over the decision's
+        queries, the group's heads and the spans: the reference of the training-free rule,
+        which ranks spans by their max logit over those queries.
         """
         Hkv, G = q.shape[:2]
         view = (Hkv, G, 1, 1)
-        w = self.w_route[layer].view(Hkv, G, *self.w_route.shape[2:]).to(q.dtype)
-        qr = torch.einsum("hgtd,hgdr->hgtr", q, w)
-        sr = spans.mean_keys(w).to(q.dtype)  # (Hkv, G, N, R): each span's W k
+        qr = torch.einsum("hgtd,hgdr->hgtr", q, self.route(layer, q.dtype))
+        sr = (
+            span_keys
+            if span_keys is not None
+            else self.span_keys(layer, spans.memory, q.dtype, spans.rows)
+        )
         bilinear = torch.einsum("hgtr,hgnr->hgtn", qr, sr).float() * scaling
         bilinear = self.route_weight[layer].view(view) * bilinear
         peak, mass = spans.max_logit.float(), spans.log_mass.float()
@@ -95,6 +100,20 @@ class ZoomGate(nn.Module):
             + self.prior_weight[layer].view(view) * log_len.float()
             - self.threshold[layer].view(view)
         )
+
+    def route(self, layer: int, dtype: torch.dtype) -> torch.Tensor:
+        """The routing maps W of ``layer``'s query heads, (Hkv, G, D, R)."""
+        shape = self.shape
+        w = self.w_route[layer].view(shape.num_kv_heads, shape.group, *self.w_route.shape[2:])
+        return w.to(dtype)
+
+    def span_keys(
+        self, layer: int, memory: Any, dtype: torch.dtype, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Each span's mean key (as the sketch of ``memory`` reconstructs it; ``rows``: its
+        dequantised rows, if at hand) mapped by each query head's W, (Hkv, G, N, R): the same
+        for every query, differentiable in W."""
+        return span_mean_keys(memory, layer, self.route(layer, dtype), rows).to(dtype)
 
 
 def step_best(z: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 /* The decode step on the CPU, one call per step where the tensor code takes dozens of small
- * ops: routing (the sketch router's scores, select), the zoom pool's update, zoom-in reads
+ * ops: routing (the routers' sketch reads, select), the zoom pool's update, zoom-in reads
  * (records gathered and decoded, keys rotated), the memory entries attention reads, and the
  * trace. Built and loaded by sekv_core/native.py, called through sekv_core/kernels.py; the same
  * decisions and rows as the tensor code (ties in score: document order; the sketch scores to
@@ -360,37 +360,50 @@ void sekv_tier_coefficients(const uint8_t *records, int64_t T, int64_t B, int64_
     }
 }
 
-/* ---- routing (sekv_core/router.py): the sketch router's scores -------------------------- */
+/* ---- routing (sekv_core/router.py): what the routers read of the sketch ----------------- */
 
-/* Each span's best estimated logit per KV head (sekv_core.router.SketchRouter): for the M
- * queries (H, M, R) of each head, base (H, M) plus the products with the 4-bit sketch codes
- * packed two per byte, each direction pair's byte column contiguous over the S rows (H, R / 2,
- * S; the low nibble multiplies the even direction); the best query's, times scaling; the best
- * row of each span (rows first_row[n] .. + lengths[n]). out (H, N). Returns 0, -1 when out of
- * memory, or -2 when a span's rows lie outside the sketch. */
+/* The estimated logits acc (M, S) of one KV head's M queries qs (M, R) in the sketch's scale:
+ * base (M,) plus the products with the 4-bit sketch codes packed two per byte, each direction
+ * pair's byte column contiguous over the S rows (R / 2, S; the low nibble multiplies the even
+ * direction). */
+static void sketch_logits(const float *qs, const float *base, const uint8_t *packed, int64_t M,
+                          int64_t R, int64_t S, float *acc) {
+    int64_t cols = R / 2;
+    for (int64_t m = 0; m < M; m++) {
+        float b = base[m], *a = acc + m * S;
+        for (int64_t s = 0; s < S; s++) a[s] = b;
+    }
+    for (int64_t j = 0; j < cols; j++) {
+        const uint8_t *col = packed + j * S;
+        for (int64_t m = 0; m < M; m++) {
+            float even = qs[m * R + 2 * j], odd = qs[m * R + 2 * j + 1];
+            float *a = acc + m * S;
+            for (int64_t s = 0; s < S; s++)
+                a[s] += even * (float)(col[s] & 15) + odd * (float)(col[s] >> 4);
+        }
+    }
+}
+
+static int spans_inside(int64_t N, const int64_t *first_row, const int64_t *lengths, int64_t S) {
+    for (int64_t n = 0; n < N; n++)
+        if (first_row[n] < 0 || lengths[n] < 0 || first_row[n] + lengths[n] > S) return 0;
+    return 1;
+}
+
+/* Each span's best estimated logit per KV head (sekv_core.router.SketchRouter): the logits of
+ * the M queries (H, M, R) of each head with its sketch (H, R / 2, S) as sketch_logits makes
+ * them, the best query's, times scaling; the best row of each span (rows first_row[n] .. +
+ * lengths[n]). out (H, N). Returns 0, -1 when out of memory, or -2 when a span's rows lie
+ * outside the sketch. */
 int sekv_sketch_scores(const float *qs, const float *base, const uint8_t *packed, int64_t H,
                        int64_t M, int64_t R, int64_t S, float scaling, int64_t N,
                        const int64_t *first_row, const int64_t *lengths, float *out) {
-    for (int64_t n = 0; n < N; n++)
-        if (first_row[n] < 0 || lengths[n] < 0 || first_row[n] + lengths[n] > S) return -2;
+    if (!spans_inside(N, first_row, lengths, S)) return -2;
     float *acc = malloc((size_t)(M * S + S) * sizeof *acc + 1);
     if (!acc) return -1;
     float *best = acc + M * S;
-    int64_t cols = R / 2;
     for (int64_t h = 0; h < H; h++) {
-        for (int64_t m = 0; m < M; m++) {
-            float b = base[h * M + m], *a = acc + m * S;
-            for (int64_t s = 0; s < S; s++) a[s] = b;
-        }
-        for (int64_t j = 0; j < cols; j++) {
-            const uint8_t *col = packed + (h * cols + j) * S;
-            for (int64_t m = 0; m < M; m++) {
-                float even = qs[(h * M + m) * R + 2 * j], odd = qs[(h * M + m) * R + 2 * j + 1];
-                float *a = acc + m * S;
-                for (int64_t s = 0; s < S; s++)
-                    a[s] += even * (float)(col[s] & 15) + odd * (float)(col[s] >> 4);
-            }
-        }
+        sketch_logits(qs + h * M * R, base + h * M, packed + h * (R / 2) * S, M, R, S, acc);
         memcpy(best, acc, (size_t)S * sizeof *best);
         for (int64_t m = 1; m < M; m++)
             for (int64_t s = 0; s < S; s++) best[s] = acc[m * S + s] > best[s] ? acc[m * S + s] : best[s];
@@ -399,6 +412,115 @@ int sekv_sketch_scores(const float *qs, const float *base, const uint8_t *packed
             float top = -INFINITY;
             for (int64_t s = first_row[n]; s < first_row[n] + lengths[n]; s++)
                 top = best[s] > top ? best[s] : top;
+            out[h * N + n] = top;
+        }
+    }
+    free(acc);
+    return 0;
+}
+
+/* exp(x) for x <= 0 to about 2e-7 relative (1 below -87), in operations a compiler vectorizes:
+ * x = k ln 2 + r with |r| <= ln 2 / 2, exp(r) from its Taylor polynomial to r^6, times 2^k. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float k = x * 1.44269504f + 12582912.0f; /* rounded to the nearest integer by the add */
+    k -= 12582912.0f;
+    float r = (x - k * 0.693145752f) - k * 1.42860677e-6f; /* ln 2 in two parts */
+    float p = 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
+    float two;
+    memcpy(&two, &bits, sizeof two);
+    return p * two;
+}
+
+/* Of the logits a (S,) of one query: each span's largest times scaling, peak (N,), and the
+ * log-sum-exp of them, mass (N,); -inf both for a span without rows. shift, e: (S,) scratch. */
+static void span_stats(float *a, int64_t S, float scaling, int64_t N, const int64_t *first_row,
+                       const int64_t *lengths, float *shift, float *e, float *peak, float *mass) {
+    for (int64_t s = 0; s < S; s++) a[s] *= scaling;
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = a + first_row[n];
+        float top = -INFINITY;
+        for (int64_t s = 0; s < lengths[n]; s++) top = x[s] > top ? x[s] : top;
+        for (int64_t s = 0; s < lengths[n]; s++) shift[first_row[n] + s] = top;
+        peak[n] = top;
+    }
+    for (int64_t s = 0; s < S; s++) e[s] = exp_nonpositive(a[s] - shift[s]);
+    for (int64_t n = 0; n < N; n++) {
+        float sum = 0.0f;
+        for (int64_t s = first_row[n]; s < first_row[n] + lengths[n]; s++) sum += e[s];
+        mass[n] = lengths[n] ? peak[n] + logf(sum) : -INFINITY;
+    }
+}
+
+/* The trained router's scores (sekv_core.router.TrainedRouter, gate of sekv_core.zoomnet): per
+ * KV head h, for its M = G x Tq queries q (H, M, D) (query head g = m / Tq):
+ *   the sketch's logits of each span row: the queries in the sketch's directions proj (H, D, R)
+ *   times scale (H, R), their products with the 4-bit codes, plus q . mean (H, D) (codes are
+ *   levels + 8), as sketch_logits; of each span, their largest (peak) and log-sum-exp (mass),
+ *   times scaling;
+ *   z = w0 (peak - best peak) + w1 (mass - best mass) + w2 (q route . keys) scaling + w3 log_len
+ *   - w4, with route (H, G, D, K) the query heads' routing maps, keys (H, G, N, K) the spans'
+ *   mapped mean keys, coef (H, G, 5) the weights w and "best" the head's best over its queries
+ *   and spans;
+ * out (H, N): each span's largest z over the queries. Returns as sekv_sketch_scores. */
+int sekv_gate_scores(const float *q, int64_t H, int64_t G, int64_t Tq, int64_t D,
+                     const float *proj, const float *scale, const float *mean, int64_t R,
+                     const uint8_t *packed, int64_t S, int64_t N, const int64_t *first_row,
+                     const int64_t *lengths, const float *route, const float *keys, int64_t K,
+                     const float *coef, const float *log_len, float scaling, float *out) {
+    if (!spans_inside(N, first_row, lengths, S)) return -2;
+    int64_t M = G * Tq;
+    size_t floats = (size_t)(M * S + 2 * S + 2 * M * N + M * R + M + M * K);
+    float *acc = malloc(floats * sizeof *acc + 1);
+    if (!acc) return -1;
+    float *shift = acc + M * S, *e = shift + S, *peak = e + S, *mass = peak + M * N;
+    float *qs = mass + M * N, *base = qs + M * R, *qr = base + M;
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t m = 0; m < M; m++) {
+            const float *x = q + (h * M + m) * D, *w = route + (h * G + m / Tq) * D * K;
+            float off = 0.0f, total = 0.0f;
+            for (int64_t d = 0; d < D; d++) off += x[d] * mean[h * D + d];
+            for (int64_t r = 0; r < R; r++) {
+                float sum = 0.0f;
+                for (int64_t d = 0; d < D; d++) sum += x[d] * proj[(h * D + d) * R + r];
+                qs[m * R + r] = sum * scale[h * R + r];
+                total += qs[m * R + r];
+            }
+            base[m] = total * -8.0f + off;
+            for (int64_t k = 0; k < K; k++) {
+                float sum = 0.0f;
+                for (int64_t d = 0; d < D; d++) sum += x[d] * w[d * K + k];
+                qr[m * K + k] = sum;
+            }
+        }
+        sketch_logits(qs, base, packed + h * (R / 2) * S, M, R, S, acc);
+        float best_peak = -INFINITY, best_mass = -INFINITY;
+        for (int64_t m = 0; m < M; m++) {
+            float *p = peak + m * N, *w = mass + m * N;
+            span_stats(acc + m * S, S, scaling, N, first_row, lengths, shift, e, p, w);
+            for (int64_t n = 0; n < N; n++) {
+                best_peak = p[n] > best_peak ? p[n] : best_peak;
+                best_mass = w[n] > best_mass ? w[n] : best_mass;
+            }
+        }
+        for (int64_t n = 0; n < N; n++) {
+            float top = -INFINITY;
+            for (int64_t m = 0; m < M; m++) {
+                int64_t g = m / Tq;
+                const float *c = coef + (h * G + g) * 5, *key = keys + ((h * G + g) * N + n) * K;
+                float dot = 0.0f;
+                for (int64_t k = 0; k < K; k++) dot += qr[m * K + k] * key[k];
+                float z = c[0] * (peak[m * N + n] - best_peak) + c[1] * (mass[m * N + n] - best_mass);
+                z = z + c[2] * (dot * scaling) + c[3] * log_len[n] - c[4];
+                top = z > top ? z : top;
+            }
             out[h * N + n] = top;
         }
     }

@@ -14,9 +14,10 @@ from sekv_core.kvquant import quantize_rows
 from sekv_core.pools import empty_pool, in_native_code
 from sekv_core.prompt import chat_template, encode_question
 from sekv_core.rope import Rope
-from sekv_core.router import SketchRouter, native_scores, select
+from sekv_core.router import SketchRouter, TrainedRouter, native_scores, select
 from sekv_core.sketch import column_major
 from sekv_core.trace import ZoomTrace
+from sekv_core.zoomnet import NetShape, ZoomNet
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine"
@@ -211,6 +212,45 @@ def test_sketch_scores_are_the_tensor_codes_to_float_rounding(tensor_code):
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
     row_major = SimpleNamespace(**{**vars(memory), "sketch": packed})  # a growing sketch
     assert native_scores(row_major, 0, q, 0.25) is None
+
+
+def test_trained_router_scores_are_the_tensor_codes_to_float_rounding(tensor_code):
+    """The gate in one native pass (every term weighted, a sketch scale wider than one) gives the
+    tensor code's scores; its mapped span keys are made once per layer and sketch."""
+    g = torch.Generator().manual_seed(8)
+    L, H, D, R, G, N = 2, 3, 16, 8, 3, 150
+    lengths = torch.randint(1, 9, (N,), generator=g)
+    S = int(lengths.sum())
+    packed = torch.randint(0, 256, (L, H, S, R // 2), generator=g, dtype=torch.uint8)
+    memory = SimpleNamespace(
+        sketch=column_major(packed),
+        sketch_proj=torch.randn(L, H, D, R, generator=g),
+        sketch_scale=torch.rand(L, H, R, generator=g) * 2,
+        sketch_mean=torch.randn(L, H, D, generator=g),
+        first_row=torch.cumsum(lengths, 0) - lengths,
+        host_lengths=lengths,
+        lengths=lengths,
+        log_len=lengths.float().log(),
+        sketch_span=torch.repeat_interleave(torch.arange(N), lengths),
+        n_spans=N,
+    )
+    net = ZoomNet(NetShape(num_layers=L, num_heads=H * G, num_kv_heads=H, head_dim=D))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    router = TrainedRouter(net)
+    with torch.inference_mode():
+        for layer in range(L):
+            for Tq in (1, 5):
+                q = torch.randn(H, G, Tq, D, generator=g) * 2
+                got = router.scores(memory, layer, q, 0.25)
+                want = tensor_code(TrainedRouter(net).scores, memory, layer, q, 0.25)
+                assert got.shape == (H, N)
+                assert torch.allclose(got, want, rtol=1e-5, atol=1e-4)
+            kept = router.gate_layer(memory, layer, torch.float32)
+            assert kept.native is not None and router.gate_layer(memory, layer, q.dtype) is kept
+        memory.sketch = column_major(packed.clone())  # a new sketch: its keys made again
+        assert router.gate_layer(memory, 0, torch.float32) is not kept
 
 
 def test_keys_rotate_as_the_tensor_code(tiny_loaded, tensor_code):
