@@ -16,6 +16,7 @@ from torch import nn
 
 ROWS = 128  # logits over the vocabulary computed for this many tokens at a time
 REFINE = 32  # largest logits per row recomputed in float32
+BLOCK = 128  # vocabulary entries per block in the search for a row's largest logits
 LOW = torch.bfloat16
 
 
@@ -42,6 +43,7 @@ class Surprisal:
                 self.weight.device
             )
         self.low = self.weight.to(LOW) if low_precision else None
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # (ROWS, vocab) each
 
     def __call__(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         out = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
@@ -54,15 +56,45 @@ class Surprisal:
         if self.low is None:
             return token_nll(nn.functional.linear(hidden, self.weight, self.bias), targets)
         h = hidden.to(self.weight.dtype)
-        logits = nn.functional.linear(h.to(LOW), self.low).float()
-        top = logits.topk(min(REFINE, logits.shape[-1]), dim=-1).indices  # (T, k)
-        logits.scatter_(1, top, self._exact(h, top))
-        return torch.logsumexp(logits, -1) - self._exact(h, targets[:, None])[:, 0]
+        low, logits = (buffer[: len(h)] for buffer in self.buffers())
+        torch.mm(h.to(LOW), self.low.t(), out=low)
+        if self.bias is not None:
+            low += self.bias.to(LOW)
+        top = top_indices(low, min(REFINE, low.shape[-1]))  # (T, k)
+        logits.copy_(low).scatter_(1, top, self._exact(h, top))
+        peak = logits.amax(dim=-1, keepdim=True)
+        normaliser = logits.sub_(peak).exp_().sum(dim=-1).log_() + peak[:, 0]
+        return normaliser - self._exact(h, targets[:, None])[:, 0]
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits of ROWS tokens in bfloat16 and in float32, allocated once (the prefill's
+        largest tensors, reused chunk after chunk)."""
+        if self._buffers is None:
+            shape, device = (ROWS, self.weight.shape[0]), self.weight.device
+            self._buffers = (
+                torch.empty(shape, dtype=LOW, device=device),
+                torch.empty(shape, dtype=torch.float32, device=device),
+            )
+        return self._buffers
 
     def _exact(self, h: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
         """float32 logits of the tokens ``vocab`` (T, k) for the rows ``h`` (T, hidden)."""
         out = torch.einsum("td,tkd->tk", h, self.weight[vocab])
         return out if self.bias is None else out + self.bias[vocab]
+
+
+def top_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (T, k) of the k largest values of each row of x (T, V), found among the k blocks
+    of BLOCK values with the largest maxima (those hold all k: a block without one of them has
+    a max below the k-th value, and at most k blocks have one) instead of among all V."""
+    T, V = x.shape
+    if V % BLOCK or V // BLOCK <= k:
+        return x.topk(k, dim=-1).indices
+    blocks = x.view(T, V // BLOCK, BLOCK)
+    best = blocks.amax(dim=-1).topk(k, dim=-1).indices  # (T, k) blocks
+    candidates = blocks.gather(1, best[..., None].expand(T, k, BLOCK)).view(T, k * BLOCK)
+    within = candidates.topk(k, dim=-1).indices
+    return best.gather(1, within // BLOCK) * BLOCK + within % BLOCK
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from sekv_core.surprisal import ROWS, Surprisal, token_nll
+from sekv_core.surprisal import BLOCK, ROWS, Surprisal, token_nll, top_indices
 
 
 def _head(vocab: int = 4096, hidden: int = 96, bias: bool = False) -> nn.Linear:
@@ -39,3 +39,19 @@ def test_low_precision_path_within_a_few_hundredths_of_a_nat():
         err = (fast - exact).abs().max().item()
         assert err < 0.05, err
         assert err < (plain - exact).abs().max().item()  # the refinement is what keeps it close
+
+
+def test_the_largest_logits_are_found_through_their_blocks():
+    """top_indices finds the same k largest values as a full top-k: rows whose largest values
+    crowd into one block, spread over many, or tie."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 64 * BLOCK, generator=g)
+    x[0, 5 * BLOCK : 5 * BLOCK + 40] += 10  # all in one block
+    x[1, ::BLOCK] += 10  # one in each block
+    x[2] = x[2].round()  # many ties
+    for k in (1, 8, 32):
+        got = top_indices(x, k)
+        assert got.shape == (6, k)
+        want = x.topk(k, dim=-1).values
+        assert torch.equal(x.gather(1, got).sort(-1, descending=True).values, want)
+        assert all(len(set(row.tolist())) == k for row in got)  # k distinct entries
