@@ -169,10 +169,10 @@ def sketch_queries(memory, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, t
     return qs, offset
 
 
-def reads_natively(memory, layer: int, q: torch.Tensor, *more: torch.Tensor) -> bool:
-    """Whether the native kernels read ``layer``'s sketch for queries ``q`` (and take ``more``
-    tensors beside): a whole memory's 4-bit sketch held column-major, float32 queries, on the CPU
-    (:mod:`sekv_core.kernels`; a subset of a memory is read by the tensor code)."""
+def reads_natively(memory, layer: int, q: torch.Tensor) -> bool:
+    """Whether the native kernels read ``layer``'s sketch for queries ``q``: a whole memory's
+    4-bit sketch held column-major, float32 queries, on the CPU (:mod:`sekv_core.kernels`; a
+    subset of a memory is read by the tensor code)."""
     first_row = getattr(memory, "first_row", None)  # a subset (prefilter) reads its own rows
     packed = memory.sketch[layer]
     return (
@@ -180,7 +180,7 @@ def reads_natively(memory, layer: int, q: torch.Tensor, *more: torch.Tensor) -> 
         and packed.dtype == torch.uint8
         and q.dtype == torch.float32
         and is_column_major(packed)
-        and kernels.usable(packed.transpose(1, 2), first_row, memory.host_lengths, *more)
+        and kernels.usable(packed.transpose(1, 2), first_row, memory.host_lengths)
     )
 
 
