@@ -3,7 +3,8 @@
 Per document size (a generated haystack) both methods answer the same question through the
 engine, decoding the same teacher-forced tokens (:func:`sekv_core.decode.forced`: neither stops
 early). Reported per method: the preparation (full KV's prefill; SeKV's store build in an empty
-``$SEKV_HOME``, then a second session loading that store from disk), time to first token of a
+``$SEKV_HOME``, twice each, alternately; then a second session loading that store from disk),
+time to first token of a
 fresh session (preparation + first token) and of a question on a prepared session, and decode
 speed (median over ``repeats`` answers, taken alternately full, sekv, full, … after one
 warm-up answer each). Optionally the same while a CPU-heavy neighbour runs (decode speed is
@@ -41,6 +42,7 @@ NEUTRAL = (
     "The notes were read aloud in the hall, one page after another, and the clerk wrote down "
     "each ordinary item in the book before the meeting closed for the evening."
 )
+BUILD_PAIRS = 2  # prefill, build, prefill, build: the build ratio from pairs side by side
 WARM_UP_TOKENS = 200  # a small haystack both methods answer once before anything is timed
 ASKED = MethodSettings(router="auto")  # SeKV as `sekv ask` answers: the model's trained router
 
@@ -97,18 +99,37 @@ def repeated(answers: list[Answer]) -> dict[str, Any]:
     }
 
 
-def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: int) -> dict:
-    """Both methods on ``document``: preparations, fresh first tokens, then the timed answers
-    alternately (the store home must not hold this document's store yet)."""
+def preparations(
+    loaded: LoadedModel, document: Document, ids: list[int], folder: Path
+) -> tuple[Session, Answer, dict[str, Any], dict[str, Any]]:
+    """Full KV's prefill and SeKV's store build, alternately, ``BUILD_PAIRS`` times (each build
+    over the prefill just before it: the machine's drift cancels). The first full session is
+    kept with its fresh answer; the first store stays in the pass's home, the others are built
+    in a home of their own. Returns (full, its answer, full's figures, SeKV's figures)."""
     full = session(loaded, document, "full")
     full_fresh = forced_answer(full, ids)  # warm-up: prefill + first token
-    built = session(loaded, document, "sekv")  # an empty store home: the store is built
-    build = {
-        "build_s": round(built.prepare_s, 4),
-        "build_cache_hit": built.method.store_info()["cache_hit"],
-        "build_first_token_s": forced_answer(built, ids).timings["first_token_s"],  # warm-up
-    }
-    del built  # one SeKV session in memory while timing
+    prefills, builds, sekv = [full.prepare_s], [], {}
+    for pair in range(BUILD_PAIRS):
+        if pair:
+            prefills.append(session(loaded, document, "full").prepare_s)  # dropped at once
+        with fresh_home(folder) if pair else nullcontext():  # an empty store home each time
+            built = session(loaded, document, "sekv")
+            builds.append(built.prepare_s)
+            if not pair:
+                sekv["build_cache_hit"] = built.method.store_info()["cache_hit"]
+                sekv["build_first_token_s"] = forced_answer(built, ids).timings["first_token_s"]
+            del built  # one SeKV session in memory while timing
+    sekv |= {"build_s": round(statistics.median(builds), 4), "build_runs": builds}
+    figures = {"prefill_s": round(statistics.median(prefills), 4), "prefill_runs": prefills}
+    return full, full_fresh, figures, sekv
+
+
+def measure(
+    loaded: LoadedModel, document: Document, ids: list[int], repeats: int, folder: Path
+) -> dict:
+    """Both methods on ``document``: preparations, fresh first tokens, then the timed answers
+    alternately (the store home must not hold this document's store yet)."""
+    full, full_fresh, prefilled, build = preparations(loaded, document, ids, folder)
     cached = session(loaded, document, "sekv")  # the store loaded from disk
     cached_fresh = forced_answer(cached, ids)
     runs: dict[str, list[Answer]] = {"full": [], "sekv": []}
@@ -124,7 +145,7 @@ def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: in
         "tokens": full.doc_tokens,
         "context_tokens": len(full.context),
         "full": {
-            "prefill_s": round(full.prepare_s, 4),
+            **prefilled,
             "first_token_fresh_s": full_fresh.timings["first_token_s"],
             **repeated(runs["full"]),
         },
@@ -138,6 +159,9 @@ def measure(loaded: LoadedModel, document: Document, ids: list[int], repeats: in
             **repeated(runs["sekv"]),
         },
         "decode_pair_ratios": pairs,
+        "build_pair_ratios": [
+            ratio(b, f) for f, b in zip(prefilled["prefill_runs"], build["build_runs"], strict=True)
+        ],
     }
     del full, cached, full_fresh, cached_fresh, runs  # each method measured alone next
     row["device_peak_bytes"] = device_peaks(loaded, document, ids)
@@ -170,6 +194,7 @@ def ratios(row: dict[str, Any]) -> dict[str, float | None]:
     """SeKV over full KV (below 1: SeKV takes less; for decode, above 1: SeKV is faster)."""
     f, s, p = row["full"], row["sekv"], row.get("processes")
     pairs, peaks = row.get("decode_pair_ratios") or [], row.get("device_peak_bytes")
+    builds = [b for b in row.get("build_pair_ratios") or [] if b is not None]
     out = {
         "decode": ratio(s["decode_tokens_per_s"], f["decode_tokens_per_s"]),
         "decode_pair_min": min(pairs) if pairs else None,
@@ -177,7 +202,11 @@ def ratios(row: dict[str, Any]) -> dict[str, float | None]:
         "device_peak": ratio(peaks["sekv"], peaks["full"]) if peaks else None,
         "first_token_fresh": ratio(s["first_token_fresh_s"], f["first_token_fresh_s"]),
         "first_token_prepared": ratio(s["first_token_prepared_s"], f["first_token_prepared_s"]),
-        "build_over_prefill": ratio(s["build_s"], f["prefill_s"]),
+        "build_over_prefill": (
+            round(statistics.median(builds), 4) if builds else ratio(s["build_s"], f["prefill_s"])
+        ),
+        "build_pair_min": min(builds) if builds else None,
+        "build_pair_max": max(builds) if builds else None,
         "load_over_prefill": ratio(s["load_s"], f["prefill_s"]),
         "process_wall": None,
         "build_rss_over_prefill_rss": None,
@@ -216,7 +245,7 @@ def run_pass(
         for size in config.sizes:
             document = write_haystack(loaded.tokenizer, size, folder)
             row = {"target_tokens": size, "condition": name}
-            row.update(measure(loaded, document, ids, config.repeats))
+            row.update(measure(loaded, document, ids, config.repeats, folder))
             if config.processes and name == "idle":
                 row["processes"] = process_runs(
                     document.path, NEEDLE.question, config.tokens, config.model, config.threads
@@ -291,9 +320,10 @@ def times(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}×"
 
 
-def spread(q: dict[str, Any]) -> str:
-    """The range of the alternating pairs' decode ratios, where there are several."""
-    low, high = q.get("decode_pair_min"), q.get("decode_pair_max")
+def spread(q: dict[str, Any], what: str = "decode") -> str:
+    """The range of the alternating pairs' ratios of ``what`` (decode, build), where there are
+    several."""
+    low, high = q.get(f"{what}_pair_min"), q.get(f"{what}_pair_max")
     return "" if low is None or low == high else f" ({low:.2f}–{high:.2f})"
 
 
@@ -314,7 +344,7 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
                 "1st token ×": times(q["first_token_fresh"]),
                 "prefill / build / load s": f"{seconds(f['prefill_s'])} / "
                 f"{seconds(s['build_s'])} / {seconds(s['load_s'])}",
-                "build ×": times(q["build_over_prefill"]),
+                "build ×": times(q["build_over_prefill"]) + spread(q, "build"),
                 "ask wall ×": times(q["process_wall"]),
                 "peak RSS ×": times(q["build_rss_over_prefill_rss"]),
             }
@@ -348,11 +378,13 @@ def markdown(result: dict[str, Any]) -> str:
         *markdown_table(rows),
         "",
         "×: SeKV over full KV (decode: above 1, SeKV is faster; the others: below 1, SeKV "
-        "takes less); decode's range: each SeKV answer over the full-KV answer just before it. "
+        "takes less); the ranges: each SeKV answer (build) over the full-KV answer (prefill) just "
+        "before it. "
         "Device memory (CUDA): the most a fresh session's first answer allocates above the "
         "weights, each method alone. 1st token: a fresh session's first answer (full KV: "
         "prefill + first token; SeKV: the store loaded from disk + first token). Build: "
-        "SeKV's first session on the document (an empty store home) vs full KV's prefill. "
+        f"SeKV's first session on the document (an empty store home) vs full KV's prefill, "
+        f"median of {BUILD_PAIRS} each, alternately. "
         "Ask wall: `sekv ask` as a whole process on a cached store vs `sekv ask --method "
         "full`. Peak RSS: `sekv ingest` vs `sekv ask --method full` (its prefill).",
         "",

@@ -35,6 +35,11 @@ def test_speed_bench_measures_both_methods_per_size(tiny_model_dirs, tmp_path, s
         assert r["decode_pair_ratios"] == [round(x, 4) for x in pairs] and len(pairs) == 2
         assert r["ratios"]["decode_pair_min"] == min(r["decode_pair_ratios"])
         assert r["ratios"]["decode_pair_max"] == max(r["decode_pair_ratios"])
+        # the store built twice, each build over the full prefill just before it
+        builds = [b / f for f, b in zip(full["prefill_runs"], sekv["build_runs"], strict=True)]
+        assert r["build_pair_ratios"] == [round(x, 4) for x in builds] and len(builds) == 2
+        assert r["ratios"]["build_pair_min"] == min(r["build_pair_ratios"])
+        assert r["ratios"]["build_pair_max"] == max(r["build_pair_ratios"])
         assert r["device_peak_bytes"] is None and r["ratios"]["device_peak"] is None  # a CPU
     assert set(data["summary"][0]) >= {
         "decode", "first_token_fresh", "build_over_prefill", "process_wall",
