@@ -248,27 +248,27 @@ def _tier_table(tiers: tuple[tuple[int, int, int], ...]) -> tuple[torch.Tensor, 
 
 
 def sketch_scores(
-    qs: torch.Tensor,
-    base: torch.Tensor,
-    packed: torch.Tensor,
+    q: torch.Tensor,
+    sketch: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     scaling: float,
     first_row: torch.Tensor,
     lengths: torch.Tensor,
 ) -> torch.Tensor:
-    """(H, N) each span's best estimated logit (:class:`sekv_core.router.SketchRouter`) from the
-    queries ``qs`` (H, M, R) in the sketch's scale, their constants ``base`` (H, M) and one
-    layer's 4-bit sketch ``packed`` (H, S, R / 2) held column-major."""
-    (H, M, R), S, N = qs.shape, packed.shape[1], first_row.numel()
-    _require(qs.is_contiguous() and base.shape == (H, M) and base.is_contiguous(), "queries")
-    _require(packed.shape == (H, S, R // 2) and lengths.shape == (N,), "a sketch's layout")
+    """(H, N) each span's best estimated logit (:class:`sekv_core.router.SketchRouter`) for the
+    queries ``q`` (H, G, Tq, D) of one layer; ``sketch`` as for :func:`gate_scores`."""
+    (H, G, Tq, D), N = q.shape, first_row.numel()
+    proj, scale, mean, packed = sketch
+    R, S = proj.shape[-1], packed.shape[1]
+    _require(q.is_contiguous() and lengths.shape == (N,), "spans")
+    _require(proj.shape == (H, D, R) and scale.shape == (H, R) and mean.shape == (H, D), "sketch")
+    _require(packed.shape == (H, S, R // 2), "a sketch's layout")
     out = torch.empty(H, N)
     failed = library().sekv_sketch_scores(
-        _ptr(qs),
-        _ptr(base),
-        _ptr(packed),
-        H,
-        M,
+        _ptr(q),
+        *(H, G * Tq, D),
+        *map(_ptr, (proj, scale, mean)),
         R,
+        _ptr(packed),
         S,
         scaling,
         N,

@@ -45,7 +45,7 @@ SIGNATURES = {
     "sekv_tier_coefficients": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P]),
     "sekv_sketch_scores": (
         ctypes.c_int,
-        [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _I, _P, _P, _P],
+        [_P, _I, _I, _I, _P, _P, _P, _I, _P, _I, ctypes.c_float, _I, _P, _P, _P],
     ),
     "sekv_gate_scores": (
         ctypes.c_int,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from . import kernels
-from .sketch import reads_natively, segment_max, sketch_logits, sketch_queries
+from .sketch import reads_natively, segment_max, sketch_logits
 from .zoomnet import ZoomGate, ZoomNet, sketch_spans
 
 if TYPE_CHECKING:  # routers read the memory they are given (or a subset of it)
@@ -41,29 +41,32 @@ class Router(Protocol):
 class SketchRouter:
     name = "sketch"
 
+    def __init__(self) -> None:
+        self._sketches: dict[int, tuple] = {}  # layer -> (memory, its sketch, native_sketch)
+
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
-        fast = native_scores(memory, layer, q, scaling)
-        if fast is not None:
-            return fast
+        if reads_natively(memory, layer, q):
+            kept = self._sketches.get(layer)
+            if kept is None or kept[0] is not memory or kept[1] is not memory.sketch:
+                kept = self._sketches[layer] = (memory, memory.sketch, native_sketch(memory, layer))
+            first_row, lengths = memory.first_row, memory.host_lengths
+            return kernels.sketch_scores(q.contiguous(), kept[2], scaling, first_row, lengths)
         logits = sketch_logits(memory, layer, q)  # (H, G, Tq, S)
         best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
         return segment_max(best, memory.sketch_span, memory.n_spans)
 
 
-def native_scores(
-    memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
-) -> torch.Tensor | None:
-    """:class:`SketchRouter`'s scores of a whole memory's 4-bit sketch (held column-major) on
-    the CPU in one native call (:mod:`sekv_core.kernels`; the same scores to float rounding: the
-    products sum in another order); None where the tensor code scores."""
-    if not reads_natively(memory, layer, q):
-        return None
-    qs, offset = sketch_queries(memory, layer, q.contiguous())
-    base = qs.sum(dim=-1) * -8 + offset[..., 0]  # (H, M): codes are levels + 8
-    packed, first_row, lengths = memory.sketch[layer], memory.first_row, memory.host_lengths
-    return kernels.sketch_scores(qs, base, packed, scaling, first_row, lengths)
+def native_sketch(memory: SpanMemory, layer: int) -> tuple[torch.Tensor, ...]:
+    """``layer``'s sketch as the native kernels read it: its directions (H, D, R), scale (H, R)
+    and mean key (H, D) as float32, and its 4-bit codes (H, S, R / 2), column-major."""
+    return (
+        memory.sketch_proj[layer].float().contiguous(),
+        memory.sketch_scale[layer].float().contiguous(),
+        memory.sketch_mean[layer].float().contiguous(),
+        memory.sketch[layer],
+    )
 
 
 class TrainedRouter:
@@ -116,12 +119,7 @@ class GateLayer:
         keys = gate.span_keys(layer, memory, dtype).detach()
         native = None
         if dtype == torch.float32:
-            sketch = (
-                memory.sketch_proj[layer].float().contiguous(),
-                memory.sketch_scale[layer].float().contiguous(),
-                memory.sketch_mean[layer].float().contiguous(),
-                memory.sketch[layer],
-            )
+            sketch = native_sketch(memory, layer)
             view = keys.shape[:2]
             weights = [gate.sketch_weight, gate.mass_weight, gate.route_weight, gate.prior_weight]
             coef = torch.stack([w[layer].view(view) for w in [*weights, gate.threshold]], -1)

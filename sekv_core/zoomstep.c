@@ -390,20 +390,44 @@ static int spans_inside(int64_t N, const int64_t *first_row, const int64_t *leng
     return 1;
 }
 
-/* Each span's best estimated logit per KV head (sekv_core.router.SketchRouter): the logits of
- * the M queries (H, M, R) of each head with its sketch (H, R / 2, S) as sketch_logits makes
- * them, the best query's, times scaling; the best row of each span (rows first_row[n] .. +
+/* One KV head's M queries q (M, D) in its sketch's scale: qs (M, R) = q proj (D, R) times
+ * scale (R,), and base (M,) = q . mean (D,) less 8 x the sum of qs (codes are levels + 8): the
+ * constants sketch_logits adds. */
+static void sketch_queries(const float *q, int64_t M, int64_t D, const float *proj,
+                           const float *scale, const float *mean, int64_t R, float *qs,
+                           float *base) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *x = q + m * D;
+        float off = 0.0f, total = 0.0f;
+        for (int64_t d = 0; d < D; d++) off += x[d] * mean[d];
+        for (int64_t r = 0; r < R; r++) {
+            float sum = 0.0f;
+            for (int64_t d = 0; d < D; d++) sum += x[d] * proj[d * R + r];
+            qs[m * R + r] = sum * scale[r];
+            total += qs[m * R + r];
+        }
+        base[m] = total * -8.0f + off;
+    }
+}
+
+/* Each span's best estimated logit per KV head (sekv_core.router.SketchRouter): the M queries
+ * q (H, M, D) of each head in its sketch's scale (sketch_queries, with proj (H, D, R), scale
+ * (H, R), mean (H, D)), their logits with its sketch (H, R / 2, S) as sketch_logits makes them,
+ * the best query's, times scaling; the best row of each span (rows first_row[n] .. +
  * lengths[n]). out (H, N). Returns 0, -1 when out of memory, or -2 when a span's rows lie
  * outside the sketch. */
-int sekv_sketch_scores(const float *qs, const float *base, const uint8_t *packed, int64_t H,
-                       int64_t M, int64_t R, int64_t S, float scaling, int64_t N,
-                       const int64_t *first_row, const int64_t *lengths, float *out) {
+int sekv_sketch_scores(const float *q, int64_t H, int64_t M, int64_t D, const float *proj,
+                       const float *scale, const float *mean, int64_t R, const uint8_t *packed,
+                       int64_t S, float scaling, int64_t N, const int64_t *first_row,
+                       const int64_t *lengths, float *out) {
     if (!spans_inside(N, first_row, lengths, S)) return -2;
-    float *acc = malloc((size_t)(M * S + S) * sizeof *acc + 1);
+    float *acc = malloc((size_t)(M * S + S + M * R + M) * sizeof *acc + 1);
     if (!acc) return -1;
-    float *best = acc + M * S;
+    float *best = acc + M * S, *qs = best + S, *base = qs + M * R;
     for (int64_t h = 0; h < H; h++) {
-        sketch_logits(qs + h * M * R, base + h * M, packed + h * (R / 2) * S, M, R, S, acc);
+        sketch_queries(q + h * M * D, M, D, proj + h * D * R, scale + h * R, mean + h * D, R, qs,
+                       base);
+        sketch_logits(qs, base, packed + h * (R / 2) * S, M, R, S, acc);
         memcpy(best, acc, (size_t)S * sizeof *best);
         for (int64_t m = 1; m < M; m++)
             for (int64_t s = 0; s < S; s++) best[s] = acc[m * S + s] > best[s] ? acc[m * S + s] : best[s];
@@ -461,9 +485,9 @@ static void span_stats(float *a, int64_t S, float scaling, int64_t N, const int6
 
 /* The trained router's scores (sekv_core.router.TrainedRouter, gate of sekv_core.zoomnet): per
  * KV head h, for its M = G x Tq queries q (H, M, D) (query head g = m / Tq):
- *   the sketch's logits of each span row: the queries in the sketch's directions proj (H, D, R)
- *   times scale (H, R), their products with the 4-bit codes, plus q . mean (H, D) (codes are
- *   levels + 8), as sketch_logits; of each span, their largest (peak) and log-sum-exp (mass),
+ *   the sketch's logits of each span row: the queries in the sketch's scale (sketch_queries,
+ *   with proj (H, D, R), scale (H, R), mean (H, D)), their products with the 4-bit codes, as
+ *   sketch_logits; of each span, their largest (peak) and log-sum-exp (mass),
  *   times scaling;
  *   z = w0 (peak - best peak) + w1 (mass - best mass) + w2 (q route . keys) scaling + w3 log_len
  *   - w4, with route (H, G, D, K) the query heads' routing maps, keys (H, G, N, K) the spans'
@@ -483,17 +507,10 @@ int sekv_gate_scores(const float *q, int64_t H, int64_t G, int64_t Tq, int64_t D
     float *shift = acc + M * S, *e = shift + S, *peak = e + S, *mass = peak + M * N;
     float *qs = mass + M * N, *base = qs + M * R, *qr = base + M;
     for (int64_t h = 0; h < H; h++) {
+        sketch_queries(q + h * M * D, M, D, proj + h * D * R, scale + h * R, mean + h * D, R, qs,
+                       base);
         for (int64_t m = 0; m < M; m++) {
             const float *x = q + (h * M + m) * D, *w = route + (h * G + m / Tq) * D * K;
-            float off = 0.0f, total = 0.0f;
-            for (int64_t d = 0; d < D; d++) off += x[d] * mean[h * D + d];
-            for (int64_t r = 0; r < R; r++) {
-                float sum = 0.0f;
-                for (int64_t d = 0; d < D; d++) sum += x[d] * proj[(h * D + d) * R + r];
-                qs[m * R + r] = sum * scale[h * R + r];
-                total += qs[m * R + r];
-            }
-            base[m] = total * -8.0f + off;
             for (int64_t k = 0; k < K; k++) {
                 float sum = 0.0f;
                 for (int64_t d = 0; d < D; d++) sum += x[d] * w[d * K + k];

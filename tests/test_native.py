@@ -14,8 +14,8 @@ from sekv_core.kvquant import quantize_rows
 from sekv_core.pools import empty_pool, in_native_code
 from sekv_core.prompt import chat_template, encode_question
 from sekv_core.rope import Rope
-from sekv_core.router import SketchRouter, TrainedRouter, native_scores, select
-from sekv_core.sketch import column_major
+from sekv_core.router import SketchRouter, TrainedRouter, select
+from sekv_core.sketch import column_major, reads_natively
 from sekv_core.trace import ZoomTrace
 from sekv_core.zoomnet import NetShape, ZoomNet
 
@@ -210,8 +210,11 @@ def test_sketch_scores_are_the_tensor_codes_to_float_rounding(tensor_code):
             want = tensor_code(router.scores, memory, layer, q, 0.25)
             assert got.shape == (H, 150)
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    memory.sketch = column_major(packed.flip(2))  # a new sketch: not scored from the old one
+    want = tensor_code(router.scores, memory, 1, q, 0.25)
+    assert torch.allclose(router.scores(memory, 1, q, 0.25), want, rtol=1e-5, atol=1e-5)
     row_major = SimpleNamespace(**{**vars(memory), "sketch": packed})  # a growing sketch
-    assert native_scores(row_major, 0, q, 0.25) is None
+    assert not reads_natively(row_major, 0, q)
 
 
 def test_trained_router_scores_are_the_tensor_codes_to_float_rounding(tensor_code):
