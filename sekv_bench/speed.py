@@ -4,11 +4,10 @@ Per document size (a generated haystack) both methods answer the same question t
 engine, decoding the same teacher-forced tokens (:func:`sekv_core.decode.forced`: neither stops
 early). Reported per method: the preparation (full KV's prefill; SeKV's store build in an empty
 ``$SEKV_HOME``, twice each, alternately; then a second session loading that store from disk),
-time to first token of a
-fresh session (preparation + first token) and of a question on a prepared session, and decode
-speed (median over ``repeats`` answers, taken alternately full, sekv, full, … after one
-warm-up answer each). Optionally the same while a CPU-heavy neighbour runs (decode speed is
-what a shared machine changes most), and `sekv` run as child processes
+time to first token of a fresh session (preparation + first token) and of a question on a
+prepared session, and decode speed (median over ``repeats`` answers, taken alternately full,
+sekv, full, … after one warm-up answer each). Optionally the same while a CPU-heavy neighbour
+runs (decode speed is what a shared machine changes most), and `sekv` run as child processes
 (:mod:`.speed_env`): the whole-process wall time of a question and the peak RSS of the store
 build vs full KV's prefill.
 """
