@@ -15,14 +15,17 @@ Two routers, behind one ``scores`` method:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
 from . import kernels
 from .sketch import reads_natively, segment_max, sketch_logits
 from .zoomnet import ZoomGate, ZoomNet, sketch_spans
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:  # routers read the memory they are given (or a subset of it)
     from .zoom import SpanMemory
@@ -42,20 +45,27 @@ class SketchRouter:
     name = "sketch"
 
     def __init__(self) -> None:
-        self._sketches: dict[int, tuple] = {}  # layer -> (memory, its sketch, native_sketch)
+        self._sketches: dict[int, tuple] = {}  # per layer, :func:`kept` native_sketch
 
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
     ) -> torch.Tensor:
         if reads_natively(memory, layer, q):
-            kept = self._sketches.get(layer)
-            if kept is None or kept[0] is not memory or kept[1] is not memory.sketch:
-                kept = self._sketches[layer] = (memory, memory.sketch, native_sketch(memory, layer))
+            sketch = kept(self._sketches, memory, layer, lambda: native_sketch(memory, layer))
             first_row, lengths = memory.first_row, memory.host_lengths
-            return kernels.sketch_scores(q.contiguous(), kept[2], scaling, first_row, lengths)
+            return kernels.sketch_scores(q.contiguous(), sketch, scaling, first_row, lengths)
         logits = sketch_logits(memory, layer, q)  # (H, G, Tq, S)
         best = logits.amax(dim=(1, 2)) * scaling  # (H, S)
         return segment_max(best, memory.sketch_span, memory.n_spans)
+
+
+def kept(cache: dict[int, tuple], memory: SpanMemory, layer: int, make: Callable[[], T]) -> T:
+    """What ``make()`` gives for ``layer``, kept in ``cache`` while the memory and its sketch
+    stay the same (an answer's steps), made again when either changes."""
+    entry = cache.get(layer)
+    if entry is None or entry[0] is not memory or entry[1] is not memory.sketch:
+        entry = cache[layer] = (memory, memory.sketch, make())
+    return entry[2]
 
 
 def native_sketch(memory: SpanMemory, layer: int) -> tuple[torch.Tensor, ...]:
@@ -78,7 +88,7 @@ class TrainedRouter:
 
     def __init__(self, net: ZoomNet) -> None:
         self.net = net
-        self._layers: dict[int, GateLayer] = {}  # what each layer's scores reuse, step to step
+        self._layers: dict[int, tuple] = {}  # per layer, :func:`kept` GateLayer
 
     def scores(
         self, memory: SpanMemory, layer: int, q: torch.Tensor, scaling: float
@@ -98,10 +108,9 @@ class TrainedRouter:
         steps); None for a subset of a memory (the prefilter's: its spans change each step)."""
         if getattr(memory, "first_row", None) is None:
             return None
-        kept = self._layers.get(layer)
-        if kept is None or kept.memory is not memory or kept.sketch is not memory.sketch:
-            kept = self._layers[layer] = GateLayer.make(self.net.gate, memory, layer, dtype)
-        return kept
+        return kept(
+            self._layers, memory, layer, lambda: GateLayer.make(self.net.gate, memory, layer, dtype)
+        )
 
 
 @dataclass
@@ -109,8 +118,6 @@ class GateLayer:
     """One layer's gate inputs that do not depend on the queries: the spans' mapped mean keys
     and, for the native kernel, the sketch and the gate's weights as float32 arrays."""
 
-    memory: SpanMemory  # made from this memory's sketch
-    sketch: torch.Tensor
     keys: torch.Tensor  # (Hkv, G, N, K)
     native: tuple | None  # kernels.gate_scores' sketch and gate arguments; None: tensor code
 
@@ -128,7 +135,7 @@ class GateLayer:
             gate_args = (route.detach(), keys.contiguous(), coef.detach().contiguous(), log_len)
             if kernels.usable(*sketch[:3], *gate_args):
                 native = (sketch, gate_args)
-        return GateLayer(memory, memory.sketch, keys, native)
+        return GateLayer(keys, native)
 
 
 SELECT_ROUNDS = 4  # batched greedy passes of :func:`select`
