@@ -17,7 +17,15 @@ import torch
 from .codec import fit_code
 from .config import StoreSettings
 from .documents import Document
-from .format import code_stats, nbytes, store_manifest, tier_bytes, trace_tensors, write_atomically
+from .format import (
+    code_stats,
+    nbytes,
+    on_disk,
+    store_manifest,
+    tier_bytes,
+    trace_tensors,
+    write_atomically,
+)
 from .models import LoadedModel
 from .prefill import Progress, prefill, release_freed_memory
 from .prompt import Context
@@ -79,6 +87,7 @@ def build_store(
         "span_starts": starts,
         "span_ends": ends,
         "sketch_proj": basis.query_proj.to(STORE_DTYPE),
+        "sketch_key": basis.key_proj.to(STORE_DTYPE),  # (rebuilds the rows at load)
         "sketch_mean": basis.mean.to(STORE_DTYPE),
         **quantized,
         "span_reps": span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], lengths),
@@ -98,7 +107,7 @@ def build_store(
     write_atomically(
         path,
         {
-            "resident.safetensors": resident,
+            "resident.safetensors": on_disk(resident),
             "offload.safetensors": offload,
             "trace.safetensors": trace,
         },

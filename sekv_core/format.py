@@ -53,10 +53,12 @@ from .models import LoadedModel
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 8  # 8: allocated key code, half-precision codebooks (7: manifest digest)
+FORMAT_VERSION = 9  # 9: sketch rows rebuilt at load (8: allocated key code; 7: manifest digest)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
+# resident tensors not written: rebuilt at load from the rest (:mod:`sekv_core.sketch_rebuild`)
+REBUILT = ("sketch",)
 # the offload code's codebooks (half precision, host index: zoomed rows are decoded on the host)
 # (an allocated code's also its metric and bits: a store holds the names its code has)
 CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits")
@@ -95,6 +97,11 @@ def tier_bytes(resident: dict[str, torch.Tensor]) -> dict[str, int]:
         if t is not None:
             device += t.numel() * (2 if t.is_floating_point() else t.element_size())
     return {"resident": device, "index": nbytes(resident) - _stored(resident)}
+
+
+def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The resident tensors a store's file holds: all but those rebuilt at load."""
+    return {name: t for name, t in resident.items() if name not in REBUILT}
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:

@@ -114,6 +114,7 @@ class PartialStore:
             fixed_v=sink_v.to(keep),
             sketch_proj=torch.zeros(L, H, D, R, dtype=keep, device=dev),
             sketch_mean=torch.zeros(L, H, D, dtype=keep, device=dev),
+            sketch_key=torch.zeros(L, H, D, R, dtype=STORE_DTYPE),
             sketch=torch.zeros(L, H, 0, R // 2 if bits == 4 else R, dtype=sketch_dtype(bits)),
             sketch_scale=torch.ones(L, H, R, dtype=keep, device=dev),
             span_starts=torch.zeros(0, dtype=torch.int64),
@@ -135,6 +136,7 @@ class PartialStore:
         """The sketch's query side on the device (routers read it from the resident tier)."""
         self.resident["sketch_proj"] = basis.query_proj.to(self.device, self.keep)
         self.resident["sketch_mean"] = basis.mean.to(self.device, self.keep)
+        self.resident["sketch_key"] = basis.key_proj.to(STORE_DTYPE)  # the host's: for the file
 
     def place_codebooks(self, tensors: dict[str, torch.Tensor]) -> None:
         """The offload code's codebooks (fixed at the first commit, :data:`CODEBOOKS`)."""
@@ -254,6 +256,7 @@ class PartialStore:
             "fixed_v": torch.cat([sink_v.cpu().to(STORE_DTYPE), *pieces["anchor_v"]], 2),
             "sketch_proj": self.resident["sketch_proj"].cpu().to(STORE_DTYPE),
             "sketch_mean": self.resident["sketch_mean"].cpu().to(STORE_DTYPE),
+            "sketch_key": self.resident["sketch_key"],
             "sketch_scale": self.resident["sketch_scale"].cpu().to(STORE_DTYPE),
             "part_rows": self.resident["part_rows"],
             **{name: self.resident[name].cpu() for name in CODEBOOKS if name in self.resident},

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_bytes
 
+from .codec import load_code
 from .config import StoreSettings, exceeds_window
 from .documents import Document
 from .format import (
@@ -39,8 +40,10 @@ from .format import (
 from .models import LoadedModel
 from .prompt import Context
 from .reconstruct import RecordRanges
+from .rope import Rope
 from .segment import SINK, n_sinks
 from .sketch import column_major
+from .sketch_rebuild import sketch_rows_from_keys
 from .summary import STORE_DTYPE
 
 
@@ -103,6 +106,7 @@ def load_store(
         raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
     resident, trace, offload = tensors
     check_tensors(resident, trace, context, manifest["positions"]["sinks"])
+    resident["sketch"] = rebuilt_sketch(manifest, resident, offload, loaded)
     check_sizes(manifest, resident)
     place_resident(resident, loaded)
     return SpanStore(path, manifest, resident, trace, offload)
@@ -195,6 +199,25 @@ def check_tensors(
     )
     if stored != sinks or not leading:
         raise StoreInvalid(f"the store holds {stored} sinks, its manifest says {sinks}")
+
+
+def rebuilt_sketch(
+    manifest: dict[str, Any],
+    resident: dict[str, torch.Tensor],
+    offload: dict[str, torch.Tensor],
+    loaded: LoadedModel,
+) -> torch.Tensor:
+    """The routing sketch's rows from the verified offload tier's keys (the store keeps none,
+    :mod:`sekv_core.sketch_rebuild`)."""
+    settings = manifest["settings"]
+    try:
+        code = load_code(resident, "k", settings["key_code"])
+        rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
+        return sketch_rows_from_keys(
+            resident, offload["k_rows"], code, rope, settings["sketch_bits"]
+        )
+    except (KeyError, RuntimeError, ValueError) as exc:  # shapes that do not fit each other
+        raise StoreInvalid(f"offload tier does not fit its tables ({exc})") from None
 
 
 def check_sizes(manifest: dict[str, Any], resident: dict[str, torch.Tensor]) -> None:

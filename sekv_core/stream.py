@@ -39,7 +39,15 @@ import torch
 from .attention import LocalWindow, ZoomPolicy, sekv_attention
 from .config import StoreSettings
 from .documents import Document
-from .format import code_stats, nbytes, store_manifest, tier_bytes, trace_tensors, write_atomically
+from .format import (
+    code_stats,
+    nbytes,
+    on_disk,
+    store_manifest,
+    tier_bytes,
+    trace_tensors,
+    write_atomically,
+)
 from .models import LoadedModel
 from .partial import PartialStore
 from .parts import (
@@ -301,7 +309,7 @@ class StreamBuilder:
         manifest["stream"] = self.report()
         write_atomically(
             self.path,
-            {"resident.safetensors": resident, "trace.safetensors": trace},
+            {"resident.safetensors": on_disk(resident), "trace.safetensors": trace},
             manifest,
             writers={"offload.safetensors": self.store.write_offload},
         )
