@@ -4,14 +4,12 @@ for entries near a level's boundary (6% of them on the default model's handbook)
 
 import torch
 from safetensors.torch import load_file
+from test_store import prepare
 
 import sekv_core.build as build_module
 from sekv_core.format import tier_bytes
 from sekv_core.ingest import open_or_build
-from sekv_core.partial import PartialStore
 from sekv_core.sketch import dequantize_sketch
-from test_store import prepare
-from test_stream import BOOK, WINDOW, context_of, document, small, text_of  # noqa: F401
 
 
 def levels(packed: torch.Tensor, dim: int) -> torch.Tensor:
@@ -47,24 +45,3 @@ def test_loaded_sketch_is_the_built_one_and_not_on_disk(tiny_loaded, tmp_path, m
     # the manifest counts the sketch where answers hold it: in the resident tier
     assert store.manifest["bytes"]["resident"] == tier_bytes(store.resident)["resident"]
     assert store.manifest["bytes"]["resident"] > tier_bytes(on_disk)["resident"]
-
-
-def test_a_streamed_book_rebuilds_its_requantised_sketch(small, tmp_path, monkeypatch):
-    """A book's sketch is of pre-RoPE keys, and its scale grew as parts came (rows requantised):
-    the rows rebuilt at the final scale are the streamed ones."""
-    finished = PartialStore.finished
-    made = {}
-
-    def keep(self, *args):
-        out = finished(self, *args)
-        made["sketch"] = out["sketch"].clone()
-        return out
-
-    monkeypatch.setattr(PartialStore, "finished", keep)
-    doc = document(tmp_path, text_of(40))
-    ctx = context_of(small, doc)
-    assert len(ctx) > 2 * WINDOW
-    store, _ = open_or_build(small, doc, ctx, BOOK)
-    assert store.manifest["positions"]["mode"] == "bounded"
-    assert store.manifest["stream"]["parts"] > 1
-    assert_same_sketch(made["sketch"], store.resident["sketch"], BOOK.sketch_dim)

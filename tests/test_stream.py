@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import build_tiny_model
 from safetensors.torch import load_file
+from test_sketch_rebuild import assert_same_sketch
 
 import sekv_core.prefilter as prefilter_mod
 import sekv_core.stream as stream_mod
@@ -28,6 +29,7 @@ from sekv_core.format import CODEBOOKS, FILES
 from sekv_core.ingest import open_or_build
 from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.models import load_model
+from sekv_core.partial import PartialStore
 from sekv_core.passages import FUSION_K, NEUTRAL_QUESTION
 from sekv_core.pools import document_order
 from sekv_core.prefilter import RepBlocks, SpanSubset, candidates, representative_scores
@@ -517,3 +519,24 @@ def test_a_book_reads_the_sentence_that_shares_the_question_words(small, tmp_pat
     scores = method.policy.pinned_scores.cpu()
     assert (scores[inside] >= 1 / (FUSION_K + 1) - 1e-7).all()
     assert method.policy.pinned.cpu()[inside].all()
+
+
+def test_a_streamed_book_rebuilds_its_requantised_sketch(small, tmp_path, monkeypatch):
+    """A book's sketch is of pre-RoPE keys, and its scale grew as parts came (rows requantised):
+    the rows rebuilt at the final scale are the streamed ones."""
+    finished = PartialStore.finished
+    made = {}
+
+    def keep(self, *args):
+        out = finished(self, *args)
+        made["sketch"] = out["sketch"].clone()
+        return out
+
+    monkeypatch.setattr(PartialStore, "finished", keep)
+    doc = document(tmp_path, text_of(40))
+    ctx = context_of(small, doc)
+    assert len(ctx) > 2 * WINDOW
+    store, _ = open_or_build(small, doc, ctx, BOOK)
+    assert store.manifest["positions"]["mode"] == "bounded"
+    assert store.manifest["stream"]["parts"] > 1
+    assert_same_sketch(made["sketch"], store.resident["sketch"], BOOK.sketch_dim)
