@@ -32,6 +32,7 @@ from .prompt import Context
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
 from .sketch import quantize_sketch, sketch_basis, span_representatives
+from .sketch_rebuild import sketch_fixes
 from .summary import STORE_DTYPE, one_thread
 
 
@@ -95,6 +96,11 @@ def build_store(
         **v_code.tensors("v"),
         "part_rows": torch.tensor([0, len(span_tokens)]),  # one part: every span token's row
     }
+    # the rows the store keeps are the fixes from the rows rebuilt at load to these
+    fixes = sketch_fixes(
+        resident, [offload["k_rows"]], settings.key_code, rope, settings.sketch_bits
+    )
+    resident.update(fixes)
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
     positions = {
         "mode": "original",

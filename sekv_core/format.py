@@ -57,8 +57,9 @@ FORMAT_VERSION = 9  # 9: sketch rows rebuilt at load (8: allocated key code; 7: 
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
-# resident tensors not written: rebuilt at load from the rest (:mod:`sekv_core.sketch_rebuild`)
-REBUILT = ("sketch",)
+# resident tensors not written where the store holds their fixes: rebuilt at load from the
+# offload tier (:mod:`sekv_core.sketch_rebuild`)
+REBUILT = {"sketch": "sketch_fix_gap"}
 # the offload code's codebooks (half precision, host index: zoomed rows are decoded on the host)
 # (an allocated code's also its metric and bits: a store holds the names its code has)
 CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits")
@@ -101,7 +102,8 @@ def tier_bytes(resident: dict[str, torch.Tensor]) -> dict[str, int]:
 
 def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The resident tensors a store's file holds: all but those rebuilt at load."""
-    return {name: t for name, t in resident.items() if name not in REBUILT}
+    dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
+    return {name: t for name, t in resident.items() if name not in dropped}
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:

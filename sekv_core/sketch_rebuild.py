@@ -1,73 +1,157 @@
 """The routing sketch's rows, rebuilt when a store is loaded from the keys of its offload tier.
 
 A sketch row is a projection of one span token's key (:mod:`sekv_core.sketch`), and the
-offload tier already holds every span key in the key code. So the store on disk keeps only the
+offload tier already holds every span key in the key code. So the store on disk keeps the
 sketch's fixed-size parts (its query and key directions, the mean key, one scale per direction)
 and no rows: at load every span key is decoded, rotated to its position (bounded stores keep
-keys pre-RoPE, as their sketch does), projected and quantised at the stored scale. That leaves
-16 bytes per span token and KV head off the disk (a 32-direction 4-bit sketch: 6% of an fp16 KV
-cache). A decoded key differs from the exact one by the key code's error, which is far below
-one sketch level, so the rows are those a build from the exact keys gives but for a few levels
-at a rounding boundary.
+keys pre-RoPE, as their sketch does), projected and quantised at the stored scale.
+
+A decoded key is not the exact key, and about one sketch number in twenty lies so near a
+level's boundary that the key code's error moves it to the next level. Under tight memory
+targets routing is sensitive to such moves, so the build also rebuilds the rows this way and
+stores the differences to its own rows as *fixes*: each moved number's distance from the
+previous one (uint16) and its correction (int8). Loading applies them, and the rows are
+exactly those the build made from the exact keys. At about two fixes per span token and KV
+head, that is ~6 bytes where the rows took 16 (a 32-direction 4-bit sketch).
+
+Both sides run the same operations on the same stored tensors, on one thread (a product's
+summation order depends on the threads; a rounding moved by it would make a fix wrong).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .codec import Code
+from .codec import load_code
 from .rope import Rope
-from .sketch import pack_sketch
+from .sketch import dequantize_sketch, pack_sketch
+from .summary import one_thread
+
+FIX_GAP = 65535  # the largest step between fixes one uint16 holds (longer: a zero fix between)
 
 
-def sketch_rows_from_keys(
+def rebuilt_sketch(
     resident: dict[str, torch.Tensor],
-    key_records: torch.Tensor,
-    code: Code,
+    key_parts: list[torch.Tensor],
+    key_code: str,
     rope: Rope | None,
     bits: int,
 ) -> torch.Tensor:
-    """The packed sketch (L, H, S, R / 2 or R) of a store's span keys.
+    """The packed sketch (L, H, S, R / 2 or R) of a store: rebuilt from its keys, its fixes
+    applied (the rows the build made).
 
-    resident : the store's resident tensors (span bounds, ``part_rows``, ``sketch_key``,
-    ``sketch_mean``, ``sketch_scale``); key_records : the offload tier's flat key bytes (per
-    part (L, H, rows, record), parts one after another); code : the key code; rope : rotates
-    the keys to their positions (None: the sketch is of pre-RoPE keys, a bounded store)."""
+    resident : the store's resident tensors (span bounds, ``part_rows``, the key code's
+    codebooks, ``sketch_key``, ``sketch_mean``, ``sketch_scale``, ``sketch_fix_gap`` and
+    ``sketch_fix_delta``); key_parts : each part's flat key records (L, H, rows, record);
+    key_code : the key code's spec; rope : rotates keys to their positions (None: a bounded
+    store's sketch is of pre-RoPE keys)."""
+    levels = rebuilt_levels(resident, key_parts, key_code, rope, bits)
+    apply_fixes(levels, resident["sketch_fix_gap"], resident["sketch_fix_delta"])
+    return pack_sketch(levels, bits)
+
+
+def sketch_fixes(
+    resident: dict[str, torch.Tensor],
+    key_parts: list[torch.Tensor],
+    key_code: str,
+    rope: Rope | None,
+    bits: int,
+) -> dict[str, torch.Tensor]:
+    """The fixes (``sketch_fix_gap``, ``sketch_fix_delta``) that turn the sketch rebuilt from
+    the keys into ``resident["sketch"]`` (arguments as for :func:`rebuilt_sketch`); none
+    (an empty dict: the store keeps the rows) where they would not take fewer bytes than the
+    rows."""
+    dim = resident["sketch_key"].shape[-1]
+    built = dequantize_sketch(resident["sketch"].cpu(), dim, torch.float32)
+    fixes = fix_tensors(built - rebuilt_levels(resident, key_parts, key_code, rope, bits))
+    smaller = sum(t.nbytes for t in fixes.values()) < resident["sketch"].nbytes
+    return fixes if smaller else {}  # else the store keeps the rows themselves
+
+
+def fix_tensors(delta: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The fixes of the level differences ``delta`` (any shape; mostly zeros): the step from
+    the previous fix (the first: from 0) of each non-zero one in flat order, and its value."""
+    where = torch.nonzero(delta.flatten()).flatten()
+    values = delta.flatten()[where]
+    gaps = torch.diff(where, prepend=where.new_zeros(1))
+    fillers = torch.div(gaps - 1, FIX_GAP, rounding_mode="floor").clamp(min=0)
+    if int(fillers.sum()):  # a step too long for uint16: zero fixes FIX_GAP apart before it
+        at = torch.repeat_interleave(torch.arange(len(gaps)), fillers + 1)
+        first = torch.cumsum(fillers + 1, 0) - (fillers + 1)  # each fix's first entry
+        within = torch.arange(len(at)) - first[at]  # 0 .. fillers: the last is the fix
+        last = within == fillers[at]
+        gaps = torch.where(last, gaps[at] - fillers[at] * FIX_GAP, FIX_GAP)
+        values = torch.where(last, values[at], 0)
+    return {
+        "sketch_fix_gap": gaps.to(torch.int32).to(torch.uint16),
+        "sketch_fix_delta": values.to(torch.int8),
+    }
+
+
+def apply_fixes(levels: torch.Tensor, gaps: torch.Tensor, deltas: torch.Tensor) -> None:
+    """Add the fixes (:func:`fix_tensors`) to ``levels`` in place; ValueError if they do not
+    fit it."""
+    if gaps.shape != deltas.shape or gaps.dim() != 1:
+        raise ValueError("the sketch's fixes do not pair up")
+    if gaps.numel():
+        where = torch.cumsum(gaps.long(), 0)
+        if int(where[-1]) >= levels.numel():
+            raise ValueError("a sketch fix lies beyond the sketch")
+        levels.view(-1).index_add_(0, where, deltas.float())
+
+
+def rebuilt_levels(
+    resident: dict[str, torch.Tensor],
+    key_parts: list[torch.Tensor],
+    key_code: str,
+    rope: Rope | None,
+    bits: int,
+) -> torch.Tensor:
+    """Sketch levels (L, H, S, R) float32 of the decoded span keys (no fixes)."""
+    code = load_code(resident, "k", key_code)
     proj = resident["sketch_key"].float()  # (L, H, D, R)
-    mean = resident["sketch_mean"].float()  # (L, H, D)
-    scale = resident["sketch_scale"].float()  # (L, H, R)
+    mean = resident["sketch_mean"].float().cpu()  # (L, H, D)
+    scale = resident["sketch_scale"].float().cpu()  # (L, H, R)
     L, H, _, R = proj.shape
-    records = key_records.view(-1, code.record_bytes)
-    index = record_index(resident["part_rows"], L, H)  # (L, H, S)
-    S = index.shape[-1]
-    positions = span_positions(resident["span_starts"], resident["span_ends"])
+    index, S = record_index(resident["part_rows"], L, H)
+    positions = span_positions(resident["span_starts"], resident["span_ends"]).repeat(H)
     top = 2 ** (bits - 1) - 1
-    every = positions.repeat(H)  # the rows decode head after head
-    layers = []
-    for layer in range(L):  # one layer at a time: bounded working memory
-        rows = records.index_select(0, index[layer].flatten())
-        keys = code.decode(rows, layer, [S] * H, torch.float32)
-        if rope is not None:
-            keys = rope.rotate(keys, every)
-        offset = mean[layer][:, None] @ proj[layer]  # (H, 1, R)
-        sketch = torch.baddbmm(offset, keys.view(H, S, -1), proj[layer], alpha=1, beta=-1)
-        levels = (sketch / scale[layer][:, None]).round_().clamp_(-top, top)  # (k - mu) B
-        layers.append(pack_sketch(levels, bits))
-    return torch.stack(layers)
+    records = [part.view(-1, code.record_bytes) for part in key_parts]
+    out = torch.zeros(L, H, S, R)
+    if not S:
+        return out
+    with one_thread():
+        for layer in range(L):  # one layer at a time: bounded working memory
+            picked = [  # (H, n, record) per part, then every head's rows in order
+                part.index_select(0, at[layer].flatten()).view(H, at.shape[-1], code.record_bytes)
+                for part, at in zip(records, index, strict=True)
+            ]
+            rows = torch.cat(picked, dim=1).flatten(0, 1)
+            keys = code.decode(rows, layer, [S] * H, torch.float32)
+            if rope is not None:
+                keys = rope.rotate(keys, positions)
+            offset = mean[layer][:, None] @ proj[layer]  # (H, 1, R)
+            sketch = torch.baddbmm(offset, keys.view(H, S, -1), proj[layer], beta=-1)
+            out[layer] = (sketch / scale[layer][:, None]).round_().clamp_(-top, top)
+    return out
 
 
-def record_index(part_rows: torch.Tensor, layers: int, heads: int) -> torch.Tensor:
-    """(L, H, S) the record number of every span row, per layer and KV head, rows in order: a
-    part of n rows holds (L, H, n) records after the parts before it."""
-    pieces = []
+def record_index(
+    part_rows: torch.Tensor, layers: int, heads: int
+) -> tuple[list[torch.Tensor], int]:
+    """Per part, the record numbers (L, H, n) of its rows within the part (it holds its n
+    rows' records as (L, H, n)), and S, the rows of all parts."""
+    out = []
     for p in range(len(part_rows) - 1):
-        first, n = int(part_rows[p]), int(part_rows[p + 1] - part_rows[p])
-        base = layers * heads * first
-        grid = torch.arange(layers * heads).view(layers, heads, 1) * n + torch.arange(n)
-        pieces.append(base + grid)
-    if not pieces:
-        return torch.zeros(layers, heads, 0, dtype=torch.long)
-    return torch.cat(pieces, dim=2)
+        n = int(part_rows[p + 1] - part_rows[p])
+        out.append(torch.arange(layers * heads).view(layers, heads, 1) * n + torch.arange(n))
+    return out, int(part_rows[-1])
+
+
+def key_parts(flat: torch.Tensor, part_rows: torch.Tensor, layers: int, heads: int, record: int):
+    """The parts' flat key records (views) of a store's one flat ``k_rows`` buffer."""
+    bounds = (part_rows * layers * heads * record).tolist()
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def span_positions(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_bytes
 
-from .codec import load_code
 from .config import StoreSettings, exceeds_window
 from .documents import Document
 from .format import (
@@ -43,8 +42,9 @@ from .reconstruct import RecordRanges
 from .rope import Rope
 from .segment import SINK, n_sinks
 from .sketch import column_major
-from .sketch_rebuild import sketch_rows_from_keys
+from .sketch_rebuild import key_parts, rebuilt_sketch
 from .summary import STORE_DTYPE
+from .tiers import spec_record_bytes
 
 
 class StoreInvalid(Exception):
@@ -106,7 +106,8 @@ def load_store(
         raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
     resident, trace, offload = tensors
     check_tensors(resident, trace, context, manifest["positions"]["sinks"])
-    resident["sketch"] = rebuilt_sketch(manifest, resident, offload, loaded)
+    if "sketch" not in resident:  # (a store whose fixes would outweigh its rows keeps them)
+        resident["sketch"] = stored_sketch(manifest, resident, offload, loaded)
     check_sizes(manifest, resident)
     place_resident(resident, loaded)
     return SpanStore(path, manifest, resident, trace, offload)
@@ -201,23 +202,24 @@ def check_tensors(
         raise StoreInvalid(f"the store holds {stored} sinks, its manifest says {sinks}")
 
 
-def rebuilt_sketch(
+def stored_sketch(
     manifest: dict[str, Any],
     resident: dict[str, torch.Tensor],
     offload: dict[str, torch.Tensor],
     loaded: LoadedModel,
 ) -> torch.Tensor:
-    """The routing sketch's rows from the verified offload tier's keys (the store keeps none,
-    :mod:`sekv_core.sketch_rebuild`)."""
+    """The routing sketch's rows, rebuilt from the verified offload tier's keys and the
+    stored fixes (the store keeps no rows, :mod:`sekv_core.sketch_rebuild`)."""
     settings = manifest["settings"]
     try:
-        code = load_code(resident, "k", settings["key_code"])
+        L, H = resident["fixed_k"].shape[:2]
+        spec = settings["key_code"]
+        record = spec_record_bytes(spec, resident["fixed_k"].shape[-1])
+        parts = key_parts(offload["k_rows"], resident["part_rows"], L, H, record)
         rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
-        return sketch_rows_from_keys(
-            resident, offload["k_rows"], code, rope, settings["sketch_bits"]
-        )
-    except (KeyError, RuntimeError, ValueError) as exc:  # shapes that do not fit each other
-        raise StoreInvalid(f"offload tier does not fit its tables ({exc})") from None
+        return rebuilt_sketch(resident, parts, spec, rope, settings["sketch_bits"])
+    except (KeyError, RuntimeError, ValueError) as exc:  # tables that do not fit each other
+        raise StoreInvalid(f"sketch cannot be rebuilt ({exc})") from None
 
 
 def check_sizes(manifest: dict[str, Any], resident: dict[str, torch.Tensor]) -> None:

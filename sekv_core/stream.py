@@ -41,6 +41,7 @@ from .config import StoreSettings
 from .documents import Document
 from .format import (
     code_stats,
+    map_safetensors,
     nbytes,
     on_disk,
     store_manifest,
@@ -66,6 +67,7 @@ from .prefill import Progress
 from .prompt import Context
 from .router import SketchRouter
 from .segment import ANCHOR, SPAN, Segmentation
+from .sketch_rebuild import sketch_fixes
 from .stream_layout import StreamLayout
 from .summary import STORE_DTYPE
 from .surprisal import Surprisal
@@ -296,6 +298,10 @@ class StreamBuilder:
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
         resident = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v)
+        rope = None if lay.bounded else lay.rope  # a bounded sketch is of pre-RoPE keys
+        keys = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.store.paths]
+        code, bits = self.settings.key_code, self.settings.sketch_bits
+        resident.update(sketch_fixes(resident, keys, code, rope, bits))
         trace = trace_tensors(self.document, self.context, s.surprisal, s.roles)
         positions = {"mode": lay.mode, "sinks": lay.sinks}
         manifest = store_manifest(

@@ -115,6 +115,8 @@ def test_stream_within_the_window_matches_one_shot(small, tmp_path):
         assert torch.equal(one.trace[name], streamed.trace[name]), name
     assert torch.allclose(one.trace["surprisal"], streamed.trace["surprisal"], atol=1e-4)
     for name, tensor in one.resident.items():
+        if name.startswith("sketch_fix"):
+            continue  # how many numbers need a fix depends on the last bit of each key
         other = streamed.resident[name]
         assert other.shape == tensor.shape and other.dtype == tensor.dtype, name
         if name.startswith("sketch") or name in CODEBOOKS:
@@ -523,7 +525,7 @@ def test_a_book_reads_the_sentence_that_shares_the_question_words(small, tmp_pat
 
 def test_a_streamed_book_rebuilds_its_requantised_sketch(small, tmp_path, monkeypatch):
     """A book's sketch is of pre-RoPE keys, and its scale grew as parts came (rows requantised):
-    the rows rebuilt at the final scale are the streamed ones."""
+    rebuilt from the keys at the final scale and fixed, the rows are the streamed ones."""
     finished = PartialStore.finished
     made = {}
 
@@ -539,4 +541,4 @@ def test_a_streamed_book_rebuilds_its_requantised_sketch(small, tmp_path, monkey
     store, _ = open_or_build(small, doc, ctx, BOOK)
     assert store.manifest["positions"]["mode"] == "bounded"
     assert store.manifest["stream"]["parts"] > 1
-    assert_same_sketch(made["sketch"], store.resident["sketch"], BOOK.sketch_dim)
+    assert_same_sketch(made["sketch"], store.resident["sketch"])
