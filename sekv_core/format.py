@@ -59,7 +59,7 @@ FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
 # resident tensors not written where the store holds their fixes: rebuilt at load from the
 # offload tier (:mod:`sekv_core.sketch_rebuild`)
-REBUILT = {"sketch": "sketch_fix_gap"}
+REBUILT = {"sketch": "sketch_fixes"}
 # the offload code's codebooks (half precision, host index: zoomed rows are decoded on the host)
 # (an allocated code's also its metric and bits: a store holds the names its code has)
 CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits")

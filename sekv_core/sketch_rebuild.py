@@ -9,10 +9,10 @@ keys pre-RoPE, as their sketch does), projected and quantised at the stored scal
 A decoded key is not the exact key, and about one sketch number in twenty lies so near a
 level's boundary that the key code's error moves it to the next level. Under tight memory
 targets routing is sensitive to such moves, so the build also rebuilds the rows this way and
-stores the differences to its own rows as *fixes*: each moved number's distance from the
-previous one (uint16) and its correction (int8). Loading applies them, and the rows are
-exactly those the build made from the exact keys. At about two fixes per span token and KV
-head, that is ~6 bytes where the rows took 16 (a 32-direction 4-bit sketch).
+stores the differences to its own rows as *fixes*: one uint16 per level moved, the distance
+from the previous fix and the direction. Loading applies them, and the rows are exactly those
+the build made from the exact keys. At about two fixes per span token and KV head (the default
+model), that is ~4 bytes where the rows took 16 (a 32-direction 4-bit sketch).
 
 Both sides run the same operations on the same stored tensors, on one thread (a product's
 summation order depends on the threads; a rounding moved by it would make a fix wrong).
@@ -27,7 +27,7 @@ from .rope import Rope
 from .sketch import dequantize_sketch, pack_sketch
 from .summary import one_thread
 
-FIX_GAP = 65535  # the largest step between fixes one uint16 holds (longer: a zero fix between)
+FIX_GAP = 32767  # the longest step between fixes a uint16 holds beside the fix's sign
 
 
 def rebuilt_sketch(
@@ -41,12 +41,12 @@ def rebuilt_sketch(
     applied (the rows the build made).
 
     resident : the store's resident tensors (span bounds, ``part_rows``, the key code's
-    codebooks, ``sketch_key``, ``sketch_mean``, ``sketch_scale``, ``sketch_fix_gap`` and
-    ``sketch_fix_delta``); key_parts : each part's flat key records (L, H, rows, record);
+    codebooks, ``sketch_key``, ``sketch_mean``, ``sketch_scale``, ``sketch_fixes``);
+    key_parts : each part's flat key records (L, H, rows, record);
     key_code : the key code's spec; rope : rotates keys to their positions (None: a bounded
     store's sketch is of pre-RoPE keys)."""
     levels = rebuilt_levels(resident, key_parts, key_code, rope, bits)
-    apply_fixes(levels, resident["sketch_fix_gap"], resident["sketch_fix_delta"])
+    apply_fixes(levels, resident["sketch_fixes"])
     return pack_sketch(levels, bits)
 
 
@@ -57,7 +57,7 @@ def sketch_fixes(
     rope: Rope | None,
     bits: int,
 ) -> dict[str, torch.Tensor]:
-    """The fixes (``sketch_fix_gap``, ``sketch_fix_delta``) that turn the sketch rebuilt from
+    """The fixes (``sketch_fixes``) that turn the sketch rebuilt from
     the keys into ``resident["sketch"]`` (arguments as for :func:`rebuilt_sketch`); none
     (an empty dict: the store keeps the rows) where they would not take fewer bytes than the
     rows."""
@@ -69,35 +69,37 @@ def sketch_fixes(
 
 
 def fix_tensors(delta: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The fixes of the level differences ``delta`` (any shape; mostly zeros): the step from
-    the previous fix (the first: from 0) of each non-zero one in flat order, and its value."""
-    where = torch.nonzero(delta.flatten()).flatten()
-    values = delta.flatten()[where]
+    """The fixes of the level differences ``delta`` (any shape; mostly zeros), one uint16 each:
+    the step from the previous fix (the first: from 0) in flat order, twice, plus 1 for +1
+    (0: -1). A difference of d is |d| fixes at one number; a step longer than FIX_GAP puts a
+    +1 and a -1 FIX_GAP on, as often as needed."""
+    flat = delta.flatten().round().long()
+    where = torch.nonzero(flat).flatten()
+    count = flat[where].abs()
+    where, up = where.repeat_interleave(count), (flat[where] > 0).repeat_interleave(count)
     gaps = torch.diff(where, prepend=where.new_zeros(1))
-    fillers = torch.div(gaps - 1, FIX_GAP, rounding_mode="floor").clamp(min=0)
-    if int(fillers.sum()):  # a step too long for uint16: zero fixes FIX_GAP apart before it
-        at = torch.repeat_interleave(torch.arange(len(gaps)), fillers + 1)
-        first = torch.cumsum(fillers + 1, 0) - (fillers + 1)  # each fix's first entry
-        within = torch.arange(len(at)) - first[at]  # 0 .. fillers: the last is the fix
-        last = within == fillers[at]
-        gaps = torch.where(last, gaps[at] - fillers[at] * FIX_GAP, FIX_GAP)
-        values = torch.where(last, values[at], 0)
-    return {
-        "sketch_fix_gap": gaps.to(torch.int32).to(torch.uint16),
-        "sketch_fix_delta": values.to(torch.int8),
-    }
+    pairs = torch.div(gaps - 1, FIX_GAP, rounding_mode="floor").clamp(min=0)
+    if int(pairs.sum()):  # each pair: +1 after FIX_GAP, -1 after 0
+        size = 2 * pairs + 1
+        at = torch.repeat_interleave(torch.arange(len(gaps)), size)
+        within = torch.arange(len(at)) - (torch.cumsum(size, 0) - size)[at]
+        last = within == 2 * pairs[at]
+        gaps = torch.where(last, gaps[at] - pairs[at] * FIX_GAP, (within % 2 == 0) * FIX_GAP)
+        up = torch.where(last, up[at], within % 2 == 0)
+    return {"sketch_fixes": (gaps * 2 + up).to(torch.int32).to(torch.uint16)}
 
 
-def apply_fixes(levels: torch.Tensor, gaps: torch.Tensor, deltas: torch.Tensor) -> None:
+def apply_fixes(levels: torch.Tensor, fixes: torch.Tensor) -> None:
     """Add the fixes (:func:`fix_tensors`) to ``levels`` in place; ValueError if they do not
     fit it."""
-    if gaps.shape != deltas.shape or gaps.dim() != 1:
-        raise ValueError("the sketch's fixes do not pair up")
-    if gaps.numel():
-        where = torch.cumsum(gaps.long(), 0)
+    if fixes.dim() != 1 or fixes.dtype != torch.uint16:
+        raise ValueError("the sketch's fixes are not a flat uint16 list")
+    if fixes.numel():
+        code = fixes.long()
+        where = torch.cumsum(code >> 1, 0)
         if int(where[-1]) >= levels.numel():
             raise ValueError("a sketch fix lies beyond the sketch")
-        levels.view(-1).index_add_(0, where, deltas.float())
+        levels.view(-1).index_add_(0, where, ((code & 1) * 2 - 1).float())
 
 
 def rebuilt_levels(

@@ -32,8 +32,7 @@ def test_loaded_sketch_is_the_built_one_and_not_on_disk(tiny_loaded, tmp_path, m
     assert_same_sketch(made["sketch"], store.resident["sketch"])
     on_disk = load_file(store.path / "resident.safetensors")
     assert "sketch" not in on_disk and "sketch_key" in on_disk
-    fixes = {n: on_disk[n] for n in ("sketch_fix_gap", "sketch_fix_delta")}
-    assert 0 < nbytes(fixes) < nbytes({"sketch": made["sketch"]})
+    assert 0 < nbytes({"f": on_disk["sketch_fixes"]}) < nbytes({"sketch": made["sketch"]})
     # the manifest counts the sketch where answers hold it: in the resident tier
     assert store.manifest["bytes"]["resident"] == tier_bytes(store.resident)["resident"]
     assert store.manifest["bytes"]["resident"] > tier_bytes(on_disk)["resident"]
@@ -41,12 +40,24 @@ def test_loaded_sketch_is_the_built_one_and_not_on_disk(tiny_loaded, tmp_path, m
 
 def test_fixes_round_trip_across_long_steps():
     delta = torch.zeros(3 * FIX_GAP + 10)
-    delta[[0, 7, FIX_GAP + 9, FIX_GAP + 10, 3 * FIX_GAP + 9]] = torch.tensor([1.0, -2, 1, 3, -1])
-    fixes = fix_tensors(delta)
-    assert fixes["sketch_fix_gap"].dtype == torch.uint16
-    assert fixes["sketch_fix_delta"].dtype == torch.int8
+    at = [0, 7, FIX_GAP + 9, FIX_GAP + 10, 3 * FIX_GAP + 9]
+    delta[at] = torch.tensor([1.0, -2, 1, 3, -1])
+    fixes = fix_tensors(delta)["sketch_fixes"]
+    assert fixes.dtype == torch.uint16
+    assert len(fixes) == 1 + 2 + (2 + 1) + 3 + (2 + 1)  # |d| each, a +1/-1 pair per long step
     levels = torch.zeros_like(delta)
-    apply_fixes(levels, fixes["sketch_fix_gap"], fixes["sketch_fix_delta"])
+    apply_fixes(levels, fixes)
     assert torch.equal(levels, delta)
     with pytest.raises(ValueError, match="beyond"):
-        apply_fixes(torch.zeros(10), fixes["sketch_fix_gap"], fixes["sketch_fix_delta"])
+        apply_fixes(torch.zeros(10), fixes)
+
+
+def test_a_store_whose_fixes_would_outweigh_its_rows_keeps_the_rows(
+    tiny_loaded, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(build_module, "sketch_fixes", lambda *args: {})  # (as sketch_fixes says)
+    document_, context = prepare(tiny_loaded, tmp_path)
+    store, _ = open_or_build(tiny_loaded, document_, context)
+    on_disk = load_file(store.path / "resident.safetensors")
+    assert "sketch_fixes" not in on_disk
+    assert_same_sketch(on_disk["sketch"], store.resident["sketch"])
