@@ -11,8 +11,10 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     of 8 / bits. The first code of each byte takes its lowest bits."""
     per = 8 // bits
     u = codes.to(torch.uint8).unflatten(-1, (-1, per))
-    shifts = torch.arange(per, dtype=torch.uint8, device=codes.device) * bits
-    return (u << shifts).sum(dim=-1, dtype=torch.uint8)
+    out = u[..., 0].clone()
+    for j in range(1, per):  # one op per code in the byte (a sum over a broadcast is slower)
+        out |= u[..., j] << (bits * j)
+    return out
 
 
 def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:

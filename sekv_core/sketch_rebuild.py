@@ -3,8 +3,10 @@
 A sketch row is a projection of one span token's key (:mod:`sekv_core.sketch`), and the
 offload tier already holds every span key in the key code. So the store on disk keeps the
 sketch's fixed-size parts (its query and key directions, the mean key, one scale per direction)
-and no rows: at load every span key is decoded, rotated to its position (bounded stores keep
-keys pre-RoPE, as their sketch does), projected and quantised at the stored scale.
+and no rows: at load every span key is decoded, rotated to its position, projected and
+quantised at the stored scale. That costs each load about 0.08 s per thousand tokens on one
+CPU thread, so a book (a bounded store, whose sketch is of pre-RoPE keys) keeps its rows: at
+64K tokens every question would wait seconds.
 
 A decoded key is not the exact key, and about one sketch number in twenty lies so near a
 level's boundary that the key code's error moves it to the next level. Under tight memory
@@ -34,7 +36,7 @@ def rebuilt_sketch(
     resident: dict[str, torch.Tensor],
     key_parts: list[torch.Tensor],
     key_code: str,
-    rope: Rope | None,
+    rope: Rope,
     bits: int,
 ) -> torch.Tensor:
     """The packed sketch (L, H, S, R / 2 or R) of a store: rebuilt from its keys, its fixes
@@ -43,8 +45,7 @@ def rebuilt_sketch(
     resident : the store's resident tensors (span bounds, ``part_rows``, the key code's
     codebooks, ``sketch_key``, ``sketch_mean``, ``sketch_scale``, ``sketch_fixes``);
     key_parts : each part's flat key records (L, H, rows, record);
-    key_code : the key code's spec; rope : rotates keys to their positions (None: a bounded
-    store's sketch is of pre-RoPE keys)."""
+    key_code : the key code's spec; rope : rotates keys to their positions."""
     levels = rebuilt_levels(resident, key_parts, key_code, rope, bits)
     apply_fixes(levels, resident["sketch_fixes"])
     return pack_sketch(levels, bits)
@@ -54,7 +55,7 @@ def sketch_fixes(
     resident: dict[str, torch.Tensor],
     key_parts: list[torch.Tensor],
     key_code: str,
-    rope: Rope | None,
+    rope: Rope,
     bits: int,
 ) -> dict[str, torch.Tensor]:
     """The fixes (``sketch_fixes``) that turn the sketch rebuilt from
@@ -106,7 +107,7 @@ def rebuilt_levels(
     resident: dict[str, torch.Tensor],
     key_parts: list[torch.Tensor],
     key_code: str,
-    rope: Rope | None,
+    rope: Rope,
     bits: int,
 ) -> torch.Tensor:
     """Sketch levels (L, H, S, R) float32 of the decoded span keys (no fixes)."""
@@ -130,8 +131,7 @@ def rebuilt_levels(
             ]
             rows = torch.cat(picked, dim=1).flatten(0, 1)
             keys = code.decode(rows, layer, [S] * H, torch.float32)
-            if rope is not None:
-                keys = rope.rotate(keys, positions)
+            keys = rope.rotate(keys, positions)
             offset = mean[layer][:, None] @ proj[layer]  # (H, 1, R)
             sketch = torch.baddbmm(offset, keys.view(H, S, -1), proj[layer], beta=-1)
             out[layer] = (sketch / scale[layer][:, None]).round_().clamp_(-top, top)

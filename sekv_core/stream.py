@@ -298,10 +298,10 @@ class StreamBuilder:
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
         resident = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v)
-        rope = None if lay.bounded else lay.rope  # a bounded sketch is of pre-RoPE keys
-        keys = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.store.paths]
-        code, bits = self.settings.key_code, self.settings.sketch_bits
-        resident.update(sketch_fixes(resident, keys, code, rope, bits))
+        if not lay.bounded:  # a book keeps its sketch's rows (sekv_core.sketch_rebuild)
+            keys = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.store.paths]
+            code, bits = self.settings.key_code, self.settings.sketch_bits
+            resident.update(sketch_fixes(resident, keys, code, lay.rope, bits))
         trace = trace_tensors(self.document, self.context, s.surprisal, s.roles)
         positions = {"mode": lay.mode, "sinks": lay.sinks}
         manifest = store_manifest(

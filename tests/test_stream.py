@@ -523,9 +523,10 @@ def test_a_book_reads_the_sentence_that_shares_the_question_words(small, tmp_pat
     assert method.policy.pinned.cpu()[inside].all()
 
 
-def test_a_streamed_book_rebuilds_its_requantised_sketch(small, tmp_path, monkeypatch):
-    """A book's sketch is of pre-RoPE keys, and its scale grew as parts came (rows requantised):
-    rebuilt from the keys at the final scale and fixed, the rows are the streamed ones."""
+def test_a_streamed_store_rebuilds_its_sketch_and_a_book_keeps_it(small, tmp_path, monkeypatch):
+    """Streamed within the model's window (original positions, several parts, rows
+    requantised where a part widened the scale), the rows rebuilt from the keys and fixed are
+    the streamed ones; a book keeps its rows (a rebuild would cost every question seconds)."""
     finished = PartialStore.finished
     made = {}
 
@@ -535,10 +536,21 @@ def test_a_streamed_book_rebuilds_its_requantised_sketch(small, tmp_path, monkey
         return out
 
     monkeypatch.setattr(PartialStore, "finished", keep)
-    doc = document(tmp_path, text_of(40))
+    doc = document(tmp_path, text_of(9))
     ctx = context_of(small, doc)
-    assert len(ctx) > 2 * WINDOW
-    store, _ = open_or_build(small, doc, ctx, BOOK)
-    assert store.manifest["positions"]["mode"] == "bounded"
+    assert len(ctx) < WINDOW
+    inside = StoreSettings(
+        prefill_chunk=64, segment=SEGMENT, stream=StreamSettings(window=96, budget=48, always=True)
+    )
+    store, _ = open_or_build(small, doc, ctx, inside)
+    assert store.manifest["positions"]["mode"] == "original"
     assert store.manifest["stream"]["parts"] > 1
+    assert "sketch" not in load_file(store.path / "resident.safetensors")
     assert_same_sketch(made["sketch"], store.resident["sketch"])
+    book_doc = document(tmp_path, text_of(40), name="long.md")
+    book = build(small, book_doc, context_of(small, book_doc))
+    assert book.manifest["positions"]["mode"] == "bounded"
+    on_disk = load_file(book.path / "resident.safetensors")
+    assert "sketch_fixes" not in on_disk
+    assert_same_sketch(made["sketch"], on_disk["sketch"])
+    assert_same_sketch(made["sketch"], book.resident["sketch"])
