@@ -24,6 +24,7 @@ from .config import StoreSettings
 from .format import CODEBOOKS, map_safetensors
 from .parts import OFFLOAD, read_tensors, write_part
 from .reconstruct import RecordRanges
+from .rope import Rope
 from .sketch import (
     SketchBasis,
     dequantize_sketch,
@@ -32,6 +33,7 @@ from .sketch import (
     sketch_dtype,
     widen_sketch_scale,
 )
+from .sketch_rebuild import sketch_fixes
 from .summary import STORE_DTYPE
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
@@ -239,11 +241,16 @@ class PartialStore:
         self._open.clear()
 
     def finished(
-        self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor
+        self,
+        sinks: torch.Tensor,
+        sink_k: torch.Tensor,
+        sink_v: torch.Tensor,
+        rebuild: Rope | None = None,
     ) -> dict[str, torch.Tensor]:
         """The finished store's resident tensors (CPU): the sinks (positions, K (L, H, n, D) as
         the store keeps them, V), then every part's anchors, the tables and the
-        codebooks."""
+        codebooks; with ``rebuild`` (the keys' RoPE) also the fixes to the sketch rebuilt
+        from the keys at load (:mod:`sekv_core.sketch_rebuild`; without, the rows are kept)."""
         pieces: dict[str, list[torch.Tensor]] = {n: [] for n in FIXED}
         for meta in self.files:
             part = read_tensors(self.work / meta["name"], FIXED)
@@ -262,6 +269,10 @@ class PartialStore:
             **{name: self.resident[name].cpu() for name in CODEBOOKS if name in self.resident},
             **r,
         }
+        if rebuild is not None:
+            keys = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.paths]
+            s = self.settings
+            resident.update(sketch_fixes(resident, keys, s.key_code, rebuild, s.sketch_bits))
         return resident
 
     def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,7 +41,6 @@ from .config import StoreSettings
 from .documents import Document
 from .format import (
     code_stats,
-    map_safetensors,
     nbytes,
     on_disk,
     store_manifest,
@@ -67,7 +66,6 @@ from .prefill import Progress
 from .prompt import Context
 from .router import SketchRouter
 from .segment import ANCHOR, SPAN, Segmentation
-from .sketch_rebuild import sketch_fixes
 from .stream_layout import StreamLayout
 from .summary import STORE_DTYPE
 from .surprisal import Surprisal
@@ -297,11 +295,7 @@ class StreamBuilder:
         """Assemble the parts into the store's three files; write them atomically."""
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
-        resident = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v)
-        if not lay.bounded:  # a book keeps its sketch's rows (sekv_core.sketch_rebuild)
-            keys = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.store.paths]
-            code, bits = self.settings.key_code, self.settings.sketch_bits
-            resident.update(sketch_fixes(resident, keys, code, lay.rope, bits))
+        resident = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v, lay.rebuild)
         trace = trace_tensors(self.document, self.context, s.surprisal, s.roles)
         positions = {"mode": lay.mode, "sinks": lay.sinks}
         manifest = store_manifest(

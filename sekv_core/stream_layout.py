@@ -58,6 +58,12 @@ class StreamLayout:
     def mode(self) -> str:
         return "bounded" if self.bounded else "original"
 
+    @property
+    def rebuild(self) -> Rope | None:
+        """The RoPE a store's sketch is rebuilt with at load; None for a book (bounded), which
+        keeps its sketch's rows (:mod:`sekv_core.sketch_rebuild`)."""
+        return None if self.bounded else self.rope
+
     def frame(
         self, keys_pre: torch.Tensor, start: int, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
