@@ -32,7 +32,7 @@ from .prompt import Context
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
 from .sketch import quantize_sketch, sketch_basis, span_representatives
-from .sketch_rebuild import sketch_fixes
+from .sketch_rebuild import rebuilds, sketch_fixes
 from .summary import STORE_DTYPE, one_thread
 
 
@@ -96,11 +96,9 @@ def build_store(
         **v_code.tensors("v"),
         "part_rows": torch.tensor([0, len(span_tokens)]),  # one part: every span token's row
     }
-    # the rows the store keeps are the fixes from the rows rebuilt at load to these
-    fixes = sketch_fixes(
-        resident, [offload["k_rows"]], settings.key_code, rope, settings.sketch_bits
-    )
-    resident.update(fixes)
+    if rebuilds(len(span_tokens)):  # then the store keeps fixes to the rows rebuilt at load
+        code, bits = settings.key_code, settings.sketch_bits
+        resident.update(sketch_fixes(resident, [offload["k_rows"]], code, rope, bits))
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
     positions = {
         "mode": "original",

@@ -33,7 +33,7 @@ from .sketch import (
     sketch_dtype,
     widen_sketch_scale,
 )
-from .sketch_rebuild import sketch_fixes
+from .sketch_rebuild import rebuilds, sketch_fixes
 from .summary import STORE_DTYPE
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
@@ -245,12 +245,13 @@ class PartialStore:
         sinks: torch.Tensor,
         sink_k: torch.Tensor,
         sink_v: torch.Tensor,
-        rebuild: Rope | None = None,
+        key_rope: Rope | None = None,
     ) -> dict[str, torch.Tensor]:
         """The finished store's resident tensors (CPU): the sinks (positions, K (L, H, n, D) as
         the store keeps them, V), then every part's anchors, the tables and the
-        codebooks; with ``rebuild`` (the keys' RoPE) also the fixes to the sketch rebuilt
-        from the keys at load (:mod:`sekv_core.sketch_rebuild`; without, the rows are kept)."""
+        codebooks, and the fixes to the sketch rebuilt from the keys at load where it is
+        (:mod:`sekv_core.sketch_rebuild`; ``key_rope``: the RoPE of the sketch's keys, None
+        when they are pre-RoPE)."""
         pieces: dict[str, list[torch.Tensor]] = {n: [] for n in FIXED}
         for meta in self.files:
             part = read_tensors(self.work / meta["name"], FIXED)
@@ -269,10 +270,10 @@ class PartialStore:
             **{name: self.resident[name].cpu() for name in CODEBOOKS if name in self.resident},
             **r,
         }
-        if rebuild is not None:
+        if rebuilds(self.rows):
             keys = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.paths]
             s = self.settings
-            resident.update(sketch_fixes(resident, keys, s.key_code, rebuild, s.sketch_bits))
+            resident.update(sketch_fixes(resident, keys, s.key_code, key_rope, s.sketch_bits))
         return resident
 
     def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:

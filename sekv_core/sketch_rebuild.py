@@ -3,10 +3,11 @@
 A sketch row is a projection of one span token's key (:mod:`sekv_core.sketch`), and the
 offload tier already holds every span key in the key code. So the store on disk keeps the
 sketch's fixed-size parts (its query and key directions, the mean key, one scale per direction)
-and no rows: at load every span key is decoded, rotated to its position, projected and
-quantised at the stored scale. That costs each load about 0.08 s per thousand tokens on one
-CPU thread, so a book (a bounded store, whose sketch is of pre-RoPE keys) keeps its rows: at
-64K tokens every question would wait seconds.
+and no rows: at load every span key is decoded, rotated to its position (a bounded store's
+sketch is of pre-RoPE keys), projected and quantised at the stored scale. That costs each
+load about 0.08 s per thousand tokens on one CPU thread, so a store of more than
+:data:`REBUILT_TOKENS` span tokens (a long book) keeps its rows: at 64K tokens every question
+would wait seconds.
 
 A decoded key is not the exact key, and about one sketch number in twenty lies so near a
 level's boundary that the key code's error moves it to the next level. Under tight memory
@@ -29,14 +30,21 @@ from .rope import Rope
 from .sketch import dequantize_sketch, pack_sketch
 from .summary import one_thread
 
+REBUILT_TOKENS = 16384  # the most span tokens whose sketch rows are rebuilt (~1.3 s)
 FIX_GAP = 32767  # the longest step between fixes a uint16 holds beside the fix's sign
+
+
+def rebuilds(span_tokens: int) -> bool:
+    """Whether a store of ``span_tokens`` keeps fixes and rebuilds its sketch rows at load
+    (else it keeps the rows)."""
+    return span_tokens <= REBUILT_TOKENS
 
 
 def rebuilt_sketch(
     resident: dict[str, torch.Tensor],
     key_parts: list[torch.Tensor],
     key_code: str,
-    rope: Rope,
+    rope: Rope | None,
     bits: int,
 ) -> torch.Tensor:
     """The packed sketch (L, H, S, R / 2 or R) of a store: rebuilt from its keys, its fixes
@@ -45,7 +53,8 @@ def rebuilt_sketch(
     resident : the store's resident tensors (span bounds, ``part_rows``, the key code's
     codebooks, ``sketch_key``, ``sketch_mean``, ``sketch_scale``, ``sketch_fixes``);
     key_parts : each part's flat key records (L, H, rows, record);
-    key_code : the key code's spec; rope : rotates keys to their positions."""
+    key_code : the key code's spec; rope : rotates keys to their positions (None: the sketch
+    is of pre-RoPE keys, a bounded store's)."""
     levels = rebuilt_levels(resident, key_parts, key_code, rope, bits)
     apply_fixes(levels, resident["sketch_fixes"])
     return pack_sketch(levels, bits)
@@ -55,7 +64,7 @@ def sketch_fixes(
     resident: dict[str, torch.Tensor],
     key_parts: list[torch.Tensor],
     key_code: str,
-    rope: Rope,
+    rope: Rope | None,
     bits: int,
 ) -> dict[str, torch.Tensor]:
     """The fixes (``sketch_fixes``) that turn the sketch rebuilt from
@@ -107,7 +116,7 @@ def rebuilt_levels(
     resident: dict[str, torch.Tensor],
     key_parts: list[torch.Tensor],
     key_code: str,
-    rope: Rope,
+    rope: Rope | None,
     bits: int,
 ) -> torch.Tensor:
     """Sketch levels (L, H, S, R) float32 of the decoded span keys (no fixes)."""
@@ -131,7 +140,8 @@ def rebuilt_levels(
             ]
             rows = torch.cat(picked, dim=1).flatten(0, 1)
             keys = code.decode(rows, layer, [S] * H, torch.float32)
-            keys = rope.rotate(keys, positions)
+            if rope is not None:
+                keys = rope.rotate(keys, positions)
             offset = mean[layer][:, None] @ proj[layer]  # (H, 1, R)
             sketch = torch.baddbmm(offset, keys.view(H, S, -1), proj[layer], beta=-1)
             out[layer] = (sketch / scale[layer][:, None]).round_().clamp_(-top, top)

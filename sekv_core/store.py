@@ -216,7 +216,8 @@ def stored_sketch(
         spec = settings["key_code"]
         record = spec_record_bytes(spec, resident["fixed_k"].shape[-1])
         parts = key_parts(offload["k_rows"], resident["part_rows"], L, H, record)
-        return rebuilt_sketch(resident, parts, spec, Rope(loaded.model), settings["sketch_bits"])
+        rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
+        return rebuilt_sketch(resident, parts, spec, rope, settings["sketch_bits"])
     except (KeyError, RuntimeError, ValueError) as exc:  # tables that do not fit each other
         raise StoreInvalid(f"sketch cannot be rebuilt ({exc})") from None
 

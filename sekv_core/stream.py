@@ -295,7 +295,7 @@ class StreamBuilder:
         """Assemble the parts into the store's three files; write them atomically."""
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
-        resident = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v, lay.rebuild)
+        resident = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v, lay.key_rope)
         trace = trace_tensors(self.document, self.context, s.surprisal, s.roles)
         positions = {"mode": lay.mode, "sinks": lay.sinks}
         manifest = store_manifest(

@@ -59,9 +59,8 @@ class StreamLayout:
         return "bounded" if self.bounded else "original"
 
     @property
-    def rebuild(self) -> Rope | None:
-        """The RoPE a store's sketch is rebuilt with at load; None for a book (bounded), which
-        keeps its sketch's rows (:mod:`sekv_core.sketch_rebuild`)."""
+    def key_rope(self) -> Rope | None:
+        """The RoPE the keys of the store's sketch carry: None when bounded (pre-RoPE)."""
         return None if self.bounded else self.rope
 
     def frame(

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from test_sketch_rebuild import assert_same_sketch
 
 import sekv_core.prefilter as prefilter_mod
+import sekv_core.sketch_rebuild as sketch_rebuild
 import sekv_core.stream as stream_mod
 from sekv_core.attention import ZoomPolicy, sekv_attention
 from sekv_core.codec import load_code
@@ -523,10 +524,13 @@ def test_a_book_reads_the_sentence_that_shares_the_question_words(small, tmp_pat
     assert method.policy.pinned.cpu()[inside].all()
 
 
-def test_a_streamed_store_rebuilds_its_sketch_and_a_book_keeps_it(small, tmp_path, monkeypatch):
-    """Streamed within the model's window (original positions, several parts, rows
-    requantised where a part widened the scale), the rows rebuilt from the keys and fixed are
-    the streamed ones; a book keeps its rows (a rebuild would cost every question seconds)."""
+def test_streamed_stores_rebuild_their_sketch_and_a_long_book_keeps_it(
+    small, tmp_path, monkeypatch
+):
+    """Streamed within the model's window (original positions) and beyond it (a book: pre-RoPE
+    keys), several parts, rows requantised where a part widened the scale: the rows rebuilt
+    from the keys and fixed are the streamed ones. A book of more span tokens than a rebuild
+    is worth keeps its rows."""
     finished = PartialStore.finished
     made = {}
 
@@ -536,20 +540,20 @@ def test_a_streamed_store_rebuilds_its_sketch_and_a_book_keeps_it(small, tmp_pat
         return out
 
     monkeypatch.setattr(PartialStore, "finished", keep)
-    doc = document(tmp_path, text_of(9))
-    ctx = context_of(small, doc)
-    assert len(ctx) < WINDOW
     inside = StoreSettings(
         prefill_chunk=64, segment=SEGMENT, stream=StreamSettings(window=96, budget=48, always=True)
     )
-    store, _ = open_or_build(small, doc, ctx, inside)
-    assert store.manifest["positions"]["mode"] == "original"
-    assert store.manifest["stream"]["parts"] > 1
-    assert "sketch" not in load_file(store.path / "resident.safetensors")
-    assert_same_sketch(made["sketch"], store.resident["sketch"])
-    book_doc = document(tmp_path, text_of(40), name="long.md")
-    book = build(small, book_doc, context_of(small, book_doc))
-    assert book.manifest["positions"]["mode"] == "bounded"
+    for sections, settings, mode in ((9, inside, "original"), (40, BOOK, "bounded")):
+        doc = document(tmp_path, text_of(sections), name=f"{mode}.md")
+        store, _ = open_or_build(small, doc, context_of(small, doc), settings)
+        assert store.manifest["positions"]["mode"] == mode
+        assert store.manifest["stream"]["parts"] > 1
+        assert "sketch" not in load_file(store.path / "resident.safetensors")
+        assert_same_sketch(made["sketch"], store.resident["sketch"])
+    span_tokens = int((store.resident["span_ends"] - store.resident["span_starts"]).sum())
+    monkeypatch.setattr(sketch_rebuild, "REBUILT_TOKENS", span_tokens // 2)
+    doc = document(tmp_path, text_of(40, offset=1), name="long.md")
+    book = build(small, doc, context_of(small, doc))
     on_disk = load_file(book.path / "resident.safetensors")
     assert "sketch_fixes" not in on_disk
     assert_same_sketch(made["sketch"], on_disk["sketch"])
