@@ -121,11 +121,12 @@ def rebuilt_levels(
 ) -> torch.Tensor:
     """Sketch levels (L, H, S, R) float32 of the decoded span keys (no fixes)."""
     code = load_code(resident, "k", key_code)
-    proj = resident["sketch_key"].float()  # (L, H, D, R)
-    mean = resident["sketch_mean"].float().cpu()  # (L, H, D)
     scale = resident["sketch_scale"].float().cpu()  # (L, H, R)
+    proj = resident["sketch_key"].float() / scale[:, :, None]  # (L, H, D, R), in levels
+    offset = resident["sketch_mean"].float().cpu()[:, :, None] @ proj  # (L, H, 1, R)
     L, H, _, R = proj.shape
-    index, S = record_index(resident["part_rows"], L, H)
+    rows_per_part = torch.diff(resident["part_rows"]).tolist()
+    S = sum(rows_per_part)
     positions = span_positions(resident["span_starts"], resident["span_ends"]).repeat(H)
     top = 2 ** (bits - 1) - 1
     records = [part.view(-1, code.record_bytes) for part in key_parts]
@@ -134,30 +135,17 @@ def rebuilt_levels(
         return out
     with one_thread():
         for layer in range(L):  # one layer at a time: bounded working memory
-            picked = [  # (H, n, record) per part, then every head's rows in order
-                part.index_select(0, at[layer].flatten()).view(H, at.shape[-1], code.record_bytes)
-                for part, at in zip(records, index, strict=True)
+            picked = [  # a part's records of a layer: (H, n, record), every head's rows in order
+                part[layer * H * n : (layer + 1) * H * n].view(H, n, code.record_bytes)
+                for part, n in zip(records, rows_per_part, strict=True)
             ]
-            rows = torch.cat(picked, dim=1).flatten(0, 1)
-            keys = code.decode(rows, layer, [S] * H, torch.float32)
+            rows = picked[0] if len(picked) == 1 else torch.cat(picked, dim=1)
+            keys = code.decode(rows.reshape(H * S, -1), layer, [S] * H, torch.float32)
             if rope is not None:
                 keys = rope.rotate(keys, positions)
-            offset = mean[layer][:, None] @ proj[layer]  # (H, 1, R)
-            sketch = torch.baddbmm(offset, keys.view(H, S, -1), proj[layer], beta=-1)
-            out[layer] = (sketch / scale[layer][:, None]).round_().clamp_(-top, top)
+            sketch = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
+            out[layer] = sketch.round_().clamp_(-top, top)  # (k - mu) B / scale
     return out
-
-
-def record_index(
-    part_rows: torch.Tensor, layers: int, heads: int
-) -> tuple[list[torch.Tensor], int]:
-    """Per part, the record numbers (L, H, n) of its rows within the part (it holds its n
-    rows' records as (L, H, n)), and S, the rows of all parts."""
-    out = []
-    for p in range(len(part_rows) - 1):
-        n = int(part_rows[p + 1] - part_rows[p])
-        out.append(torch.arange(layers * heads).view(layers, heads, 1) * n + torch.arange(n))
-    return out, int(part_rows[-1])
 
 
 def key_parts(flat: torch.Tensor, part_rows: torch.Tensor, layers: int, heads: int, record: int):
