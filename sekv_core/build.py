@@ -21,6 +21,7 @@ from .format import (
     code_stats,
     nbytes,
     on_disk,
+    quantize_fixed,
     store_manifest,
     tier_bytes,
     trace_tensors,
@@ -96,6 +97,7 @@ def build_store(
         **v_code.tensors("v"),
         "part_rows": torch.tensor([0, len(span_tokens)]),  # one part: every span token's row
     }
+    quantize_fixed(resident)  # sinks and anchors as answers hold them: 8-bit rows
     if rebuilds(len(span_tokens)):  # then the store keeps fixes to the rows rebuilt at load
         code, bits = settings.key_code, settings.sketch_bits
         resident.update(sketch_fixes(resident, [offload["k_rows"]], code, rope, bits))

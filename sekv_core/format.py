@@ -47,7 +47,7 @@ from safetensors.torch import save_file
 
 from .config import StoreSettings
 from .documents import Document, token_pages
-from .kvquant import KV_BITS, row_bytes
+from .kvquant import KV_BITS, quantize_rows, row_bytes
 from .locks import WRITER, mark_writer
 from .models import LoadedModel
 from .prompt import Context
@@ -60,6 +60,7 @@ DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_
 # resident tensors not written where the store holds their fixes: rebuilt at load from the
 # offload tier (:mod:`sekv_core.sketch_rebuild`)
 REBUILT = {"sketch": "sketch_fixes"}
+FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit fixed rows'
 # the offload code's codebooks (half precision, host index: zoomed rows are decoded on the host)
 # (an allocated code's also its metric and bits: a store holds the names its code has)
 CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits")
@@ -100,6 +101,15 @@ def tier_bytes(resident: dict[str, torch.Tensor]) -> dict[str, int]:
     return {"resident": device, "index": nbytes(resident) - _stored(resident)}
 
 
+def quantize_fixed(resident: dict[str, torch.Tensor]) -> None:
+    """Sinks' and anchors' K/V (fp16) replaced, in place, by the 8-bit rows answers hold them
+    as (:mod:`sekv_core.kvquant`: codes and one scale per row): a store of original positions
+    keeps them so (a bounded store's keys are rotated at load before they are quantised, so
+    they stay fp16)."""
+    for name, scale in FIXED_SCALES.items():
+        resident[name], resident[scale] = quantize_rows(resident[name])
+
+
 def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The resident tensors a store's file holds: all but those rebuilt at load."""
     dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
@@ -107,8 +117,8 @@ def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:
-    """Bytes of the device tier's tensors as stored in the file (fp16 fixed K/V)."""
-    names = ("fixed_k", "fixed_v", *DEVICE_TENSORS)
+    """Bytes of the device tier's tensors as stored in the file."""
+    names = ("fixed_k", "fixed_v", *FIXED_SCALES.values(), *DEVICE_TENSORS)
     return nbytes({n: resident[n] for n in names if n in resident})
 
 

@@ -21,7 +21,7 @@ import torch
 
 from .codec import Code, fit_code, store_codebooks
 from .config import StoreSettings
-from .format import CODEBOOKS, map_safetensors
+from .format import CODEBOOKS, map_safetensors, quantize_fixed
 from .parts import OFFLOAD, read_tensors, write_part
 from .reconstruct import RecordRanges
 from .rope import Rope
@@ -270,6 +270,8 @@ class PartialStore:
             **{name: self.resident[name].cpu() for name in CODEBOOKS if name in self.resident},
             **r,
         }
+        if key_rope is not None:  # original positions: the fixed rows as answers hold them
+            quantize_fixed(resident)
         if rebuilds(self.rows):
             keys = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.paths]
             s = self.settings

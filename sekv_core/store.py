@@ -248,6 +248,7 @@ def place_resident(resident: dict[str, torch.Tensor], loaded: LoadedModel) -> No
     # SpanMemory places these: sinks' and anchors' K/V at the answer's precision, the sketch's
     # directions an answer routes with
     for name in ("fixed_k", "fixed_v", "sketch_proj", "sketch_scale"):
-        resident[name] = resident[name].to(dtype=dtype)
+        if resident[name].is_floating_point():  # (8-bit fixed rows stay as they are)
+            resident[name] = resident[name].to(dtype=dtype)
     if "span_reps" in resident:
         resident["span_reps"] = resident["span_reps"].to(device)

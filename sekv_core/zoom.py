@@ -27,6 +27,7 @@ import torch
 
 from . import kernels
 from .codec import store_codebooks
+from .format import FIXED_SCALES
 from .kvquant import KV_BITS, Rows, row_bytes
 from .pools import ZoomPool, zoom_pool
 from .prefilter import RepBlocks
@@ -73,16 +74,23 @@ class SpanMemory:
     def refresh(self) -> None:
         """(Re)read the resident tier from the store (a streamed build appends spans to it)."""
         r, rope, device, dtype = self.store.resident, self.rope, self.device, self.dtype
-        fixed_k = r["fixed_k"].to(device)  # (L, H, F, D); the store keeps fp16 on the host
-        if self.bounded:  # stored pre-RoPE: sinks at their positions, anchors at 0
-            pos = r["fixed_pos"].to(device)
-            pos = torch.where(pos < self.n_sinks, pos, torch.zeros_like(pos))
-            fixed_k = rope.rotate(fixed_k.to(dtype), pos)
-        # sinks + anchors at the answer's precision, (L, H, F, D) rows
-        self.fixed = (
-            Rows.encode(fixed_k, self.kv_bits),
-            Rows.encode(r["fixed_v"].to(device), self.kv_bits),
-        )
+        fixed_k = r["fixed_k"].to(device)  # (L, H, F, D) fp16, or 8-bit rows' codes
+        if fixed_k.dtype == torch.int8:  # stored as answers hold them (format.quantize_fixed)
+            stored = [Rows(r[n].to(device), r[s].to(device)) for n, s in FIXED_SCALES.items()]
+            self.fixed = tuple(
+                rows if self.kv_bits == KV_BITS else Rows.encode(rows.read(dtype), self.kv_bits)
+                for rows in stored
+            )
+        else:
+            if self.bounded:  # stored pre-RoPE: sinks at their positions, anchors at 0
+                pos = r["fixed_pos"].to(device)
+                pos = torch.where(pos < self.n_sinks, pos, torch.zeros_like(pos))
+                fixed_k = rope.rotate(fixed_k.to(dtype), pos)
+            # sinks + anchors at the answer's precision, (L, H, F, D) rows
+            self.fixed = (
+                Rows.encode(fixed_k, self.kv_bits),
+                Rows.encode(r["fixed_v"].to(device), self.kv_bits),
+            )
         self.sketch_mean = r["sketch_mean"]  # (L, H, D): see sekv_core.sketch
         self.sketch_dims = r["sketch_proj"].shape[-1]  # stored directions, strongest first
         dims, self.routed_dims = self.routed_dims, None  # re-placed from the (grown) store

@@ -8,13 +8,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import sekv_core.build as build_module
 from sekv_core.config import StoreSettings
 from sekv_core.documents import load_document
 from sekv_core.format import FILES, FORMAT_VERSION
 from sekv_core.ingest import open_or_build
+from sekv_core.kvquant import quantize_rows
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
+from sekv_core.rope import Rope
 from sekv_core.store import load_store
+from sekv_core.zoom import SpanMemory
 
 TEXT = "\n\n".join(
     f"Section {i}. The {w} vault on floor {i % 9} holds crate {i * 37 % 101} of copper."
@@ -241,3 +245,24 @@ def test_store_directories_are_private(tiny_model_dirs, tmp_path, sekv_home):
         os.umask(old)
     assert (sekv_home / "stores").stat().st_mode & 0o777 == 0o700
     assert store.path.stat().st_mode & 0o777 == 0o700
+
+
+def test_sinks_and_anchors_are_stored_as_answers_hold_them(tiny_loaded, tmp_path, monkeypatch):
+    """Their K/V are kept as the 8-bit rows an answer quantises them to (half the bytes of fp16
+    rows on disk), so the answer reads exactly those rows."""
+    seen = {}
+    quantize = build_module.quantize_fixed
+
+    def keep(resident):
+        seen.update(k=resident["fixed_k"].clone(), v=resident["fixed_v"].clone())
+        quantize(resident)
+
+    monkeypatch.setattr(build_module, "quantize_fixed", keep)
+    document, context = prepare(tiny_loaded, tmp_path)
+    store, _ = open_or_build(tiny_loaded, document, context)
+    on_disk = load_file(store.path / "resident.safetensors")
+    assert on_disk["fixed_k"].dtype == torch.int8 and seen["k"].dtype == torch.float16
+    memory = SpanMemory(store, Rope(tiny_loaded.model), tiny_loaded.device, tiny_loaded.dtype)
+    for rows, fp16 in zip(memory.fixed, (seen["k"], seen["v"]), strict=True):
+        codes, scale = quantize_rows(fp16)  # what answers held when the store kept fp16 rows
+        assert torch.equal(rows.codes.cpu(), codes) and torch.equal(rows.scale.cpu(), scale)

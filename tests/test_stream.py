@@ -122,6 +122,9 @@ def test_stream_within_the_window_matches_one_shot(small, tmp_path):
         assert other.shape == tensor.shape and other.dtype == tensor.dtype, name
         if name.startswith("sketch") or name in CODEBOOKS:
             continue  # signs of principal directions: compared below
+        if tensor.dtype == torch.int8:  # 8-bit rows: a code on a rounding edge may differ by 1
+            assert (tensor.long() - other.long()).abs().max() <= 1, name
+            continue
         assert torch.allclose(tensor.float(), other.float(), atol=2e-3), name
     proj_a, proj_b = one.resident["sketch_proj"].float(), streamed.resident["sketch_proj"].float()
     sign = (proj_a * proj_b).sum(dim=2).sign()  # (L, H, R): +1 or -1 per direction
