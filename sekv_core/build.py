@@ -33,7 +33,7 @@ from .prompt import Context
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
 from .sketch import quantize_sketch, sketch_basis, span_representatives
-from .sketch_rebuild import rebuilds, sketch_fixes
+from .sketch_rebuild import SpanKeys, rebuilds, sketch_fixes
 from .summary import STORE_DTYPE, one_thread
 
 
@@ -99,8 +99,10 @@ def build_store(
     }
     quantize_fixed(resident)  # sinks and anchors as answers hold them: 8-bit rows
     if rebuilds(len(span_tokens)):  # then the store keeps fixes to the rows rebuilt at load
-        code, bits = settings.key_code, settings.sketch_bits
-        resident.update(sketch_fixes(resident, [offload["k_rows"]], code, rope, bits))
+        s = settings
+        resident.update(
+            sketch_fixes(SpanKeys(resident, [offload["k_rows"]], s.key_code, rope, s.sketch_bits))
+        )
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
     positions = {
         "mode": "original",

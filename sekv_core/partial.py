@@ -33,7 +33,7 @@ from .sketch import (
     sketch_dtype,
     widen_sketch_scale,
 )
-from .sketch_rebuild import rebuilds, sketch_fixes
+from .sketch_rebuild import SpanKeys, rebuilds, sketch_fixes
 from .summary import STORE_DTYPE
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
@@ -273,9 +273,10 @@ class PartialStore:
         if key_rope is not None:  # original positions: the fixed rows as answers hold them
             quantize_fixed(resident)
         if rebuilds(self.rows):
-            keys = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.paths]
+            parts = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.paths]
             s = self.settings
-            resident.update(sketch_fixes(resident, keys, s.key_code, key_rope, s.sketch_bits))
+            keys = SpanKeys(resident, parts, s.key_code, key_rope, s.sketch_bits)
+            resident.update(sketch_fixes(keys))
         return resident
 
     def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:

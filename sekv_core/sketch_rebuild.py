@@ -23,6 +23,8 @@ summation order depends on the threads; a rounding moved by it would make a fix 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .codec import load_code
@@ -40,41 +42,39 @@ def rebuilds(span_tokens: int) -> bool:
     return span_tokens <= REBUILT_TOKENS
 
 
-def rebuilt_sketch(
-    resident: dict[str, torch.Tensor],
-    key_parts: list[torch.Tensor],
-    key_code: str,
-    rope: Rope | None,
-    bits: int,
-) -> torch.Tensor:
-    """The packed sketch (L, H, S, R / 2 or R) of a store: rebuilt from its keys, its fixes
-    applied (the rows the build made).
+@dataclass
+class SpanKeys:
+    """A store's span keys as its offload tier holds them, and what the sketch is made of.
 
     resident : the store's resident tensors (span bounds, ``part_rows``, the key code's
-    codebooks, ``sketch_key``, ``sketch_mean``, ``sketch_scale``, ``sketch_fixes``);
-    key_parts : each part's flat key records (L, H, rows, record);
-    key_code : the key code's spec; rope : rotates keys to their positions (None: the sketch
-    is of pre-RoPE keys, a bounded store's)."""
-    levels = rebuilt_levels(resident, key_parts, key_code, rope, bits)
-    apply_fixes(levels, resident["sketch_fixes"])
-    return pack_sketch(levels, bits)
+    codebooks, ``sketch_key``, ``sketch_mean``, ``sketch_scale``; loaded: ``sketch_fixes``;
+    built: ``sketch``); parts : each part's flat key records (L, H, rows, record); code : the
+    key code's spec; rope : rotates keys to their positions (None: the sketch is of pre-RoPE
+    keys, a bounded store's); bits : the sketch's."""
+
+    resident: dict[str, torch.Tensor]
+    parts: list[torch.Tensor]
+    code: str
+    rope: Rope | None
+    bits: int
 
 
-def sketch_fixes(
-    resident: dict[str, torch.Tensor],
-    key_parts: list[torch.Tensor],
-    key_code: str,
-    rope: Rope | None,
-    bits: int,
-) -> dict[str, torch.Tensor]:
-    """The fixes (``sketch_fixes``) that turn the sketch rebuilt from
-    the keys into ``resident["sketch"]`` (arguments as for :func:`rebuilt_sketch`); none
-    (an empty dict: the store keeps the rows) where they would not take fewer bytes than the
-    rows."""
-    dim = resident["sketch_key"].shape[-1]
-    built = dequantize_sketch(resident["sketch"].cpu(), dim, torch.float32)
-    fixes = fix_tensors(built - rebuilt_levels(resident, key_parts, key_code, rope, bits))
-    smaller = sum(t.nbytes for t in fixes.values()) < resident["sketch"].nbytes
+def rebuilt_sketch(keys: SpanKeys) -> torch.Tensor:
+    """The packed sketch (L, H, S, R / 2 or R) of a store: rebuilt from its keys, its fixes
+    applied (the rows the build made)."""
+    levels = rebuilt_levels(keys)
+    apply_fixes(levels, keys.resident["sketch_fixes"])
+    return pack_sketch(levels, keys.bits)
+
+
+def sketch_fixes(keys: SpanKeys) -> dict[str, torch.Tensor]:
+    """The fixes (``sketch_fixes``) that turn the sketch rebuilt from the keys into the built
+    ``sketch``; none (an empty dict: the store keeps the rows) where they would not take
+    fewer bytes than the rows."""
+    built = keys.resident["sketch"].cpu()
+    dim = keys.resident["sketch_key"].shape[-1]
+    fixes = fix_tensors(dequantize_sketch(built, dim, torch.float32) - rebuilt_levels(keys))
+    smaller = sum(t.nbytes for t in fixes.values()) < built.nbytes
     return fixes if smaller else {}  # else the store keeps the rows themselves
 
 
@@ -112,15 +112,10 @@ def apply_fixes(levels: torch.Tensor, fixes: torch.Tensor) -> None:
         levels.view(-1).index_add_(0, where, ((code & 1) * 2 - 1).float())
 
 
-def rebuilt_levels(
-    resident: dict[str, torch.Tensor],
-    key_parts: list[torch.Tensor],
-    key_code: str,
-    rope: Rope | None,
-    bits: int,
-) -> torch.Tensor:
+def rebuilt_levels(source: SpanKeys) -> torch.Tensor:
     """Sketch levels (L, H, S, R) float32 of the decoded span keys (no fixes)."""
-    code = load_code(resident, "k", key_code)
+    resident, rope = source.resident, source.rope
+    code = load_code(resident, "k", source.code)
     scale = resident["sketch_scale"].float().cpu()  # (L, H, R)
     proj = resident["sketch_key"].float() / scale[:, :, None]  # (L, H, D, R), in levels
     offset = resident["sketch_mean"].float().cpu()[:, :, None] @ proj  # (L, H, 1, R)
@@ -128,8 +123,8 @@ def rebuilt_levels(
     rows_per_part = torch.diff(resident["part_rows"]).tolist()
     S = sum(rows_per_part)
     positions = span_positions(resident["span_starts"], resident["span_ends"]).repeat(H)
-    top = 2 ** (bits - 1) - 1
-    records = [part.view(-1, code.record_bytes) for part in key_parts]
+    top = 2 ** (source.bits - 1) - 1
+    records = [part.view(-1, code.record_bytes) for part in source.parts]
     out = torch.zeros(L, H, S, R)
     if not S:
         return out

@@ -42,7 +42,7 @@ from .reconstruct import RecordRanges
 from .rope import Rope
 from .segment import SINK, n_sinks
 from .sketch import column_major
-from .sketch_rebuild import key_parts, rebuilt_sketch
+from .sketch_rebuild import SpanKeys, key_parts, rebuilt_sketch
 from .summary import STORE_DTYPE
 from .tiers import spec_record_bytes
 
@@ -217,7 +217,7 @@ def stored_sketch(
         record = spec_record_bytes(spec, resident["fixed_k"].shape[-1])
         parts = key_parts(offload["k_rows"], resident["part_rows"], L, H, record)
         rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
-        return rebuilt_sketch(resident, parts, spec, rope, settings["sketch_bits"])
+        return rebuilt_sketch(SpanKeys(resident, parts, spec, rope, settings["sketch_bits"]))
     except (KeyError, RuntimeError, ValueError) as exc:  # tables that do not fit each other
         raise StoreInvalid(f"sketch cannot be rebuilt ({exc})") from None
 
