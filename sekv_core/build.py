@@ -98,11 +98,13 @@ def build_store(
         "part_rows": torch.tensor([0, len(span_tokens)]),  # one part: every span token's row
     }
     quantize_fixed(resident)  # sinks and anchors as answers hold them: 8-bit rows
+    t0 = time.perf_counter()
     if rebuilds(len(span_tokens)):  # then the store keeps fixes to the rows rebuilt at load
         s = settings
         resident.update(
             sketch_fixes(SpanKeys(resident, [offload["k_rows"]], s.key_code, rope, s.sketch_bits))
         )
+    timings["sketch_fixes_s"] = time.perf_counter() - t0
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
     positions = {
         "mode": "original",
