@@ -3,13 +3,16 @@
 One directory per (document, model, settings) under ``$SEKV_HOME/stores``; safetensors for
 tensors (never pickle):
 
-- ``resident.safetensors`` — what answering places on the device (K/V of sinks and anchors, the
-  routing sketch, span lengths and representatives) and the host-side index beside it (span
-  bounds, the parts' first rows, the offload code's codebooks);
+- ``resident.safetensors`` — what answering places on the device (K/V of sinks and anchors, as
+  the 8-bit rows answers hold them where positions are original; the routing sketch's
+  directions and scales, span lengths and representatives) and the host-side index beside it
+  (span bounds, the parts' first rows, the offload code's codebooks, the sketch's key
+  directions and fixes). The sketch's rows are not written: loading rebuilds them from the
+  offload tier's keys (:mod:`sekv_core.sketch_rebuild`; a long book keeps them);
 - ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
   fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
-  flat bytes, per part (L, H, rows, record) in row order; memory-mapped, sliced per zoom, never
-  read whole;
+  flat bytes, per part (L, H, rows, record) in row order; memory-mapped, sliced per zoom (read
+  whole once per load: its checksum, and the keys the sketch is rebuilt from);
 - ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets);
 - ``manifest.json`` — format version, model id + fingerprint, tokenizer, settings, document,
   positions (``original``, or ``bounded`` for books: keys pre-RoPE, see :mod:`sekv_core.zoom`),
@@ -53,7 +56,7 @@ from .models import LoadedModel
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 9  # 9: sketch rows rebuilt at load (8: allocated key code; 7: manifest digest)
+FORMAT_VERSION = 9  # 9: sketch rebuilt at load, 8-bit fixed rows (8: allocated key code)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")

@@ -5,8 +5,9 @@ is trusted unchecked), then what it claims against what is asked: format, model,
 settings, the context's length and prompt head, the positions' mode (bounded exactly when the
 context exceeds the model window) and sinks; then every file's size and checksum, read through
 the descriptor the tensors are loaded from (a store replaced meanwhile fails the check, it is
-never read half old, half new); then the stored sinks and token ids against the context. A
-store that fails raises :class:`StoreInvalid` and is never used
+never read half old, half new); then the stored sinks and token ids against the context; then
+the routing sketch's rows are rebuilt from the verified keys (:mod:`sekv_core.sketch_rebuild`).
+A store that fails raises :class:`StoreInvalid` and is never used
 (:func:`sekv_core.ingest.open_or_build` rebuilds it). The resident tier is read whole; the
 offload tier is memory-mapped and sliced per zoom.
 """
@@ -169,7 +170,7 @@ def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[
         size = os.fstat(f.fileno()).st_size
         if size != meta.get("bytes"):
             raise StoreInvalid(f"{name} is {size} bytes, expected {meta.get('bytes')} (truncated?)")
-        if name == "offload.safetensors":  # mapped, never read whole
+        if name == "offload.safetensors":  # mapped, not held in memory
             digest, content = sha256(f), None
         else:
             content = f.read()
