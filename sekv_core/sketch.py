@@ -264,6 +264,14 @@ def span_representatives(
     return reps
 
 
+def span_token_positions(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """(S,) the context position of every span token (the sketch's rows), spans in order."""
+    lengths = ends - starts
+    first = torch.cumsum(lengths, 0) - lengths
+    span = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    return starts[span] + torch.arange(int(lengths.sum())) - first[span]
+
+
 def segment_max(values: torch.Tensor, segment_ids: torch.Tensor, n: int) -> torch.Tensor:
     """Max of ``values`` (H, S) over segments given by ``segment_ids`` (S,) -> (H, n)."""
     out = values.new_full((values.shape[0], n), float("-inf"))

@@ -29,7 +29,7 @@ import torch
 
 from .codec import load_code
 from .rope import Rope
-from .sketch import dequantize_sketch, pack_sketch
+from .sketch import dequantize_sketch, pack_sketch, span_token_positions
 from .summary import one_thread
 
 REBUILT_TOKENS = 16384  # the most span tokens whose sketch rows are rebuilt (~1.3 s)
@@ -122,7 +122,7 @@ def rebuilt_levels(source: SpanKeys) -> torch.Tensor:
     L, H, _, R = proj.shape
     rows_per_part = torch.diff(resident["part_rows"]).tolist()
     S = sum(rows_per_part)
-    positions = span_positions(resident["span_starts"], resident["span_ends"]).repeat(H)
+    positions = span_token_positions(resident["span_starts"], resident["span_ends"]).repeat(H)
     top = 2 ** (source.bits - 1) - 1
     records = [part.view(-1, code.record_bytes) for part in source.parts]
     out = torch.zeros(L, H, S, R)
@@ -143,15 +143,9 @@ def rebuilt_levels(source: SpanKeys) -> torch.Tensor:
     return out
 
 
-def key_parts(flat: torch.Tensor, part_rows: torch.Tensor, layers: int, heads: int, record: int):
-    """The parts' flat key records (views) of a store's one flat ``k_rows`` buffer."""
-    bounds = (part_rows * layers * heads * record).tolist()
+def key_parts(flat: torch.Tensor, part_rows: torch.Tensor) -> list[torch.Tensor]:
+    """The parts' flat key records (views) of a store's one flat ``k_rows`` buffer: a part of
+    n rows holds n rows' records of every layer and head."""
+    per_row = flat.numel() // max(int(part_rows[-1]), 1)
+    bounds = (part_rows * per_row).tolist()
     return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-
-def span_positions(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """(S,) the context position of every span token, spans in order."""
-    lengths = ends - starts
-    first = torch.cumsum(lengths, 0) - lengths
-    span = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    return (starts[span] + torch.arange(int(lengths.sum())) - first[span]).long()

@@ -45,7 +45,6 @@ from .segment import SINK, n_sinks
 from .sketch import column_major
 from .sketch_rebuild import SpanKeys, key_parts, rebuilt_sketch
 from .summary import STORE_DTYPE
-from .tiers import spec_record_bytes
 
 
 class StoreInvalid(Exception):
@@ -213,10 +212,8 @@ def stored_sketch(
     stored fixes (the store keeps no rows, :mod:`sekv_core.sketch_rebuild`)."""
     settings = manifest["settings"]
     try:
-        L, H = resident["fixed_k"].shape[:2]
         spec = settings["key_code"]
-        record = spec_record_bytes(spec, resident["fixed_k"].shape[-1])
-        parts = key_parts(offload["k_rows"], resident["part_rows"], L, H, record)
+        parts = key_parts(offload["k_rows"], resident["part_rows"])
         rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
         return rebuilt_sketch(SpanKeys(resident, parts, spec, rope, settings["sketch_bits"]))
     except (KeyError, RuntimeError, ValueError) as exc:  # tables that do not fit each other

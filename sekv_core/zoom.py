@@ -33,7 +33,7 @@ from .pools import ZoomPool, zoom_pool
 from .prefilter import RepBlocks
 from .reconstruct import reconstruct
 from .rope import Rope
-from .sketch import column_major, is_column_major
+from .sketch import column_major, is_column_major, span_token_positions
 from .store import SpanStore
 
 
@@ -104,13 +104,10 @@ class SpanMemory:
         self.sketch_span = torch.repeat_interleave(
             torch.arange(self.n_spans), self.ends - self.starts
         ).to(device)  # (S,) span of each span token
-        first = torch.cumsum(self.ends - self.starts, 0) - (self.ends - self.starts)
-        rows = torch.arange(self.span_tokens)
-        span = self.sketch_span.cpu()
         # (S + 1,) each span token's context position; the last entry (a free slot's -1) is
         # the context length: no token
         self.span_positions = torch.cat(
-            [self.starts[span] + rows - first[span], torch.tensor([self.context_len])]
+            [span_token_positions(self.starts, self.ends), torch.tensor([self.context_len])]
         ).to(device)
         # (L, H, F) context positions of the sinks and anchors
         self.fixed_positions = (
