@@ -57,6 +57,9 @@ def ingest(
             "full_kv_bytes": full,
             "resident_share": round(b["resident"] / full, 4),
             "offloaded_share": round(b["offloaded"] / full, 4),
+            # the offload tier as answers read it: its fixed-rate records, decoded in host memory
+            "offload_records_bytes": b["offload_records"],
+            "offload_records_share": round(b["offload_records"] / full, 4),
             "store_bytes": b["store"],
             "store_share": round(b["store"] / full, 4),
         },
@@ -90,7 +93,9 @@ def ingest(
         ("resident", f"{human_bytes(b['resident'])} ({mem['resident_share']:.1%} of fp16 full KV)"),
         (
             "offloaded",
-            f"{human_bytes(b['offloaded'])} ({mem['offloaded_share']:.1%} of fp16 full KV)",
+            f"{human_bytes(b['offloaded'])} ({mem['offloaded_share']:.1%} of fp16 full KV); "
+            f"{human_bytes(b['offload_records'])} as answers read it "
+            f"({mem['offload_records_share']:.1%})",
         ),
         ("on disk", f"{human_bytes(b['store'])} ({mem['store_share']:.1%} of fp16 full KV)"),
         ("full KV", f"{human_bytes(full)} fp16, {human_bytes(b['full_kv_fp32'])} fp32"),

@@ -172,6 +172,15 @@ class AllocatedCode:
         maps, bias = self.synthesis
         return per_head(codes, heads, maps[layer], bias[layer]).to(dtype)
 
+    def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A record's bit fields per layer (:mod:`sekv_core.rans`): widths (L, F), each
+        direction's code (0: dropped) then the record's unused bits, and flips (none)."""
+        bits = self.layer_bits
+        spare = 8 * self.record_bytes - bits.sum(dim=1)  # (L,) bits after the last code
+        pads = [(spare - 8 * i).clamp(0, 8)[:, None] for i in range(-(-int(spare.max()) // 8))]
+        widths = torch.cat([bits, *pads], dim=1)
+        return widths.contiguous(), torch.zeros_like(widths)
+
     @cached_property
     def layer_bits(self) -> torch.Tensor:
         """(L, D) int64 each direction's bits per layer (a layer's heads share a layout)."""

@@ -30,6 +30,7 @@ from .format import (
 from .models import LoadedModel
 from .prefill import Progress, prefill, release_freed_memory
 from .prompt import Context
+from .rans import compacted
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
 from .sketch import quantize_sketch, sketch_basis, span_representatives
@@ -105,20 +106,30 @@ def build_store(
             sketch_fixes(SpanKeys(resident, [offload["k_rows"]], s.key_code, rope, s.sketch_bits))
         )
     timings["sketch_fixes_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    offload_file = offload  # a long book's records as they are (a load would decode for seconds)
+    if rebuilds(len(span_tokens)):
+        offload_file = compacted(offload, resident["part_rows"], {"k": k_code, "v": v_code})
+    timings["tier_coding_s"] = time.perf_counter() - t0
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
     positions = {
         "mode": "original",
         "sinks": n_sinks(len(context), context.doc_start, settings.segment),
     }
     manifest = store_manifest(loaded, document, context, settings, positions)
-    manifest["bytes"].update(**tier_bytes(resident), offloaded=nbytes(offload), trace=nbytes(trace))
+    manifest["bytes"].update(
+        **tier_bytes(resident),
+        offloaded=nbytes(offload_file),
+        offload_records=nbytes(offload),
+        trace=nbytes(trace),
+    )
     manifest["stats"] = {**seg.stats(), **code_stats(k_code, v_code)}
     manifest["timings"] = {k: round(v, 4) for k, v in timings.items()}
     write_atomically(
         path,
         {
             "resident.safetensors": on_disk(resident),
-            "offload.safetensors": offload,
+            "offload.safetensors": offload_file,
             "trace.safetensors": trace,
         },
         manifest,

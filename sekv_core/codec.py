@@ -86,6 +86,22 @@ class Codebook:
         """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
         return torch.stack([self.encode_layer(rows[i], i) for i in range(rows.shape[0])])
 
+    def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A record's bit fields (:mod:`sekv_core.rans`), the same in every layer: widths
+        (L, F), each code of each tier, then its scale's two bytes (fp16 coefficients: two
+        bytes each); flips (L, F), 0x80 on 8-bit codes (int8: xored, they order as numbers)."""
+        widths, flips = [], []
+        for tier in self.tiers:
+            if tier.bits == 16:
+                widths += [8, 8] * tier.count
+                flips += [0, 0] * tier.count
+            elif tier.bits:
+                widths += [tier.bits] * tier.count + [8, 8]
+                flips += [0x80 if tier.bits == 8 else 0] * tier.count + [0, 0]
+        L = self.basis.shape[0]
+        w, f = torch.tensor(widths, dtype=torch.int64), torch.tensor(flips, dtype=torch.int64)
+        return w.expand(L, -1).contiguous(), f.expand(L, -1).contiguous()
+
     def encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
         """Records (H, S, B) uint8 of one layer's rows (H, S, D)."""
         coef = ((rows.float() - self.mean[layer][:, None]) @ self.basis[layer]) / self.range[layer][

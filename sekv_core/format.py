@@ -11,8 +11,10 @@ tensors (never pickle):
   offload tier's keys (:mod:`sekv_core.sketch_rebuild`; a long book keeps them);
 - ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
   fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
-  flat bytes, per part (L, H, rows, record) in row order; memory-mapped, sliced per zoom (read
-  whole once per load: its checksum, and the keys the sketch is rebuilt from);
+  flat bytes, per part (L, H, rows, record) in row order. Where the sketch is rebuilt at load
+  the records are entropy-coded (``k_coded``, ``k_coded_bytes``, ``k_params``, ``k_check``,
+  the same for ``v``; :mod:`sekv_core.rans`) and decoded whole at load, bit for bit; a long
+  book's are kept as they are, memory-mapped and sliced per zoom;
 - ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets);
 - ``manifest.json`` — format version, model id + fingerprint, tokenizer, settings, document,
   positions (``original``, or ``bounded`` for books: keys pre-RoPE, see :mod:`sekv_core.zoom`),
@@ -25,7 +27,9 @@ at the next build, :mod:`sekv_core.locks`), then renamed into place; store direc
 ``bytes`` in the manifest: ``resident`` is the device tier as an answer holds it (sinks' and
 anchors' K/V as 8-bit rows, :mod:`sekv_core.kvquant`), the number ``sekv ask --json`` reports
 as ``resident_tier_bytes``; ``index`` the host-side rest of ``resident.safetensors``;
-``offloaded`` the offload tier (the size of ``offload.safetensors``); ``store`` the three
+``offloaded`` the offload tier on disk (the size of ``offload.safetensors``);
+``offload_records`` the same tier as answers read it, its fixed-rate records (in host memory,
+or mapped); ``store`` the three
 files' sizes together (what the store costs on disk, besides this manifest); ``full_kv_fp16``
 the reference every memory share divides by.
 """
@@ -56,7 +60,7 @@ from .models import LoadedModel
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 9  # 9: sketch rebuilt at load, 8-bit fixed rows (8: allocated key code)
+FORMAT_VERSION = 10  # 10: offload tier entropy-coded (9: sketch rebuilt at load, 8-bit rows)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")

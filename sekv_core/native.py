@@ -1,4 +1,4 @@
-"""The decode step's native kernels (``zoomstep.c``): built on first use, loaded once.
+"""The native kernels (``zoomstep.c``, ``rans.c``): built on first use, loaded once.
 
 On a CPU a SeKV decode step's cost is the count of small tensor ops per layer, not their
 arithmetic: scoring and picking the spans, placing new ones in the zoom pool, reading and
@@ -28,7 +28,8 @@ import torch
 from .errors import SekvError
 from .paths import sekv_home
 
-SOURCE = Path(__file__).with_name("zoomstep.c")
+# the decode step's kernels and the offload tier's entropy coder (:mod:`sekv_core.rans`)
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("zoomstep.c", "rans.c"))
 # no fused multiply-adds (each product and sum rounded as torch rounds it); the vector width
 # of this CPU where the compiler knows it (the library is kept per CPU), else the baseline's
 FLAGS = ["-O3", "-fno-trapping-math", "-fPIC", "-shared", "-ffp-contract=off"]
@@ -58,6 +59,9 @@ SIGNATURES = {
         [_P, _I, _I, _I, _I, _P, _I, _P, _P, _P, _P, _I, _I, _P],
     ),
     "sekv_gather": (_I, [_I, _P, _P, _I, _I, *[_P] * 4, _I, _P, _I, _I, _P, _I, _I, *[_P] * 4]),
+    "sekv_rans_histogram": (ctypes.c_int, [_P, *[_I] * 5, _P, _P, _P]),
+    "sekv_rans_encode": (_I, [_P, *[_I] * 5, *[_P] * 4, _I]),
+    "sekv_rans_decode": (ctypes.c_int, [_P, *[_I] * 6, *[_P] * 4]),
 }
 
 
@@ -86,8 +90,8 @@ def _built(compiler: str) -> Path:
     """The library for this source, compiler and CPU, compiled if not there yet (written under
     a temporary name and renamed: a concurrent build or an interrupted one never leaves a
     partial library under the final name)."""
-    source = SOURCE.read_bytes()
-    parts = [source, compiler.encode(), " ".join(FLAGS).encode(), _cpu().encode()]
+    sources = [source.read_bytes() for source in SOURCES]
+    parts = [*sources, compiler.encode(), " ".join(FLAGS).encode(), _cpu().encode()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     folder = sekv_home() / "native"
     path = folder / f"zoomstep-{key}.so"
@@ -98,7 +102,7 @@ def _built(compiler: str) -> Path:
     os.close(fd)
     try:
         for arch in (NATIVE_ARCH, []):  # a compiler without -march=native: the baseline
-            command = [compiler, *FLAGS, *arch, "-o", tmp, str(SOURCE), "-lm"]
+            command = [compiler, *FLAGS, *arch, "-o", tmp, *map(str, SOURCES), "-lm"]
             done = subprocess.run(command, capture_output=True, timeout=120)
             if done.returncode == 0:
                 break

@@ -288,6 +288,15 @@ class PartialStore:
         """Bytes of the offload tier (every part's records)."""
         return sum(self.totals.values())
 
+    def offload_buffers(self) -> dict[str, torch.Tensor]:
+        """Every part's flat buffers, concatenated in part order, in memory."""
+        return {
+            name: torch.cat([map_safetensors(path, (name,))[name] for path in self.paths])
+            if self.paths
+            else torch.zeros(0, dtype=torch.uint8)
+            for name in OFFLOAD
+        }
+
     def write_offload(self, out: Path) -> None:
         """offload.safetensors: every part's flat buffers, concatenated in part order.
 

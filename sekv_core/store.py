@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import load as load_bytes
 
+from .codec import store_codebooks
 from .config import StoreSettings, exceeds_window
 from .documents import Document
 from .format import (
@@ -34,11 +35,13 @@ from .format import (
     FORMAT_VERSION,
     manifest_digest,
     map_safetensors,
+    nbytes,
     sha256,
     tier_bytes,
 )
 from .models import LoadedModel
 from .prompt import Context
+from .rans import expanded
 from .reconstruct import RecordRanges
 from .rope import Rope
 from .segment import SINK, n_sinks
@@ -59,14 +62,17 @@ class SpanStore:
     manifest: dict[str, Any]
     resident: dict[str, torch.Tensor]
     trace: dict[str, torch.Tensor]
-    # the offload tier's flat buffers, mapped from the file verified at load (not the path)
+    # the offload tier's flat buffers, from the file verified at load (not the path)
     _offload: dict[str, torch.Tensor] | None = None
 
     @property
     def offload(self) -> dict[str, torch.Tensor]:
-        """The offload tier's flat buffers, memory-mapped (pages are read when sliced)."""
+        """The offload tier's flat fixed-rate buffers: decoded in memory where the file holds
+        them entropy-coded (:mod:`sekv_core.rans`), else memory-mapped (pages read when
+        sliced)."""
         if self._offload is None:
-            self._offload = map_safetensors(self.path / "offload.safetensors")
+            mapped = map_safetensors(self.path / "offload.safetensors")
+            self._offload = decoded_offload(self.manifest, self.resident, mapped)
         return self._offload
 
     def offload_slice(self, name: str, start: int, stop: int) -> torch.Tensor:
@@ -106,9 +112,10 @@ def load_store(
         raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
     resident, trace, offload = tensors
     check_tensors(resident, trace, context, manifest["positions"]["sinks"])
+    offload = decoded_offload(manifest, resident, offload)
     if "sketch" not in resident:  # (a store whose fixes would outweigh its rows keeps them)
         resident["sketch"] = stored_sketch(manifest, resident, offload, loaded)
-    check_sizes(manifest, resident)
+    check_sizes(manifest, resident, offload)
     place_resident(resident, loaded)
     return SpanStore(path, manifest, resident, trace, offload)
 
@@ -202,6 +209,19 @@ def check_tensors(
         raise StoreInvalid(f"the store holds {stored} sinks, its manifest says {sinks}")
 
 
+def decoded_offload(
+    manifest: dict[str, Any], resident: dict[str, torch.Tensor], offload: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The offload tier's fixed-rate buffers of the verified file's tensors (decoded where the
+    store holds them entropy-coded, :mod:`sekv_core.rans`)."""
+    settings = manifest["settings"]
+    try:
+        codes = store_codebooks(resident, settings["key_code"], settings["value_code"])
+        return expanded(offload, resident["part_rows"], codes)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise StoreInvalid(f"offload tier cannot be decoded ({exc})") from None
+
+
 def stored_sketch(
     manifest: dict[str, Any],
     resident: dict[str, torch.Tensor],
@@ -220,13 +240,16 @@ def stored_sketch(
         raise StoreInvalid(f"sketch cannot be rebuilt ({exc})") from None
 
 
-def check_sizes(manifest: dict[str, Any], resident: dict[str, torch.Tensor]) -> None:
+def check_sizes(
+    manifest: dict[str, Any], resident: dict[str, torch.Tensor], offload: dict[str, torch.Tensor]
+) -> None:
     """StoreInvalid unless the manifest's tier sizes (what ingest and answers report) are those
-    of the stored tensors and files."""
+    of the stored tensors, the decoded records and the files."""
     files = {name: manifest["files"][name]["bytes"] for name in FILES}
     expect = {
         **tier_bytes(resident),
         "offloaded": files["offload.safetensors"],
+        "offload_records": nbytes(offload),
         "store": sum(files.values()),
     }
     sizes = manifest.get("bytes")

@@ -64,8 +64,10 @@ from .parts import (
 from .paths import private_dir
 from .prefill import Progress
 from .prompt import Context
+from .rans import compacted
 from .router import SketchRouter
 from .segment import ANCHOR, SPAN, Segmentation
+from .sketch_rebuild import rebuilds
 from .stream_layout import StreamLayout
 from .summary import STORE_DTYPE
 from .surprisal import Surprisal
@@ -302,17 +304,19 @@ class StreamBuilder:
             self.loaded, self.document, self.context, self.settings, positions
         )
         offloaded, starts, ends = self.store.offloaded_bytes(), *self.store.span_bounds()
-        manifest["bytes"].update(**tier_bytes(resident), offloaded=offloaded, trace=nbytes(trace))
+        manifest["bytes"].update(**tier_bytes(resident), offload_records=offloaded)
+        manifest["bytes"].update(offloaded=offloaded, trace=nbytes(trace))
         seg = Segmentation(s.roles, starts.numpy(), ends.numpy(), s.threshold)
         manifest["stats"] = {**seg.stats(), **code_stats(*self.store.codebooks().values())}
         manifest["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         manifest["stream"] = self.report()
-        write_atomically(
-            self.path,
-            {"resident.safetensors": on_disk(resident), "trace.safetensors": trace},
-            manifest,
-            writers={"offload.safetensors": self.store.write_offload},
-        )
+        files = {"resident.safetensors": on_disk(resident), "trace.safetensors": trace}
+        writers = {"offload.safetensors": self.store.write_offload}  # a book's: part by part
+        if rebuilds(self.store.rows):  # within the tokens a load decodes: entropy-coded
+            buffers, codes = self.store.offload_buffers(), self.store.codebooks()
+            files["offload.safetensors"] = compacted(buffers, resident["part_rows"], codes)
+            writers = {}
+        write_atomically(self.path, files, manifest, writers=writers)
 
     def report(self) -> dict[str, Any]:
         """What the stream did: window, positions, speed, memory held (for the manifest)."""

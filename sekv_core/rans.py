@@ -1,0 +1,251 @@
+"""The offload tier on disk, entropy-coded: the same records in fewer bytes, decoded at load.
+
+A record of the offload code holds fixed-width fields (``record_fields`` of the codes: a key's
+direction codes; a value's tier codes and scale bytes), and most of a field's levels are
+rare: a direction's codes crowd its centre (the even grid spans its largest coefficients). So the
+file holds each field's symbols coded under a table fitted to them, with a static rANS coder
+(``rans.c``): per (part, layer, KV head, field) a *stream* of that field over the part's rows,
+its table a discretised Gaussian (two float32 numbers: centre and spread, the spread chosen
+from a few multiples of the stream's deviation by the length it codes to). Every symbol keeps
+a probability of at least 2^-12, so a stream never fails to code.
+
+Lossless: loading decodes the records bit for bit (:func:`expanded`), so answers are the
+fixed-rate tier's. The build decodes what it wrote and keeps the fixed-rate records where that
+is not so, where the coding would not be smaller, or where the native library is missing
+(:func:`compacted`). The tables are rebuilt at load from the stored numbers and checked against
+the build's checksum of them: a machine whose arithmetic rounds one differently refuses the
+store (it is rebuilt) rather than decode it wrongly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+
+import numpy as np
+import torch
+
+from .native import library
+
+PROB_BITS = 12  # a table's probabilities are multiples of 2^-PROB_BITS
+TABLE = 256  # entries per stream's table: the widest field (8 bits)
+SPREADS = (0.6, 0.75, 0.9, 1.0, 1.15, 1.35)  # tried multiples of a stream's deviation
+KINDS = ("k", "v")
+
+
+def usable() -> bool:
+    """Whether this machine can code and decode tiers (the native library is built)."""
+    return library() is not None
+
+
+def compacted(
+    offload: dict[str, torch.Tensor], part_rows: torch.Tensor, codes: dict
+) -> dict[str, torch.Tensor]:
+    """The offload file's tensors for the flat fixed-rate buffers ``offload`` (``k_rows``,
+    ``v_rows``) of parts ending at ``part_rows``, in ``codes`` (kind -> code): per kind its
+    coding (``{kind}_coded`` bytes, ``{kind}_coded_bytes`` per part, ``{kind}_params``,
+    ``{kind}_check``), or its records as they are where the coding does not pay or fails."""
+    out = {}
+    for kind in KINDS:
+        flat = offload[f"{kind}_rows"]
+        coded = _compact_kind(flat, part_rows, codes[kind]) if usable() else None
+        if coded is None or sum(t.numel() * t.element_size() for t in coded.values()) >= (
+            flat.numel()
+        ):
+            out[f"{kind}_rows"] = flat
+        else:
+            out.update({f"{kind}_{name}": t for name, t in coded.items()})
+    return out
+
+
+def expanded(
+    tensors: dict[str, torch.Tensor], part_rows: torch.Tensor, codes: dict
+) -> dict[str, torch.Tensor]:
+    """The flat fixed-rate buffers (``k_rows``, ``v_rows``) of an offload file's tensors:
+    decoded where coded, else as stored. ValueError where a coding does not decode (or this
+    machine cannot decode it)."""
+    out = {}
+    for kind in KINDS:
+        if f"{kind}_rows" in tensors:
+            out[f"{kind}_rows"] = tensors[f"{kind}_rows"]
+            continue
+        if not usable():
+            raise ValueError("its offload tier is entropy-coded and the native library is missing")
+        got = {name: tensors[f"{kind}_{name}"] for name in ("coded", "coded_bytes", "params")}
+        out[f"{kind}_rows"] = _expand_kind(got, tensors[f"{kind}_check"], part_rows, codes[kind])
+    return out
+
+
+def _compact_kind(flat: torch.Tensor, part_rows: torch.Tensor, code) -> dict | None:
+    widths, flips = code.record_fields()
+    L, H, B = widths.shape[0], code.basis.shape[1], code.record_bytes
+    if int(widths.sum(dim=1).max()) != 8 * B or int(widths.sum(dim=1).min()) != 8 * B:
+        return None  # fields that do not cover the record: not this coder's
+    pieces, lengths, params, tables = [], [], [], []
+    for records in _parts(flat, part_rows, L, H, B):
+        counts = _histogram(records, widths, flips)
+        fitted = _fit(counts, widths, H)
+        freq = _tables(fitted, widths, H)
+        coded = _encode(records, widths, flips, freq)
+        if coded is None:  # (not smaller than the records)
+            return None
+        if not torch.equal(_decode(coded, records.shape, widths, flips, freq), records):
+            return None  # never written: a coding that does not give the records back
+        pieces.append(coded)
+        lengths.append(coded.numel())
+        params.append(fitted)
+        tables.append(freq)
+    params_t = torch.from_numpy(np.concatenate(params) if params else np.zeros((0, 2), np.float32))
+    return {
+        "coded": torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8),
+        "coded_bytes": torch.tensor(lengths, dtype=torch.int64),
+        "params": params_t.flatten(),
+        "check": _checksum(tables),
+    }
+
+
+def _expand_kind(got: dict, check: torch.Tensor, part_rows: torch.Tensor, code) -> torch.Tensor:
+    widths, flips = code.record_fields()
+    L, H, B = widths.shape[0], code.basis.shape[1], code.record_bytes
+    rows = torch.diff(part_rows).tolist()
+    streams = L * H * widths.shape[1]
+    params = got["params"].float().numpy().reshape(-1, 2)
+    lengths = got["coded_bytes"].tolist()
+    if len(lengths) != len(rows) or params.shape[0] != streams * len(rows):
+        raise ValueError("its offload coding does not match its parts")
+    tables = [_tables(params[p * streams : (p + 1) * streams], widths, H) for p in range(len(rows))]
+    if not torch.equal(_checksum(tables), check):
+        raise ValueError("its offload coding's tables differ on this machine")
+    out, at = [], 0
+    for n, size, freq in zip(rows, lengths, tables, strict=True):
+        coded = got["coded"][at : at + size]
+        at += size
+        out.append(_decode(coded, (L, H, n, B), widths, flips, freq).flatten())
+    if at != got["coded"].numel():
+        raise ValueError("its offload coding has bytes past its parts")
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.uint8)
+
+
+def _parts(flat: torch.Tensor, part_rows: torch.Tensor, L: int, H: int, B: int) -> list:
+    bounds = (part_rows * (L * H * B)).tolist()
+    return [flat[a:b].view(L, H, -1, B) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _stream_widths(widths: torch.Tensor, H: int) -> np.ndarray:
+    """(L * H * F,) each stream's field width, in stream order."""
+    return widths[:, None].expand(-1, H, -1).reshape(-1).numpy()
+
+
+def _histogram(records: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor) -> np.ndarray:
+    L, H, S, B = records.shape
+    counts = torch.empty(L * H * widths.shape[1], TABLE, dtype=torch.int64)
+    records = records.contiguous()
+    rc = library().sekv_rans_histogram(
+        _ptr(records), L, H, S, B, widths.shape[1], _ptr(widths), _ptr(flips), _ptr(counts)
+    )
+    if rc:
+        raise ValueError("record fields do not fit the records")
+    return counts.numpy()
+
+
+def _fit(counts: np.ndarray, widths: torch.Tensor, H: int) -> np.ndarray:
+    """(N, 2) float32 each stream's centre and spread: the stream's mean, and the multiple of
+    its deviation in :data:`SPREADS` whose table codes its histogram shortest."""
+    k = np.arange(TABLE, dtype=np.float64)
+    total = np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    mean = (counts * k).sum(axis=1) / total[:, 0]
+    dev = np.sqrt((counts * (k - mean[:, None]) ** 2).sum(axis=1) / total[:, 0])
+    dev = np.maximum(dev, 0.25)
+    best, best_cost = None, None
+    for m in SPREADS:
+        trial = np.stack([mean, dev * m], axis=1).astype(np.float32)
+        freq = _tables(trial, widths, H).astype(np.float64)
+        cost = -(counts * np.log2(np.maximum(freq, 1) / 2**PROB_BITS)).sum(axis=1)
+        if best is None:
+            best, best_cost = trial, cost
+        else:
+            take = cost < best_cost
+            best[take], best_cost = trial[take], np.minimum(cost, best_cost)
+    return best
+
+
+def _tables(params: np.ndarray, widths: torch.Tensor, H: int) -> np.ndarray:
+    """(N, TABLE) uint16 every stream's table of its (centre, spread): each of its 2^width
+    symbols 1 + its share of the rest of 2^PROB_BITS (rounded down), the remainder on the
+    likeliest symbol. Computed per width (a stream's 2^width symbols only)."""
+    stream_widths = _stream_widths(widths, H)
+    out = np.zeros((stream_widths.size, TABLE), dtype=np.uint16)
+    for width in np.unique(stream_widths).tolist():
+        at = np.flatnonzero(stream_widths == width)
+        n = 2**width
+        k = np.arange(n, dtype=np.float64)
+        centre, spread = (params[at, i : i + 1].astype(np.float64) for i in (0, 1))
+        z = (k - centre) / spread
+        logp = -0.5 * z * z
+        p = np.exp(logp - logp.max(axis=1, keepdims=True))
+        share = p / p.sum(axis=1, keepdims=True)
+        freq = 1 + np.floor(share * (2**PROB_BITS - n)).astype(np.int64)
+        freq[np.arange(at.size), p.argmax(axis=1)] += 2**PROB_BITS - freq.sum(axis=1)
+        out[at, :n] = freq
+    return out
+
+
+def _checksum(tables: list[np.ndarray]) -> torch.Tensor:
+    """sha256 (32,) uint8 of every part's tables, as this machine builds them."""
+    h = hashlib.sha256()
+    for table in tables:
+        h.update(table.tobytes())
+    return torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8)
+
+
+def _encode(
+    records: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor, freq: np.ndarray
+) -> torch.Tensor | None:
+    L, H, S, B = records.shape
+    cap = records.numel() + 64  # a coding past the records' own size is not kept anyway
+    out = torch.empty(cap, dtype=torch.uint8)
+    table = torch.from_numpy(np.ascontiguousarray(freq))
+    records = records.contiguous()
+    n = library().sekv_rans_encode(
+        _ptr(records),
+        L,
+        H,
+        S,
+        B,
+        widths.shape[1],
+        _ptr(widths),
+        _ptr(flips),
+        _ptr(table),
+        _ptr(out),
+        cap,
+    )
+    return None if n < 0 else out[cap - n :].clone()
+
+
+def _decode(
+    coded: torch.Tensor, shape: tuple, widths: torch.Tensor, flips: torch.Tensor, freq: np.ndarray
+) -> torch.Tensor:
+    L, H, S, B = shape
+    out = torch.empty(L, H, S, B, dtype=torch.uint8)
+    table = torch.from_numpy(np.ascontiguousarray(freq))
+    coded = coded.contiguous()
+    rc = library().sekv_rans_decode(
+        _ptr(coded),
+        coded.numel(),
+        L,
+        H,
+        S,
+        B,
+        widths.shape[1],
+        _ptr(widths),
+        _ptr(flips),
+        _ptr(table),
+        _ptr(out),
+    )
+    if rc:
+        raise ValueError("its offload coding does not decode (corrupt)")
+    return out
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
