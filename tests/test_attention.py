@@ -108,11 +108,10 @@ def test_reconstruction_decodes_each_spans_own_records(tiny_loaded, tmp_path):
     lossless = replace(lossy, key_code="*x16", value_code="*x16")  # the same spans
     exact, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossless, kv_bits=16)
     spans, store = method.spans, method.store
-    from safetensors.torch import load_file
 
     from sekv_core.codec import Codebook
 
-    flat = load_file(store.path / "offload.safetensors")["v_rows"]
+    flat = store.offload["v_rows"]  # (decoded from the file)
     code = Codebook.from_tensors(store.resident, "v", "4x8,*x4")
     L, N, H = spans.num_layers, spans.n_spans, spans.num_kv_heads
     S, B = int(spans.lengths.sum()), code.record_bytes

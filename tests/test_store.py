@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 import sekv_core.build as build_module
 from sekv_core.config import StoreSettings
 from sekv_core.documents import load_document
-from sekv_core.format import FILES, FORMAT_VERSION
+from sekv_core.format import FILES, FORMAT_VERSION, nbytes
 from sekv_core.ingest import open_or_build
 from sekv_core.kvquant import quantize_rows
 from sekv_core.models import load_model
@@ -48,10 +48,11 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     assert m["document"]["sha256"] == document.sha256
     assert set(m["files"]) == set(FILES)
     assert m["bytes"]["resident"] < m["bytes"]["full_kv_fp16"]
-    # offloaded tier: sliced from the memory-mapped file, equal to what was written
-    flat = load_file(store.path / "offload.safetensors")["k_rows"]
+    # offloaded tier: the fixed-rate records (decoded from the file), sliced per zoom
+    flat = store.offload["k_rows"]
     assert flat.dtype == torch.uint8
     assert torch.equal(store.offload_slice("k_rows", 5, 50), flat[5:50])
+    assert m["bytes"]["offload_records"] == nbytes(store.offload)
     # the manifest's sizes are the files': the offload tier and the whole store
     sizes = {name: (store.path / name).stat().st_size for name in FILES}
     assert m["bytes"]["offloaded"] == sizes["offload.safetensors"]

@@ -139,9 +139,6 @@ def test_loading_a_store_records_its_use_and_a_live_session_survives_its_removal
     assert first.routing["zoomed_tokens_max"] > 0  # the answer read the offload tier
     result = run("stores", "rm", docs["a"])
     assert result.exit_code == 0 and not path.exists()
-    maps = Path("/proc/self/maps")
-    if maps.exists():  # Linux: the offload tier is still mapped, from a deleted file
-        assert "offload.safetensors (deleted)" in maps.read_text()
     again = session.ask("Which gate opens at noon?", max_new_tokens=6)
     assert again.answer == first.answer and again.zoom == first.zoom
 
