@@ -1,4 +1,4 @@
-/* The offload tier's entropy coder: a static rANS coder (32-bit state, byte-wise output) over
+/* The offload tier's entropy coder: a static rANS coder (32-bit states, byte-wise output) over
  * the bit fields of fixed-size records. Built with zoomstep.c into one library by
  * sekv_core/native.py, called through sekv_core/rans.py.
  *
@@ -6,8 +6,9 @@
  * (0..8, lowest bits first, covering the record's 8 B bits; 0: none). A field's symbols over a
  * (layer, head)'s S rows form one *stream*, with its own frequency table (PROB_BITS-bit
  * probabilities, every symbol of its 2^width at least 1). Streams follow each other in
- * (layer, head, field) order, rows in order, all under one coder state; a field may be xored
- * with flips[l][f] before it is coded (an int8 field made to order as its values). */
+ * (layer, head, field) order, rows in order, under two coder states (even rows, odd rows: the
+ * two steps of a decode overlap); a field may be xored with flips[l][f] before it is coded
+ * (an int8 field made to order as its values). */
 #include <stdint.h>
 #include <string.h>
 
@@ -73,7 +74,7 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
     int offsets[8 * 256];
     uint32_t cum[TABLE];
     uint8_t *p = out + cap;
-    uint32_t x = RANS_LOW;
+    uint32_t xs[2] = {RANS_LOW, RANS_LOW};
     if (F > 8 * 256) return -2;
     for (int64_t l = L - 1; l >= 0; l--) {
         if (offsets_of(widths + l * F, F, B, offsets)) return -2;
@@ -91,7 +92,7 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
                 if (sum != PROB_SCALE) return -2;
                 for (int64_t r = S - 1; r >= 0; r--) {
                     uint32_t s = field_get(block + r * B, B, offsets[f], width) ^ flip;
-                    uint32_t fs = fr[s];
+                    uint32_t fs = fr[s], x = xs[r & 1];
                     if (fs == 0) return -2;
                     uint32_t x_max = ((RANS_LOW >> PROB_BITS) << 8) * fs;
                     while (x >= x_max) {
@@ -99,13 +100,14 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
                         *--p = (uint8_t)(x & 255u);
                         x >>= 8;
                     }
-                    x = ((x / fs) << PROB_BITS) + (x % fs) + cum[s];
+                    xs[r & 1] = ((x / fs) << PROB_BITS) + (x % fs) + cum[s];
                 }
             }
         }
     }
-    if (p - out < 4) return -1;
-    for (int i = 0; i < 4; i++) *--p = (uint8_t)(x >> (8 * i)); /* read back high byte first */
+    if (p - out < 8) return -1;
+    for (int k = 1; k >= 0; k--) /* read back: state 0 first, each high byte first */
+        for (int i = 0; i < 4; i++) *--p = (uint8_t)(xs[k] >> (8 * i));
     return (int64_t)(out + cap - p);
 }
 
@@ -118,9 +120,10 @@ int sekv_rans_decode(const uint8_t *coded, int64_t n, int64_t L, int64_t H, int6
     uint32_t cum[TABLE];
     uint8_t symbol_of[PROB_SCALE];
     const uint8_t *p = coded, *end = coded + n;
-    if (F > 8 * 256 || n < 4) return -1;
-    uint32_t x = 0;
-    for (int i = 0; i < 4; i++) x = (x << 8) | *p++;
+    if (F > 8 * 256 || n < 8) return -1;
+    uint32_t xs[2] = {0, 0};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 4; i++) xs[k] = (xs[k] << 8) | *p++;
     memset(records, 0, (size_t)(L * H * S * B));
     for (int64_t l = 0; l < L; l++) {
         if (offsets_of(widths + l * F, F, B, offsets)) return -1;
@@ -138,17 +141,19 @@ int sekv_rans_decode(const uint8_t *coded, int64_t n, int64_t L, int64_t H, int6
                     sum += fr[s];
                 }
                 if (sum != PROB_SCALE) return -1;
-                for (int64_t r = 0; r < S; r++) {
+                for (int64_t r = 0; r < S; r++) { /* rows alternate between two states */
+                    uint32_t x = xs[r & 1];
                     uint32_t slot = x & (PROB_SCALE - 1u), s = symbol_of[slot];
                     x = fr[s] * (x >> PROB_BITS) + slot - cum[s];
                     while (x < RANS_LOW) {
                         if (p == end) return -1;
                         x = (x << 8) | *p++;
                     }
+                    xs[r & 1] = x;
                     field_put(block + r * B, B, offsets[f], s ^ flip);
                 }
             }
         }
     }
-    return (x == RANS_LOW && p == end) ? 0 : -1;
+    return (xs[0] == RANS_LOW && xs[1] == RANS_LOW && p == end) ? 0 : -1;
 }
