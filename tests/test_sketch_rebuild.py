@@ -10,7 +10,13 @@ from test_store import prepare
 import sekv_core.build as build_module
 from sekv_core.format import nbytes, tier_bytes
 from sekv_core.ingest import open_or_build
-from sekv_core.sketch_rebuild import FIX_GAP, apply_fixes, fix_tensors
+from sekv_core.sketch_rebuild import (
+    FIX_GAP,
+    apply_fixes,
+    fix_tensors,
+    packed_fixes,
+    unpacked_fixes,
+)
 
 
 def assert_same_sketch(built: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -50,6 +56,12 @@ def test_fixes_round_trip_across_long_steps():
     assert torch.equal(levels, delta)
     with pytest.raises(ValueError, match="beyond"):
         apply_fixes(torch.zeros(10), fixes)
+    # as the store keeps them: compressed bytes that unpack to the same list, or are refused
+    packed = packed_fixes(fixes)
+    assert packed.dtype == torch.uint8 and torch.equal(unpacked_fixes(packed), fixes)
+    assert torch.equal(unpacked_fixes(packed_fixes(fixes[:0])), fixes[:0])
+    with pytest.raises(ValueError, match="do not unpack"):
+        unpacked_fixes(packed[:-4])
 
 
 def test_a_store_whose_fixes_would_outweigh_its_rows_keeps_the_rows(
