@@ -23,6 +23,7 @@ from .codec import Code, fit_code, store_codebooks
 from .config import StoreSettings
 from .format import CODEBOOKS, map_safetensors, quantize_fixed
 from .parts import OFFLOAD, read_tensors, write_part
+from .rans import compacted
 from .reconstruct import RecordRanges
 from .rope import Rope
 from .sketch import (
@@ -288,14 +289,14 @@ class PartialStore:
         """Bytes of the offload tier (every part's records)."""
         return sum(self.totals.values())
 
-    def offload_buffers(self) -> dict[str, torch.Tensor]:
-        """Every part's flat buffers, concatenated in part order, in memory."""
-        return {
-            name: torch.cat([map_safetensors(path, (name,))[name] for path in self.paths])
-            if self.paths
-            else torch.zeros(0, dtype=torch.uint8)
-            for name in OFFLOAD
-        }
+    def offload_file(self, part_rows: torch.Tensor) -> tuple[dict, dict]:
+        """offload.safetensors as ``(files, writers)`` for ``write_atomically``: entropy-coded
+        (:mod:`sekv_core.rans`) where a load decodes it, else a long book's parts as they are."""
+        if not rebuilds(self.rows) or not self.paths:
+            return {}, {"offload.safetensors": self.write_offload}
+        parts = [map_safetensors(path, OFFLOAD) for path in self.paths]
+        buffers = {name: torch.cat([part[name] for part in parts]) for name in OFFLOAD}
+        return {"offload.safetensors": compacted(buffers, part_rows, self.codebooks())}, {}
 
     def write_offload(self, out: Path) -> None:
         """offload.safetensors: every part's flat buffers, concatenated in part order.

@@ -64,10 +64,8 @@ from .parts import (
 from .paths import private_dir
 from .prefill import Progress
 from .prompt import Context
-from .rans import compacted
 from .router import SketchRouter
 from .segment import ANCHOR, SPAN, Segmentation
-from .sketch_rebuild import rebuilds
 from .stream_layout import StreamLayout
 from .summary import STORE_DTYPE
 from .surprisal import Surprisal
@@ -310,12 +308,8 @@ class StreamBuilder:
         manifest["stats"] = {**seg.stats(), **code_stats(*self.store.codebooks().values())}
         manifest["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         manifest["stream"] = self.report()
-        files = {"resident.safetensors": on_disk(resident), "trace.safetensors": trace}
-        writers = {"offload.safetensors": self.store.write_offload}  # a book's: part by part
-        if rebuilds(self.store.rows):  # within the tokens a load decodes: entropy-coded
-            buffers, codes = self.store.offload_buffers(), self.store.codebooks()
-            files["offload.safetensors"] = compacted(buffers, resident["part_rows"], codes)
-            writers = {}
+        offload, writers = self.store.offload_file(resident["part_rows"])
+        files = {"resident.safetensors": on_disk(resident), "trace.safetensors": trace, **offload}
         write_atomically(self.path, files, manifest, writers=writers)
 
     def report(self) -> dict[str, Any]:
