@@ -27,6 +27,7 @@ from functools import cached_property
 import torch
 
 from . import kernels
+from .narrow import narrowed
 from .summary import STORE_DTYPE, stored
 from .tiers import MAX_BITS
 
@@ -78,7 +79,7 @@ class AllocatedCode:
         for layer in range(L):  # one layer at a time: bounded working memory
             y = (x[layer] - mean[layer][:, None]) * scale[layer][:, None]
             _, vecs = torch.linalg.eigh(y.transpose(-1, -2) @ y)
-            basis = stored(vecs.flip(-1))
+            basis = narrowed(vecs.flip(-1))  # strongest first, as stored (exact in fp16)
             coef = y @ basis  # (H, S, D)
             span = stored(coef.abs().amax(dim=1).clamp(min=1e-6))  # (H, D)
             bases.append(basis)

@@ -25,6 +25,7 @@ from . import kernels
 from .allocated import AllocatedCode, per_head, query_metric
 from .bitpack import pack_codes, unpack_codes
 from .errors import SekvError
+from .narrow import narrowed
 from .summary import STORE_DTYPE, stored
 from .tiers import Tier, parse_alloc, parse_tiers, record_bytes
 
@@ -60,7 +61,7 @@ class Codebook:
             centred = x[layer] - mean[layer][:, None]
             cov = centred.transpose(-1, -2) @ centred  # (H, D, D)
             _, vecs = torch.linalg.eigh(cov)
-            basis = vecs.flip(-1).contiguous()  # strongest direction first
+            basis = narrowed(vecs.flip(-1)).contiguous()  # strongest first, as stored
             bases.append(basis)
             spans.append((centred @ basis).abs().amax(dim=1).clamp(min=1e-6))
         return cls(stored(torch.stack(bases)), stored(mean), stored(torch.stack(spans)), tiers)

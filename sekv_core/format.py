@@ -57,10 +57,11 @@ from .documents import Document, token_pages
 from .kvquant import KV_BITS, quantize_rows, row_bytes
 from .locks import WRITER, mark_writer
 from .models import LoadedModel
+from .narrow import narrow
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 10  # 10: offload tier entropy-coded (9: sketch rebuilt at load, 8-bit rows)
+FORMAT_VERSION = 11  # 11: direction matrices in 8 bits (10: offload tier entropy-coded)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
@@ -118,9 +119,10 @@ def quantize_fixed(resident: dict[str, torch.Tensor]) -> None:
 
 
 def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The resident tensors a store's file holds: all but those rebuilt at load."""
+    """The resident tensors a store's file holds: all but those rebuilt at load, the direction
+    matrices in 8 bits (:func:`sekv_core.narrow.narrow`)."""
     dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
-    return {name: t for name, t in resident.items() if name not in dropped}
+    return narrow({name: t for name, t in resident.items() if name not in dropped})
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:

@@ -40,6 +40,7 @@ from .format import (
     tier_bytes,
 )
 from .models import LoadedModel
+from .narrow import widen
 from .prompt import Context
 from .rans import expanded
 from .reconstruct import RecordRanges
@@ -187,6 +188,10 @@ def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[
             out[name] = map_safetensors(f) if content is None else load_bytes(content)
         except Exception as exc:  # safetensors raises its own error types
             raise StoreInvalid(f"{name}: unreadable tensors ({exc})") from None
+    try:
+        widen(out["resident.safetensors"])  # its direction matrices, stored in 8 bits
+    except ValueError as exc:
+        raise StoreInvalid(f"resident.safetensors: {exc}") from None
     return out["resident.safetensors"], out["trace.safetensors"], out["offload.safetensors"]
 
 

@@ -15,6 +15,7 @@ from sekv_core.format import FILES, FORMAT_VERSION, nbytes
 from sekv_core.ingest import open_or_build
 from sekv_core.kvquant import quantize_rows
 from sekv_core.models import load_model
+from sekv_core.narrow import NARROWED, widen
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.rope import Rope
 from sekv_core.store import load_store
@@ -41,6 +42,8 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     again, hit = open_or_build(tiny_loaded, document, context)
     assert hit and again.path == store.path
     on_disk = load_file(store.path / "resident.safetensors")
+    assert {on_disk[name].dtype for name in NARROWED} == {torch.int8}  # directions in 8 bits
+    widen(on_disk)  # (what a load reads: the numbers the build used)
     for name, tensor in on_disk.items():
         assert torch.equal(again.resident[name].to(tensor.dtype).cpu(), tensor), name
     m = store.manifest
