@@ -8,7 +8,9 @@ tensors (never pickle):
   directions and scales, span lengths and representatives) and the host-side index beside it
   (span bounds, the parts' first rows, the offload code's codebooks, the sketch's key
   directions and fixes). The sketch's rows are not written: loading rebuilds them from the
-  offload tier's keys (:mod:`sekv_core.sketch_rebuild`; a long book keeps them);
+  offload tier's keys (:mod:`sekv_core.sketch_rebuild`; a long book keeps them). The codebooks'
+  bases are kept in 8 bits (:mod:`sekv_core.narrow`), read back as the fp16 numbers the build
+  used;
 - ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
   fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
   flat bytes, per part (L, H, rows, record) in row order. Where the sketch is rebuilt at load
@@ -61,7 +63,7 @@ from .narrow import narrow
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 11  # 11: direction matrices in 8 bits (10: offload tier entropy-coded)
+FORMAT_VERSION = 11  # 11: codebooks' bases in 8 bits (10: offload tier entropy-coded)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
@@ -119,8 +121,8 @@ def quantize_fixed(resident: dict[str, torch.Tensor]) -> None:
 
 
 def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The resident tensors a store's file holds: all but those rebuilt at load, the direction
-    matrices in 8 bits (:func:`sekv_core.narrow.narrow`)."""
+    """The resident tensors a store's file holds: all but those rebuilt at load, the codebooks'
+    bases in 8 bits (:func:`sekv_core.narrow.narrow`)."""
     dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
     return narrow({name: t for name, t in resident.items() if name not in dropped})
 

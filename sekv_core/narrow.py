@@ -1,5 +1,5 @@
-"""The store's direction matrices in 8 bits: the offload code's bases and the routing sketch's
-two projections, each column (one direction) on a power-of-two grid of its own, codes in ±127.
+"""The offload code's bases in 8 bits: each column (one direction) of a (layer, KV head)'s
+basis on a power-of-two grid of its own, codes in ±127.
 
 Fitting rounds the directions to that grid before anything uses them (:func:`narrowed`), so a
 build codes and sketches with exactly the numbers a load reads back: a code of at most 7 bits
@@ -7,9 +7,10 @@ times a power of two is exact in half precision. The file holds the codes (int8)
 exponent per column (int8) where the numbers took fp16 (:func:`narrow`; half the bytes), and a
 load widens them back to those fp16 numbers, bit for bit (:func:`widen`).
 
-The rounding moves a direction by ~0.3% of its largest entry: the codes stay as decorrelated
-as before (rows are coded and decoded with the rounded directions), and a sketch's estimate of
-a logit moves far less than its own 4-bit levels do.
+The rounding moves a direction by ~0.3% of its largest entry: rows are coded and decoded with
+the rounded directions, which decorrelate them as well as before. The routing sketch's two
+projections stay in fp16: under tight memory targets routing turns on small differences in
+them (the directions rounded the same way lost two needles of seven at 10% resident).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from .summary import STORE_DTYPE
 
-NARROWED = ("k_basis", "v_basis", "sketch_proj", "sketch_key")  # (L, H, D, C) each
+NARROWED = ("k_basis", "v_basis")  # (L, H, D, D) each
 LEVELS = 127
 MIN_EXP = -24  # half precision's smallest step: every grid point stays exact in fp16
 EXP = "_exp"  # suffix of a narrowed matrix's exponents (L, H, 1, C)

@@ -189,7 +189,7 @@ def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[
         except Exception as exc:  # safetensors raises its own error types
             raise StoreInvalid(f"{name}: unreadable tensors ({exc})") from None
     try:
-        widen(out["resident.safetensors"])  # its direction matrices, stored in 8 bits
+        widen(out["resident.safetensors"])  # its codebooks' bases, stored in 8 bits
     except ValueError as exc:
         raise StoreInvalid(f"resident.safetensors: {exc}") from None
     return out["resident.safetensors"], out["trace.safetensors"], out["offload.safetensors"]

@@ -128,8 +128,7 @@ def test_stream_within_the_window_matches_one_shot(small, tmp_path):
         assert torch.allclose(tensor.float(), other.float(), atol=2e-3), name
     proj_a, proj_b = one.resident["sketch_proj"].float(), streamed.resident["sketch_proj"].float()
     sign = (proj_a * proj_b).sum(dim=2).sign()  # (L, H, R): +1 or -1 per direction
-    step = 2 * proj_a.abs().amax(dim=2, keepdim=True) / 127  # a column's 8-bit grid, at most
-    assert ((proj_a - proj_b * sign[:, :, None]).abs() <= step + 2e-3).all()
+    assert torch.allclose(proj_a, proj_b * sign[:, :, None], atol=2e-3)
     R = proj_a.shape[-1]
     levels_a = dequantize_sketch(one.resident["sketch"], R, torch.float32)
     levels_b = dequantize_sketch(streamed.resident["sketch"], R, torch.float32)
