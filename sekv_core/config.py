@@ -25,11 +25,12 @@ from .tiers import check_code
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
-# the offload tier's codes: keys 5 bits per number, spent where the queries look
+# the offload tier's codes: keys 4.5 bits per number, spent where the queries look
 # (sekv_core.allocated); values 4 bits on every direction of the document's codebook
 # (sekv_core.codec). Chosen by answer fidelity with every span zoomed and by the grid's answers
-# under memory targets (4-bit keys lost two to three of 34 at a 10% target; docs/history).
-KEY_CODE = "alloc:5"
+# under memory targets (4-bit keys lost two to three of 34 at a 10% target, 4.5 and 5 bits
+# are within one of each other in every cell; docs/history).
+KEY_CODE = "alloc:4.5"
 VALUE_CODE = "*x4"
 
 

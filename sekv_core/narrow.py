@@ -10,7 +10,8 @@ load widens them back to those fp16 numbers, bit for bit (:func:`widen`).
 The rounding moves a direction by ~0.3% of its largest entry: rows are coded and decoded with
 the rounded directions, which decorrelate them as well as before. The routing sketch's two
 projections stay in fp16: under tight memory targets routing turns on small differences in
-them (the directions rounded the same way lost two needles of seven at 10% resident).
+them (rounded the same way, they cost the training-free router one to two answers of 27 per
+memory target; docs/history/compact-store-study.md).
 """
 
 from __future__ import annotations
