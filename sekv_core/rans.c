@@ -41,6 +41,20 @@ static int offsets_of(const int64_t *widths, int64_t F, int64_t B, int *offsets)
     return at == 8 * B ? 0 : -1;
 }
 
+/* A stream's table fr (2^width entries): each symbol's cumulative frequency in cum, and where
+ * symbol_of is given, the symbol of each of the PROB_SCALE slots. 0, or -1 unless the entries
+ * sum to PROB_SCALE. */
+static int cumulate(const uint16_t *fr, int width, uint32_t *cum, uint8_t *symbol_of) {
+    uint32_t sum = 0;
+    for (int s = 0; s < (1 << width); s++) {
+        cum[s] = sum;
+        if (sum + fr[s] > PROB_SCALE) return -1;
+        if (symbol_of) memset(symbol_of + sum, s, fr[s]);
+        sum += fr[s];
+    }
+    return sum == PROB_SCALE ? 0 : -1;
+}
+
 /* counts (L * H * F, TABLE) int64: each stream's symbol histogram. 0, or -1 for bad fields. */
 int sekv_rans_histogram(const uint8_t *records, int64_t L, int64_t H, int64_t S, int64_t B,
                         int64_t F, const int64_t *widths, const int64_t *flips, int64_t *counts) {
@@ -83,13 +97,9 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
             for (int64_t f = F - 1; f >= 0; f--) {
                 const uint16_t *fr = freq + ((l * H + h) * F + f) * TABLE;
                 int width = (int)widths[l * F + f];
-                uint32_t flip = (uint32_t)flips[l * F + f], sum = 0;
+                uint32_t flip = (uint32_t)flips[l * F + f];
                 if (width == 0) continue;
-                for (int s = 0; s < (1 << width); s++) {
-                    cum[s] = sum;
-                    sum += fr[s];
-                }
-                if (sum != PROB_SCALE) return -2;
+                if (cumulate(fr, width, cum, NULL)) return -2;
                 for (int64_t r = S - 1; r >= 0; r--) {
                     uint32_t s = field_get(block + r * B, B, offsets[f], width) ^ flip;
                     uint32_t fs = fr[s], x = xs[r & 1];
@@ -132,15 +142,9 @@ int sekv_rans_decode(const uint8_t *coded, int64_t n, int64_t L, int64_t H, int6
             for (int64_t f = 0; f < F; f++) {
                 const uint16_t *fr = freq + ((l * H + h) * F + f) * TABLE;
                 int width = (int)widths[l * F + f];
-                uint32_t flip = (uint32_t)flips[l * F + f], sum = 0;
+                uint32_t flip = (uint32_t)flips[l * F + f];
                 if (width == 0) continue;
-                for (int s = 0; s < (1 << width); s++) {
-                    cum[s] = sum;
-                    if (sum + fr[s] > PROB_SCALE) return -1;
-                    memset(symbol_of + sum, s, fr[s]);
-                    sum += fr[s];
-                }
-                if (sum != PROB_SCALE) return -1;
+                if (cumulate(fr, width, cum, symbol_of)) return -1;
                 for (int64_t r = 0; r < S; r++) { /* rows alternate between two states */
                     uint32_t x = xs[r & 1];
                     uint32_t slot = x & (PROB_SCALE - 1u), s = symbol_of[slot];
