@@ -5,7 +5,7 @@ direction codes; a value's tier codes and scale bytes), and most of a field's le
 rare: a direction's codes crowd its centre (the even grid spans its largest coefficients). So the
 file holds each field's symbols coded under a table fitted to them, with a static rANS coder
 (``rans.c``): per (part, layer, KV head, field) a *stream* of that field over the part's rows,
-its table a discretised Gaussian (two float32 numbers: centre and spread, the spread chosen
+its table a discretised Gaussian (two fp16 numbers: centre and spread, the spread chosen
 from a few multiples of the stream's deviation by the length it codes to). Every symbol keeps
 a probability of at least 2^-12, so a stream never fails to code.
 
@@ -31,6 +31,7 @@ PROB_BITS = 12  # a table's probabilities are multiples of 2^-PROB_BITS
 TABLE = 256  # entries per stream's table: the widest field (8 bits)
 SPREADS = (0.6, 0.75, 0.9, 1.0, 1.15, 1.35)  # tried multiples of a stream's deviation
 KINDS = ("k", "v")
+PARAMS = np.float16  # a stream's table's two numbers, as stored (tables are built from them)
 
 
 def usable() -> bool:
@@ -95,7 +96,7 @@ def _compact_kind(flat: torch.Tensor, part_rows: torch.Tensor, code) -> dict | N
         lengths.append(coded.numel())
         params.append(fitted)
         tables.append(freq)
-    params_t = torch.from_numpy(np.concatenate(params) if params else np.zeros((0, 2), np.float32))
+    params_t = torch.from_numpy(np.concatenate(params) if params else np.zeros((0, 2), PARAMS))
     return {
         "coded": torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8),
         "coded_bytes": torch.tensor(lengths, dtype=torch.int64),
@@ -149,7 +150,7 @@ def _histogram(records: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor)
 
 
 def _fit(counts: np.ndarray, widths: torch.Tensor, H: int) -> np.ndarray:
-    """(N, 2) float32 each stream's centre and spread: the stream's mean, and the multiple of
+    """(N, 2) :data:`PARAMS` each stream's centre and spread: the stream's mean, and the multiple of
     its deviation in :data:`SPREADS` whose table codes its histogram shortest."""
     k = np.arange(TABLE, dtype=np.float64)
     total = np.maximum(counts.sum(axis=1, keepdims=True), 1)
@@ -158,7 +159,7 @@ def _fit(counts: np.ndarray, widths: torch.Tensor, H: int) -> np.ndarray:
     dev = np.maximum(dev, 0.25)
     best, best_cost = None, None
     for m in SPREADS:
-        trial = np.stack([mean, dev * m], axis=1).astype(np.float32)
+        trial = np.stack([mean, dev * m], axis=1).astype(PARAMS)  # as stored
         freq = _tables(trial, widths, H).astype(np.float64)
         cost = -(counts * np.log2(np.maximum(freq, 1) / 2**PROB_BITS)).sum(axis=1)
         if best is None:
