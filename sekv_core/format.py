@@ -71,7 +71,8 @@ DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_
 # offload tier (:mod:`sekv_core.sketch_rebuild`)
 REBUILT = {"sketch": "sketch_fixes"}
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit fixed rows'
-# the offload code's codebooks (half precision, host index: zoomed rows are decoded on the host)
+# the offload code's codebooks (half precision, the bases 8-bit on disk; host index: zoomed rows
+# are decoded on the host)
 # (an allocated code's also its metric and bits: a store holds the names its code has)
 CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits")
 CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in CODEBOOK_PARTS)

@@ -2,7 +2,7 @@
 basis on a power-of-two grid of its own, codes in ±127.
 
 Fitting rounds the directions to that grid before anything uses them (:func:`narrowed`), so a
-build codes and sketches with exactly the numbers a load reads back: a code of at most 7 bits
+build codes with exactly the numbers a load reads back: a code of at most 7 bits
 times a power of two is exact in half precision. The file holds the codes (int8) and one
 exponent per column (int8) where the numbers took fp16 (:func:`narrow`; half the bytes), and a
 load widens them back to those fp16 numbers, bit for bit (:func:`widen`).
