@@ -26,17 +26,19 @@ MIN_EXP = -24  # half precision's smallest step: every grid point stays exact in
 EXP = "_exp"  # suffix of a narrowed matrix's exponents (L, H, 1, C)
 
 
-def _exponents(t: torch.Tensor) -> torch.Tensor:
-    """(..., 1, C) each column's grid exponent: the least e with max |column| <= 127 * 2^e."""
-    amax = t.abs().amax(dim=-2, keepdim=True)
-    return torch.ceil(torch.log2(amax / LEVELS)).clamp(min=MIN_EXP)  # (zero columns: MIN_EXP)
+def _grid(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes (..., D, C) and each column's grid exponent (..., 1, C) of ``t``: the least e with
+    max |column| <= 127 * 2^e (zero columns: MIN_EXP), the codes rounded on 2^e."""
+    t = t.float()
+    exp = torch.ceil(torch.log2(t.abs().amax(dim=-2, keepdim=True) / LEVELS)).clamp(min=MIN_EXP)
+    return (t / torch.exp2(exp)).round().clamp(-LEVELS, LEVELS), exp
 
 
 def narrowed(t: torch.Tensor) -> torch.Tensor:
     """``t`` (..., D, C) float32 with each column rounded to its grid: the numbers a store
     keeps (exact in fp16; narrowing them again changes nothing)."""
-    step = torch.exp2(_exponents(t.float()))
-    return (t.float() / step).round().clamp(-LEVELS, LEVELS) * step
+    codes, exp = _grid(t)
+    return codes * torch.exp2(exp)
 
 
 def narrow(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -45,10 +47,8 @@ def narrow(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = dict(tensors)
     for name in NARROWED:
         if name in out:
-            t = out[name].float()
-            exp = _exponents(t)
-            out[name] = (t / torch.exp2(exp)).round().clamp(-LEVELS, LEVELS).to(torch.int8)
-            out[name + EXP] = exp.to(torch.int8)
+            codes, exp = _grid(out[name])
+            out[name], out[name + EXP] = codes.to(torch.int8), exp.to(torch.int8)
     return out
 
 
