@@ -62,6 +62,7 @@ class AllocatedCode:
     range: torch.Tensor
     bits: torch.Tensor
     row_bits: int
+    step: torch.Tensor | None = None  # (L, H): an even code's step per head (sekv_core.evencode)
 
     @classmethod
     def fit(cls, rows: torch.Tensor, row_bits: int, metric: torch.Tensor) -> AllocatedCode:
@@ -96,6 +97,7 @@ class AllocatedCode:
             f"{prefix}_mean": self.mean.to(STORE_DTYPE),
             f"{prefix}_range": self.range.to(STORE_DTYPE),
             f"{prefix}_bits": self.bits.to(torch.uint8).contiguous(),
+            **({} if self.step is None else {f"{prefix}_step": self.step.to(STORE_DTYPE)}),
         }
 
     @classmethod
@@ -109,6 +111,7 @@ class AllocatedCode:
             tensors[f"{prefix}_range"].float(),
             tensors[f"{prefix}_bits"].long(),
             row_bits,
+            tensors[f"{prefix}_step"].float() if f"{prefix}_step" in tensors else None,
         )
 
     @property

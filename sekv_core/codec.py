@@ -24,10 +24,12 @@ import torch
 from . import kernels
 from .allocated import AllocatedCode, per_head, query_metric
 from .bitpack import pack_codes, unpack_codes
+from .config import FIXED_SIZE_CODES
 from .errors import SekvError
+from .evencode import MARK, fit_even, row_bits
 from .narrow import narrowed
 from .summary import STORE_DTYPE, stored
-from .tiers import Tier, parse_alloc, parse_tiers, record_bytes
+from .tiers import Tier, parse_alloc, parse_even, parse_tiers, record_bytes
 
 SCALE = torch.float16  # per-row tier scales (tiers.SCALE_BYTES each)
 
@@ -154,27 +156,44 @@ Code = Codebook | AllocatedCode  # what an offload tier is written in
 
 
 def fit_code(
-    rows: torch.Tensor, spec: str, setting: str = "code", moment: torch.Tensor | None = None
+    rows: torch.Tensor,
+    spec: str,
+    setting: str = "code",
+    moment: torch.Tensor | None = None,
+    fixed_size: bool = False,
 ) -> Code:
-    """The code of ``spec`` (tiers, or ``alloc:B``) fitted to rows (L, H, S, D); ``moment``
-    (L, H, D, D): the queries' second moment that weighs an allocated code's dimensions (keys;
-    None: equal weights)."""
+    """The code of ``spec`` (tiers, ``alloc:B`` or ``even:S``) fitted to rows (L, H, S, D);
+    ``moment`` (L, H, D, D): the queries' second moment that weighs the dimensions of an
+    allocated or even code (keys; None: equal weights). ``fixed_size``: the records stay
+    fixed-size on disk (a long book's, not entropy-coded), where an even spec gives way to
+    the fixed-rate code of :data:`~sekv_core.config.FIXED_SIZE_CODES`."""
+    step = parse_even(spec)
+    if step is not None and not fixed_size:
+        return fit_even(rows, step, query_metric(moment, rows))
+    if step is not None:
+        spec = FIXED_SIZE_CODES[setting.rpartition(".")[2]]
     try:
-        row_bits = parse_alloc(spec, rows.shape[-1])
+        bits = parse_alloc(spec, rows.shape[-1])
     except ValueError as exc:
         raise SekvError(f"{setting}: {exc}") from None
-    if row_bits is None:
+    if bits is None:
         return Codebook.fit(rows, spec, setting)
-    return AllocatedCode.fit(rows, row_bits, query_metric(moment, rows))
+    return AllocatedCode.fit(rows, bits, query_metric(moment, rows))
 
 
 def load_code(tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> Code:
-    """The code of ``spec`` from its tensors (:meth:`Codebook.tensors`)."""
+    """The code of ``spec`` from its tensors (:meth:`Codebook.tensors`); an even spec's store
+    holds an even code, or, where its records are fixed-size, the fixed-rate code."""
+    if parse_even(spec) is not None:
+        if f"{prefix}_{MARK}" in tensors:
+            bits = tensors[f"{prefix}_bits"].long()
+            return AllocatedCode.from_tensors(tensors, prefix, row_bits(bits))
+        spec = FIXED_SIZE_CODES[f"{'key' if prefix == 'k' else 'value'}_code"]
     dim = tensors[f"{prefix}_basis"].shape[-1]
-    row_bits = parse_alloc(spec, dim)
-    if row_bits is None:
+    bits = parse_alloc(spec, dim)
+    if bits is None:
         return Codebook.from_tensors(tensors, prefix, spec)
-    return AllocatedCode.from_tensors(tensors, prefix, row_bits)
+    return AllocatedCode.from_tensors(tensors, prefix, bits)
 
 
 def store_codebooks(

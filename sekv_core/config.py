@@ -25,13 +25,18 @@ from .tiers import check_code
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
-# the offload tier's codes: keys 4.5 bits per number, spent where the queries look
-# (sekv_core.allocated); values 4 bits on every direction of the document's codebook
-# (sekv_core.codec). Chosen by answer fidelity with every span zoomed and by the grid's answers
-# under memory targets (4-bit keys lost two to three of 34 at a 10% target, 4.5 and 5 bits
-# are within one of each other in every cell; docs/history).
-KEY_CODE = "alloc:4.5"
-VALUE_CODE = "*x4"
+# the offload tier's codes: one even grid per (layer, KV head) on the directions of the
+# document's codebook, its step 0.2 (keys, in the queries' metric) and 0.4 (values) of the head's
+# rms coefficient (sekv_core.evencode): entropy-coded on disk, at the error of the fixed-rate
+# codes below in a fifth fewer bytes. Chosen by answer fidelity with every span zoomed and by
+# the grid's answers under memory targets (docs/history/compact-store-study.md).
+KEY_CODE = "even:0.2"
+VALUE_CODE = "even:0.4"
+# a store whose records stay fixed-size on disk (a book of more than 16K span tokens, memory-
+# mapped, not entropy-coded) pays every record's bits: there the fixed-rate codes are smaller:
+# keys 4.5 bits per number spent where the queries look (sekv_core.allocated), values 4 bits
+# on every direction (sekv_core.codec)
+FIXED_SIZE_CODES = {"key_code": "alloc:4.5", "value_code": "*x4"}
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ from .narrow import narrow
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 11  # 11: codebooks' bases in 8 bits (10: offload tier entropy-coded)
+FORMAT_VERSION = 12  # 12: even codes (11: codebooks' bases in 8 bits; 10: entropy-coded tier)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
@@ -73,8 +73,9 @@ REBUILT = {"sketch": "sketch_fixes"}
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit fixed rows'
 # the offload code's codebooks (half precision, the bases 8-bit on disk; host index: zoomed rows
 # are decoded on the host)
-# (an allocated code's also its metric and bits: a store holds the names its code has)
-CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits")
+# (an allocated code's also its metric and bits, an even code's its step: a store holds the
+# names its code has)
+CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits", "step")
 CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in CODEBOOK_PARTS)
 DIGEST = "digest"  # the manifest's own checksum (of every other field)
 

@@ -143,6 +143,8 @@ class PartialStore:
 
     def place_codebooks(self, tensors: dict[str, torch.Tensor]) -> None:
         """The offload code's codebooks (fixed at the first commit, :data:`CODEBOOKS`)."""
+        for name in CODEBOOKS:  # a code has the names it has (an even code: its step)
+            self.resident.pop(name, None)
         self.resident.update({name: t for name, t in tensors.items() if name in CODEBOOKS})
 
     def codebooks(self) -> dict[str, Code]:

@@ -43,6 +43,7 @@ from .sketch import (
     sketch_state,
     span_representatives,
 )
+from .sketch_rebuild import rebuilds
 from .summary import STORE_DTYPE, one_thread
 
 OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
@@ -184,9 +185,11 @@ def waiting_codebooks(
     rows = span_rows(spans, c) if spans is not None else torch.arange(state.next - c)
     keys = state.pending_k[:, :, rows].float().cpu()
     values = state.pending_v[:, :, rows].float().cpu()
+    fixed = not rebuilds(len(state.roles))  # more span tokens than a load decodes: fixed-size
     with one_thread():
-        k = fit_code(keys, settings.key_code, "store.key_code", state.moments.moment())
-        v = fit_code(values, settings.value_code, "store.value_code")
+        moment = state.moments.moment()
+        k = fit_code(keys, settings.key_code, "store.key_code", moment, fixed_size=fixed)
+        v = fit_code(values, settings.value_code, "store.value_code", fixed_size=fixed)
     return {**k.tensors("k"), **v.tensors("v")}
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from .codec import store_codebooks
 from .documents import Document
 from .segment import ANCHOR, SINK
 from .store import SpanStore
-from .tiers import spec_record_bytes
 
 ROLE_NAMES = {SINK: "sink", ANCHOR: "anchor", 2: "span"}
 PREVIEW_CHARS = 60
@@ -134,8 +134,9 @@ def span_bytes(store: SpanStore) -> np.ndarray:
     KV head."""
     res, spec = store.resident, store.manifest["model"]["spec"]
     lengths = (res["span_ends"] - res["span_starts"]).cpu().numpy().astype(np.int64)  # (N,)
-    settings, dim = store.manifest["settings"], int(spec["head_dim"])
-    record = sum(spec_record_bytes(settings[f"{k}_code"], dim) for k in ("key", "value"))
+    settings = store.manifest["settings"]
+    codes = store_codebooks(res, settings["key_code"], settings["value_code"])
+    record = sum(code.record_bytes for code in codes.values())
     return lengths * int(spec["num_layers"]) * int(spec["num_kv_heads"]) * record
 
 

@@ -4,7 +4,8 @@ Tier specs (:mod:`sekv_core.codec`):
 ``"8x8,24x4,32x2"``: the 8 strongest directions at 8 bits, the next 24 at 4, the last 32 at 2;
 ``"8x8,*x4"``: the 8 strongest at 8 bits, the rest (however many the model's heads have) at 4.
 Allocated specs (:mod:`sekv_core.allocated`): ``"alloc:4.5"``, 4.5 bits per number on average,
-spread over the directions by the document.
+spread over the directions by the document. Even specs (:mod:`sekv_core.evencode`):
+``"even:0.2"``, one step per (layer, KV head), 0.2 of its root-mean-square coefficient.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ BITS = (0, 2, 4, 8, 16)
 SCALE_BYTES = 2  # one fp16 scale per row and tier below 16 bits
 SPEC_PREFIX = "alloc:"  # sekv_core.allocated's code: "alloc:B", B bits per number on average
 MAX_BITS = 8  # its most bits for one direction
+EVEN_PREFIX = "even:"  # sekv_core.evencode's code: "even:S", a step of S x the head's rms
 
 
 @dataclass(frozen=True)
@@ -94,16 +96,24 @@ def parse_alloc(spec: str, dim: int | None = None) -> int | None:
     return int(row)
 
 
+def parse_even(spec: str) -> float | None:
+    """The relative step of an ``even:S`` spec; None when ``spec`` is not one; ValueError with
+    a reason when it is one and is malformed."""
+    if not spec.startswith(EVEN_PREFIX):
+        return None
+    try:
+        step = float(spec[len(EVEN_PREFIX) :])
+    except ValueError:
+        raise ValueError(f"{spec!r}: the step must be a number (e.g. even:0.2)") from None
+    if not 0.01 <= step <= 4:
+        raise ValueError(f"{spec!r}: the step must be within 0.01..4 (x the head's rms)")
+    return step
+
+
 def check_code(spec: str, dim: int | None = None) -> None:
-    """ValueError with a reason unless ``spec`` is a tier spec or an ``alloc:B`` spec."""
-    if parse_alloc(spec, dim) is None:
+    """ValueError with a reason unless ``spec`` is a tier, ``alloc:B`` or ``even:S`` spec."""
+    if parse_even(spec) is None and parse_alloc(spec, dim) is None:
         parse_tiers(spec, dim)
-
-
-def spec_record_bytes(spec: str, dim: int) -> int:
-    """Bytes of one row's record in the code of ``spec`` (tiers or ``alloc:B``)."""
-    row_bits = parse_alloc(spec, dim)
-    return record_bytes(parse_tiers(spec, dim)) if row_bits is None else row_bits // 8
 
 
 def record_bytes(tiers: list[Tier]) -> int:
