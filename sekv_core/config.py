@@ -25,17 +25,19 @@ from .tiers import check_code
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
-# the offload tier's codes: one even grid per (layer, KV head) on the directions of the
-# document's codebook, its step 0.2 (keys, in the queries' metric) and 0.4 (values) of the head's
-# rms coefficient (sekv_core.evencode): entropy-coded on disk, at the error of the fixed-rate
-# codes below in a fifth fewer bytes. Chosen by answer fidelity with every span zoomed and by
-# the grid's answers under memory targets (docs/history/compact-store-study.md).
-KEY_CODE = "even:0.2"
-VALUE_CODE = "even:0.4"
+# the offload tier's codes. Keys: one even grid per (layer, KV head) on the directions of the
+# document's codebook in the queries' metric, its step 0.175 of the head's rms coefficient
+# (sekv_core.evencode): entropy-coded on disk, 3.1 bits per number at less attention error than
+# 4.5-bit fixed-rate keys' 3.5. Values: 4 bits on every direction with one fp16 scale per row
+# (sekv_core.codec): attention reads small-norm values most, and the row scale keeps their
+# relative error; an even grid needs more bits for the same attention output. Chosen by answer
+# fidelity with every span zoomed and by the grid's answers under memory targets
+# (docs/history/compact-store-study.md, eighth study).
+KEY_CODE = "even:0.175"
+VALUE_CODE = "*x4"
 # a store whose records stay fixed-size on disk (a book of more than 16K span tokens, memory-
-# mapped, not entropy-coded) pays every record's bits: there the fixed-rate codes are smaller:
-# keys 4.5 bits per number spent where the queries look (sekv_core.allocated), values 4 bits
-# on every direction (sekv_core.codec)
+# mapped, not entropy-coded) pays every record's bits: there an even spec gives way to these
+# fixed-rate codes (keys 4.5 bits per number spent where the queries look, sekv_core.allocated)
 FIXED_SIZE_CODES = {"key_code": "alloc:4.5", "value_code": "*x4"}
 
 

@@ -113,7 +113,9 @@ def test_fixed_size_records_keep_the_fixed_rate_codes_and_load_as_them():
     assert k.record_bytes == key.record_bytes and v.record_bytes == value.record_bytes
     records = key.encode(rows)[0].reshape(-1, key.record_bytes)
     heads = torch.arange(3).repeat_interleave(rows.shape[2])
-    assert torch.equal(k.decode(records, 0, heads, torch.float32), key.decode(records, 0, heads, torch.float32))
+    assert torch.equal(
+        k.decode(records, 0, heads, torch.float32), key.decode(records, 0, heads, torch.float32)
+    )
 
 
 @pytest.mark.parametrize("spec", ["even:", "even:x", "even:0", "even:9"])
