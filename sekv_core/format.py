@@ -60,10 +60,11 @@ from .kvquant import KV_BITS, quantize_rows, row_bytes
 from .locks import WRITER, mark_writer
 from .models import LoadedModel
 from .narrow import narrow
+from .packed import pack
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 12  # 12: even codes (11: codebooks' bases in 8 bits; 10: entropy-coded tier)
+FORMAT_VERSION = 12  # 12: even key codes, fixed matrices LZMA-packed (11: 8-bit bases)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
@@ -124,9 +125,10 @@ def quantize_fixed(resident: dict[str, torch.Tensor]) -> None:
 
 def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The resident tensors a store's file holds: all but those rebuilt at load, the codebooks'
-    bases in 8 bits (:func:`sekv_core.narrow.narrow`)."""
+    bases in 8 bits (:func:`sekv_core.narrow.narrow`), the fixed-size matrices in one LZMA
+    stream (:func:`sekv_core.packed.pack`)."""
     dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
-    return narrow({name: t for name, t in resident.items() if name not in dropped})
+    return pack(narrow({name: t for name, t in resident.items() if name not in dropped}))
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:

@@ -41,6 +41,7 @@ from .format import (
 )
 from .models import LoadedModel
 from .narrow import widen
+from .packed import unpack
 from .prompt import Context
 from .rans import expanded
 from .reconstruct import RecordRanges
@@ -189,6 +190,7 @@ def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[
         except Exception as exc:  # safetensors raises its own error types
             raise StoreInvalid(f"{name}: unreadable tensors ({exc})") from None
     try:
+        unpack(out["resident.safetensors"])  # its fixed-size matrices, in one LZMA stream
         widen(out["resident.safetensors"])  # its codebooks' bases, stored in 8 bits
     except ValueError as exc:
         raise StoreInvalid(f"resident.safetensors: {exc}") from None

@@ -10,6 +10,7 @@ from test_store import prepare
 import sekv_core.build as build_module
 from sekv_core.format import nbytes, tier_bytes
 from sekv_core.ingest import open_or_build
+from sekv_core.packed import unpack
 from sekv_core.sketch_rebuild import (
     FIX_GAP,
     apply_fixes,
@@ -37,6 +38,7 @@ def test_loaded_sketch_is_the_built_one_and_not_on_disk(tiny_loaded, tmp_path, m
     store, _ = open_or_build(tiny_loaded, document_, context)
     assert_same_sketch(made["sketch"], store.resident["sketch"])
     on_disk = load_file(store.path / "resident.safetensors")
+    unpack(on_disk)
     assert "sketch" not in on_disk and "sketch_key" in on_disk
     assert 0 < nbytes({"f": on_disk["sketch_fixes"]}) < nbytes({"sketch": made["sketch"]})
     # the manifest counts the sketch where answers hold it: in the resident tier

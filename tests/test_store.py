@@ -16,6 +16,7 @@ from sekv_core.ingest import open_or_build
 from sekv_core.kvquant import quantize_rows
 from sekv_core.models import load_model
 from sekv_core.narrow import NARROWED, widen
+from sekv_core.packed import BLOB, PACKED, unpack
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.rope import Rope
 from sekv_core.store import load_store
@@ -42,6 +43,8 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     again, hit = open_or_build(tiny_loaded, document, context)
     assert hit and again.path == store.path
     on_disk = load_file(store.path / "resident.safetensors")
+    assert BLOB in on_disk and not set(PACKED) & set(on_disk)  # fixed matrices: one stream
+    unpack(on_disk)
     assert {on_disk[name].dtype for name in NARROWED} == {torch.int8}  # directions in 8 bits
     widen(on_disk)  # (what a load reads: the numbers the build used)
     for name, tensor in on_disk.items():
@@ -265,6 +268,7 @@ def test_sinks_and_anchors_are_stored_as_answers_hold_them(tiny_loaded, tmp_path
     document, context = prepare(tiny_loaded, tmp_path)
     store, _ = open_or_build(tiny_loaded, document, context)
     on_disk = load_file(store.path / "resident.safetensors")
+    unpack(on_disk)
     assert on_disk["fixed_k"].dtype == torch.int8 and seen["k"].dtype == torch.float16
     memory = SpanMemory(store, Rope(tiny_loaded.model), tiny_loaded.device, tiny_loaded.dtype)
     for rows, fp16 in zip(memory.fixed, (seen["k"], seen["v"]), strict=True):
