@@ -71,7 +71,7 @@ def print_zoom(result: Answer, verbose: bool = False) -> None:
     mem = result.memory
     out.print(
         f"memory: resident {human_bytes(mem['resident_bytes'])} (incl. zoom peak), offloaded "
-        f"{human_bytes(mem['offloaded_bytes'])}, full KV {human_bytes(mem['full_kv_bytes'])}"
+        f"{human_bytes(mem['offloaded_bytes'])} (host), full KV {human_bytes(mem['full_kv_bytes'])}"
     )
     if verbose:
         print_diagnostics(result)
