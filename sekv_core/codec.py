@@ -156,22 +156,14 @@ Code = Codebook | AllocatedCode  # what an offload tier is written in
 
 
 def fit_code(
-    rows: torch.Tensor,
-    spec: str,
-    setting: str = "code",
-    moment: torch.Tensor | None = None,
-    fixed_size: bool = False,
+    rows: torch.Tensor, spec: str, setting: str = "code", moment: torch.Tensor | None = None
 ) -> Code:
     """The code of ``spec`` (tiers, ``alloc:B`` or ``even:S``) fitted to rows (L, H, S, D);
     ``moment`` (L, H, D, D): the queries' second moment that weighs the dimensions of an
-    allocated or even code (keys; None: equal weights). ``fixed_size``: the records stay
-    fixed-size on disk (a long book's, not entropy-coded), where an even spec gives way to
-    the fixed-rate code of :data:`~sekv_core.config.FIXED_SIZE_CODES`."""
+    allocated or even code (keys; None: equal weights)."""
     step = parse_even(spec)
-    if step is not None and not fixed_size:
-        return fit_even(rows, step, query_metric(moment, rows))
     if step is not None:
-        spec = FIXED_SIZE_CODES[setting.rpartition(".")[2]]
+        return fit_even(rows, step, query_metric(moment, rows))
     try:
         bits = parse_alloc(spec, rows.shape[-1])
     except ValueError as exc:
@@ -181,14 +173,22 @@ def fit_code(
     return AllocatedCode.fit(rows, bits, query_metric(moment, rows))
 
 
+def record_spec(spec: str, kind: str, fixed_size: bool) -> str:
+    """The spec a store codes its ``kind`` (``k`` or ``v``) records in: ``spec``, except that an
+    even spec gives way to the fixed-rate code of :data:`~sekv_core.config.FIXED_SIZE_CODES`
+    where the records stay fixed-size on disk (a long book's, not entropy-coded)."""
+    return FIXED_SIZE_CODES[kind] if fixed_size and parse_even(spec) is not None else spec
+
+
 def load_code(tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> Code:
     """The code of ``spec`` from its tensors (:meth:`Codebook.tensors`); an even spec's store
-    holds an even code, or, where its records are fixed-size, the fixed-rate code."""
+    holds an even code (marked by its step), or, where its records are fixed-size, the
+    fixed-rate code (:func:`record_spec`)."""
     if parse_even(spec) is not None:
         if f"{prefix}_{MARK}" in tensors:
             bits = tensors[f"{prefix}_bits"].long()
             return AllocatedCode.from_tensors(tensors, prefix, row_bits(bits))
-        spec = FIXED_SIZE_CODES[f"{'key' if prefix == 'k' else 'value'}_code"]
+        spec = FIXED_SIZE_CODES[prefix]
     dim = tensors[f"{prefix}_basis"].shape[-1]
     bits = parse_alloc(spec, dim)
     if bits is None:

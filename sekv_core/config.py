@@ -38,7 +38,7 @@ VALUE_CODE = "*x4"
 # a store whose records stay fixed-size on disk (a book of more than 16K span tokens, memory-
 # mapped, not entropy-coded) pays every record's bits: there an even spec gives way to these
 # fixed-rate codes (keys 4.5 bits per number spent where the queries look, sekv_core.allocated)
-FIXED_SIZE_CODES = {"key_code": "alloc:4.5", "value_code": "*x4"}
+FIXED_SIZE_CODES = {"k": "alloc:4.5", "v": "*x4"}  # keys, values
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .codec import Code, fit_code
+from .codec import Code, fit_code, record_spec
 from .config import SegmentSettings, StoreSettings
 from .errors import SekvError
 from .format import CODEBOOKS, manifest_digest, sha256
@@ -186,10 +186,11 @@ def waiting_codebooks(
     keys = state.pending_k[:, :, rows].float().cpu()
     values = state.pending_v[:, :, rows].float().cpu()
     fixed = not rebuilds(len(state.roles))  # more span tokens than a load decodes: fixed-size
+    key_spec = record_spec(settings.key_code, "k", fixed)
+    value_spec = record_spec(settings.value_code, "v", fixed)
     with one_thread():
-        moment = state.moments.moment()
-        k = fit_code(keys, settings.key_code, "store.key_code", moment, fixed_size=fixed)
-        v = fit_code(values, settings.value_code, "store.value_code", fixed_size=fixed)
+        k = fit_code(keys, key_spec, "store.key_code", state.moments.moment())
+        v = fit_code(values, value_spec, "store.value_code")
     return {**k.tensors("k"), **v.tensors("v")}
 
 

@@ -7,7 +7,7 @@ import torch
 
 import sekv_core.rans as rans
 from sekv_core.allocated import AllocatedCode, query_metric
-from sekv_core.codec import Codebook, fit_code, load_code
+from sekv_core.codec import Codebook, fit_code, load_code, record_spec
 from sekv_core.config import FIXED_SIZE_CODES
 from sekv_core.evencode import fit_even
 from sekv_core.format import nbytes
@@ -103,10 +103,12 @@ def test_stored_tensors_read_back_as_the_same_code():
 
 def test_fixed_size_records_keep_the_fixed_rate_codes_and_load_as_them():
     rows = heavy_rows(L=1)
-    key = fit_code(rows, "even:0.2", "store.key_code", fixed_size=True)
-    value = fit_code(rows, "even:0.4", "store.value_code", fixed_size=True)
+    assert record_spec("even:0.2", "k", fixed_size=False) == "even:0.2"
+    assert record_spec("alloc:5", "k", fixed_size=True) == "alloc:5"  # only even specs give way
+    key = fit_code(rows, record_spec("even:0.2", "k", fixed_size=True), "store.key_code")
+    value = fit_code(rows, record_spec("even:0.4", "v", fixed_size=True), "store.value_code")
     assert isinstance(key, AllocatedCode) and key.step is None
-    assert key.record_bytes * 8 == 4.5 * 64 and FIXED_SIZE_CODES["key_code"] == "alloc:4.5"
+    assert key.record_bytes * 8 == 4.5 * 64 and FIXED_SIZE_CODES["k"] == "alloc:4.5"
     assert isinstance(value, Codebook)
     k = load_code(key.tensors("k"), "k", "even:0.2")
     v = load_code(value.tensors("v"), "v", "even:0.4")
