@@ -78,10 +78,7 @@ class AllocatedCode:
         scale = metric.sqrt()
         bases, ranges, errors = [], [], []
         for layer in range(L):  # one layer at a time: bounded working memory
-            y = (x[layer] - mean[layer][:, None]) * scale[layer][:, None]
-            _, vecs = torch.linalg.eigh(y.transpose(-1, -2) @ y)
-            basis = narrowed(vecs.flip(-1))  # strongest first, as stored (exact in fp16)
-            coef = y @ basis  # (H, S, D)
+            basis, coef = metric_directions(x[layer], mean[layer], scale[layer])
             span = stored(coef.abs().amax(dim=1).clamp(min=1e-6))  # (H, D)
             bases.append(basis)
             ranges.append(span)
@@ -215,6 +212,18 @@ class AllocatedCode:
         maps = step[..., None] * back  # the row of one code unit of each direction
         bias = self.mean - (levels[..., None] * maps).sum(dim=2)
         return maps.contiguous(), bias
+
+
+def metric_directions(
+    rows: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's rows (H, S, D), centred on ``mean`` and scaled by ``scale`` (H, D): their
+    principal directions (H, D, D), strongest first as a store keeps them (exact in fp16), and
+    the rows' coefficients on them (H, S, D)."""
+    y = (rows - mean[:, None]) * scale[:, None]
+    _, vecs = torch.linalg.eigh(y.transpose(-1, -2) @ y)
+    basis = narrowed(vecs.flip(-1))
+    return basis, y @ basis
 
 
 def per_head(

@@ -6,9 +6,10 @@ outlying rows codes every other row coarsely, and its codes crowd the middle lev
 that is entropy-coded on disk (:mod:`sekv_core.rans`) pays about the codes' entropy instead,
 and there the better code at a given error puts *one* step on every direction of a head:
 strong directions get many levels, weak ones a few or none, and rare outlying codes cost
-only their own bits. Measured on the handbook's keys at the same (metric-weighted) error as
-``alloc:4.5``, 2.8 bits per number on disk against 3.5; values at the error of ``*x4``, 3.1
-against 3.5 (docs/history/compact-store-study.md, eighth study).
+only their own bits. On the handbook's keys at step 0.175: 3.1 bits per number on disk at a
+lower attention error than ``alloc:4.5``'s 3.5 bits. Values keep ``*x4``: attention reads
+small-norm values most, and its row scale keeps their relative error
+(docs/history/compact-store-study.md, eighth study).
 
 Spec ``"even:S"``: the step is S times the head's root-mean-square coefficient (in the keys'
 query metric; values: plain). Each direction's bits (shared by a layer's heads, 2 to 8; 0
@@ -22,8 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .allocated import AllocatedCode
-from .narrow import narrowed
+from .allocated import AllocatedCode, metric_directions
 from .summary import stored
 from .tiers import MAX_BITS
 
@@ -44,10 +44,7 @@ def fit_even(rows: torch.Tensor, relative_step: float, metric: torch.Tensor) -> 
     scale = metric.sqrt()
     bases, peaks, steps, needed, bits = [], [], [], [], []
     for layer in range(L):  # one layer at a time: bounded working memory
-        y = (x[layer] - mean[layer][:, None]) * scale[layer][:, None]
-        _, vecs = torch.linalg.eigh(y.transpose(-1, -2) @ y)
-        basis = narrowed(vecs.flip(-1))  # strongest first, as stored (exact in fp16)
-        coef = y @ basis  # (H, S, D)
+        basis, coef = metric_directions(x[layer], mean[layer], scale[layer])
         step = relative_step * coef.square().mean(dim=(1, 2)).sqrt().clamp(min=1e-6)  # (H,)
         peak = coef.abs().amax(dim=1)  # (H, D)
         levels = torch.ceil(peak / step[:, None] - 0.5).clamp(min=0)  # largest code needed
