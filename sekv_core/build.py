@@ -28,11 +28,13 @@ from .format import (
     write_atomically,
 )
 from .models import LoadedModel
+from .packed import pack
 from .prefill import Progress, prefill, release_freed_memory
 from .prompt import Context
 from .rans import compacted
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
+from .sinks import without_sinks
 from .sketch import quantize_sketch, sketch_basis, span_representatives
 from .sketch_rebuild import SpanKeys, rebuilds, sketch_fixes
 from .summary import STORE_DTYPE, one_thread
@@ -128,9 +130,9 @@ def build_store(
     write_atomically(
         path,
         {
-            "resident.safetensors": on_disk(resident),
+            "resident.safetensors": on_disk(without_sinks(resident, positions["sinks"])),
             "offload.safetensors": offload_file,
-            "trace.safetensors": trace,
+            "trace.safetensors": pack(trace),
         },
         manifest,
     )

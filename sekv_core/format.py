@@ -64,7 +64,7 @@ from .packed import pack
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 12  # 12: even key codes, fixed matrices LZMA-packed (11: 8-bit bases)
+FORMAT_VERSION = 13  # 13: rotated value codes (12: even key codes, LZMA-packed matrices)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
@@ -124,9 +124,9 @@ def quantize_fixed(resident: dict[str, torch.Tensor]) -> None:
 
 
 def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The resident tensors a store's file holds: all but those rebuilt at load, the codebooks'
-    bases in 8 bits (:func:`sekv_core.narrow.narrow`), the fixed-size matrices in one LZMA
-    stream (:func:`sekv_core.packed.pack`)."""
+    """The resident tensors a store's file holds: all but those rebuilt at load, the
+    codebooks' bases in 8 bits (:func:`sekv_core.narrow.narrow`), in one LZMA stream
+    (:func:`sekv_core.packed.pack`)."""
     dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
     return pack(narrow({name: t for name, t in resident.items() if name not in dropped}))
 

@@ -1,13 +1,15 @@
-"""The resident file's fixed-size matrices packed into one LZMA stream, losslessly.
+"""A store file's tensors packed into one LZMA stream, losslessly.
 
 A store's fixed costs are a few matrices per (layer, KV head): the codebooks' bases (8-bit
-codes, :mod:`sekv_core.narrow`), the sketch's two projections (fp16) and the sinks' and
-anchors' rows (8-bit). On a short document they weigh most: 0.05 of the fp16 cache on a
-1,200-token story. Their bytes are not uniform (8-bit codes of near-Gaussian numbers; an fp16
-number's high byte is sign, exponent and two bits), so LZMA over them, each fp16 matrix's
-high bytes apart from its low ones, keeps 0.8-0.9 of them. A load unpacks them bit for bit in
-a few tens of milliseconds; a stream that does not unpack to exactly the shapes it names
-refuses the store.
+codes, :mod:`sekv_core.narrow`), the sketch's two projections (fp16), the anchors' rows
+(8-bit), the codebooks' means and scales; and per token its trace (ids, offsets, pages). On a
+short document they weigh most: 0.04 of the fp16 cache on a 1,200-token story. Their bytes
+are not uniform (8-bit codes of near-Gaussian numbers; an fp16 number's high byte is sign,
+exponent and two bits; offsets that grow by a few), so LZMA over them, each multi-byte
+number's bytes grouped by place, keeps 0.8-0.9 of the matrices and a quarter of the trace.
+The resident file and the trace file are written so, all but what is already compressed (the
+sketch's fixes). A load unpacks them bit for bit in a few tens of milliseconds; a stream that
+does not unpack to exactly the shapes it names refuses the store.
 """
 
 from __future__ import annotations
@@ -17,20 +19,18 @@ import lzma
 import numpy as np
 import torch
 
-PACKED = ("k_basis", "v_basis", "sketch_proj", "sketch_key", "fixed_k", "fixed_v")
+KEPT = ("sketch_fixes",)  # tensors left as they are: already LZMA-compressed
 BLOB = "packed"  # the LZMA stream (uint8)
-SHAPE = "_packed"  # suffix of a packed matrix's [dtype code, *shape] (int64)
-DTYPES = (torch.int8, torch.float16, torch.uint8, torch.float32)
+SHAPE = "_packed"  # suffix of a packed tensor's [dtype code, *shape] (int64)
+DTYPES = (torch.int8, torch.float16, torch.uint8, torch.float32, torch.int64, torch.int32)
 
 
 def pack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` with those of :data:`PACKED` it holds in one LZMA stream (:data:`BLOB`),
-    each named by its dtype and shape (``name + SHAPE``)."""
+    """``tensors`` in one LZMA stream (:data:`BLOB`; all but :data:`KEPT`, in name order), each
+    named by its dtype and shape (``name + SHAPE``)."""
     out, pieces = dict(tensors), []
-    for name in PACKED:
-        t = out.pop(name, None)
-        if t is None:
-            continue
+    for name in sorted(n for n in tensors if n not in KEPT):
+        t = out.pop(name)
         if t.dtype not in DTYPES:
             raise ValueError(f"{name}: {t.dtype} is not packed")
         pieces.append(_split(t.detach().cpu().contiguous()))
@@ -42,9 +42,9 @@ def pack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def unpack(tensors: dict[str, torch.Tensor]) -> None:
-    """The matrices :func:`pack` packed, back in place; ValueError where the stream does not
+    """The tensors :func:`pack` packed, back in place; ValueError where the stream does not
     decompress to exactly the shapes it names."""
-    names = [name for name in PACKED if name + SHAPE in tensors]
+    names = sorted(name[: -len(SHAPE)] for name in tensors if name.endswith(SHAPE))
     if not names and BLOB not in tensors:
         return
     if BLOB not in tensors:

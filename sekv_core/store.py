@@ -47,6 +47,7 @@ from .rans import expanded
 from .reconstruct import RecordRanges
 from .rope import Rope
 from .segment import SINK, n_sinks
+from .sinks import restore_sinks
 from .sketch import column_major
 from .sketch_rebuild import SpanKeys, key_parts, rebuilt_sketch
 from .summary import STORE_DTYPE
@@ -114,6 +115,10 @@ def load_store(
         raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
     resident, trace, offload = tensors
     check_tensors(resident, trace, context, manifest["positions"]["sinks"])
+    try:
+        restore_sinks(resident, loaded.model, context.ids)  # (the store keeps no sinks' rows)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise StoreInvalid(f"sinks cannot be recomputed ({exc})") from None
     offload = decoded_offload(manifest, resident, offload)
     if "sketch" not in resident:  # (a store whose fixes would outweigh its rows keeps them)
         resident["sketch"] = stored_sketch(manifest, resident, offload, loaded)
@@ -189,11 +194,12 @@ def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[
             out[name] = map_safetensors(f) if content is None else load_bytes(content)
         except Exception as exc:  # safetensors raises its own error types
             raise StoreInvalid(f"{name}: unreadable tensors ({exc})") from None
-    try:
-        unpack(out["resident.safetensors"])  # its fixed-size matrices, in one LZMA stream
-        widen(out["resident.safetensors"])  # its codebooks' bases, stored in 8 bits
-    except ValueError as exc:
-        raise StoreInvalid(f"resident.safetensors: {exc}") from None
+    for name in ("resident.safetensors", "trace.safetensors"):
+        try:
+            unpack(out[name])  # its tensors, in one LZMA stream
+            widen(out[name])  # the codebooks' bases, stored in 8 bits
+        except ValueError as exc:
+            raise StoreInvalid(f"{name}: {exc}") from None
     return out["resident.safetensors"], out["trace.safetensors"], out["offload.safetensors"]
 
 

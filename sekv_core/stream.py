@@ -49,6 +49,7 @@ from .format import (
     write_atomically,
 )
 from .models import LoadedModel
+from .packed import pack
 from .partial import PartialStore
 from .parts import (
     CheckpointInvalid,
@@ -66,6 +67,7 @@ from .prefill import Progress
 from .prompt import Context
 from .router import SketchRouter
 from .segment import ANCHOR, SPAN, Segmentation
+from .sinks import without_sinks
 from .stream_layout import StreamLayout
 from .summary import STORE_DTYPE
 from .surprisal import Surprisal
@@ -309,7 +311,8 @@ class StreamBuilder:
         manifest["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         manifest["stream"] = self.report()
         offload, writers = self.store.offload_file(resident["part_rows"])
-        files = {"resident.safetensors": on_disk(resident), "trace.safetensors": trace, **offload}
+        on_file = on_disk(without_sinks(resident, lay.sinks))
+        files = {"resident.safetensors": on_file, "trace.safetensors": pack(trace), **offload}
         write_atomically(self.path, files, manifest, writers=writers)
 
     def report(self) -> dict[str, Any]:

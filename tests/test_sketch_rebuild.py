@@ -73,5 +73,6 @@ def test_a_store_whose_fixes_would_outweigh_its_rows_keeps_the_rows(
     document_, context = prepare(tiny_loaded, tmp_path)
     store, _ = open_or_build(tiny_loaded, document_, context)
     on_disk = load_file(store.path / "resident.safetensors")
+    unpack(on_disk)
     assert "sketch_fixes" not in on_disk
     assert_same_sketch(on_disk["sketch"], store.resident["sketch"])

@@ -16,9 +16,10 @@ from sekv_core.ingest import open_or_build
 from sekv_core.kvquant import quantize_rows
 from sekv_core.models import load_model
 from sekv_core.narrow import NARROWED, widen
-from sekv_core.packed import BLOB, PACKED, unpack
+from sekv_core.packed import BLOB, KEPT, unpack
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.rope import Rope
+from sekv_core.sinks import RECOMPUTED
 from sekv_core.store import load_store
 from sekv_core.zoom import SpanMemory
 
@@ -42,14 +43,21 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     assert not hit and store.path.parent == sekv_home / "stores"
     again, hit = open_or_build(tiny_loaded, document, context)
     assert hit and again.path == store.path
+    m = store.manifest
     on_disk = load_file(store.path / "resident.safetensors")
-    assert BLOB in on_disk and not set(PACKED) & set(on_disk)  # fixed matrices: one stream
+    assert BLOB in on_disk and set(on_disk) - {BLOB} <= set(KEPT) | {
+        name for name in on_disk if name.endswith("_packed")
+    }  # every tensor in one stream, but the already compressed
     unpack(on_disk)
     assert {on_disk[name].dtype for name in NARROWED} == {torch.int8}  # directions in 8 bits
     widen(on_disk)  # (what a load reads: the numbers the build used)
+    sinks = int(on_disk.pop(RECOMPUTED))  # the sinks' rows: recomputed at load, not stored
+    assert sinks == m["positions"]["sinks"] > 0
     for name, tensor in on_disk.items():
-        assert torch.equal(again.resident[name].to(tensor.dtype).cpu(), tensor), name
-    m = store.manifest
+        held = again.resident[name]
+        if name.startswith("fixed_") and name != "fixed_pos":
+            held = held[:, :, sinks:]  # the anchors' rows, as stored
+        assert torch.equal(held.to(tensor.dtype).cpu(), tensor), name
     assert m["model"]["fingerprint"] == tiny_loaded.fingerprint
     assert m["document"]["sha256"] == document.sha256
     assert set(m["files"]) == set(FILES)
@@ -182,8 +190,10 @@ def test_the_manifest_counts_the_device_tier_as_answers_hold_it(tiny_loaded, tmp
     store, _ = open_or_build(tiny_loaded, document, context)
     memory = SpanMemory(store, Rope(tiny_loaded.model), tiny_loaded.device, tiny_loaded.dtype)
     assert store.bytes["resident"] == memory.resident_bytes()
-    stored = load_file(store.path / "resident.safetensors")
-    assert 0 < store.bytes["index"] < nbytes(stored)
+    stored = load_file(store.path / "resident.safetensors")  # both tiers' tensors, packed
+    assert 0 < store.bytes["index"] and nbytes(stored) < sum(
+        store.bytes[name] for name in ("index", "resident")
+    )
     assert store.bytes["resident"] < store.bytes["full_kv_fp16"]
 
 

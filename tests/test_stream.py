@@ -30,6 +30,7 @@ from sekv_core.format import CODEBOOKS, FILES
 from sekv_core.ingest import open_or_build
 from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.models import load_model
+from sekv_core.packed import unpack
 from sekv_core.partial import PartialStore
 from sekv_core.passages import FUSION_K, NEUTRAL_QUESTION
 from sekv_core.pools import document_order
@@ -37,6 +38,7 @@ from sekv_core.prefilter import RepBlocks, SpanSubset, candidates, representativ
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.router import SketchRouter
 from sekv_core.segment import ANCHOR, SINK, SPAN
+from sekv_core.sinks import RECOMPUTED
 from sekv_core.sketch import dequantize_sketch
 
 WINDOW = 512
@@ -551,14 +553,18 @@ def test_streamed_stores_rebuild_their_sketch_and_a_long_book_keeps_it(
         assert store.manifest["positions"]["mode"] == mode
         assert store.manifest["stream"]["parts"] > 1
         resident = load_file(store.path / "resident.safetensors")
+        unpack(resident)
         assert "sketch" not in resident
         assert "k_step" in resident  # keys in the even code (entropy-coded records)
+        # sinks: recomputed at load within the window; a book keeps them (pre-RoPE, fp16)
+        assert (RECOMPUTED in resident) == (mode == "original")
         assert_same_sketch(made["sketch"], store.resident["sketch"])
     span_tokens = int((store.resident["span_ends"] - store.resident["span_starts"]).sum())
     monkeypatch.setattr(sketch_rebuild, "REBUILT_TOKENS", span_tokens // 2)
     doc = document(tmp_path, text_of(40, offset=1), name="long.md")
     book = build(small, doc, context_of(small, doc))
     on_disk = load_file(book.path / "resident.safetensors")
+    unpack(on_disk)
     assert "sketch_fixes" not in on_disk
     # fixed-size records on disk: the fixed-rate codes (an even code pays its widest rows)
     assert "k_step" not in on_disk and "k_bits" in on_disk
