@@ -8,16 +8,19 @@ tensors (never pickle):
   directions and scales, span lengths and representatives) and the host-side index beside it
   (span bounds, the parts' first rows, the offload code's codebooks, the sketch's key
   directions and fixes). The sketch's rows are not written: loading rebuilds them from the
-  offload tier's keys (:mod:`sekv_core.sketch_rebuild`; a long book keeps them). The codebooks'
-  bases are kept in 8 bits (:mod:`sekv_core.narrow`), read back as the fp16 numbers the build
-  used;
+  offload tier's keys (:mod:`sekv_core.sketch_rebuild`; a long book keeps them), nor are the
+  sinks' rows where positions are original: loading recomputes them from the context's first
+  tokens (:mod:`sekv_core.sinks`). The codebooks' bases are kept in 8 bits
+  (:mod:`sekv_core.narrow`), read back as the fp16 numbers the build used; all but the fixes
+  in one LZMA stream (:mod:`sekv_core.packed`);
 - ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
   fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
   flat bytes, per part (L, H, rows, record) in row order. Where the sketch is rebuilt at load
   the records are entropy-coded (``k_coded``, ``k_coded_bytes``, ``k_params``, ``k_check``,
   the same for ``v``; :mod:`sekv_core.rans`) and decoded whole at load, bit for bit; a long
   book's are kept as they are, memory-mapped and sliced per zoom;
-- ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets);
+- ``trace.safetensors`` — token metadata for explanations (ids, surprisal, roles, pages, offsets),
+  in one LZMA stream;
 - ``manifest.json`` — format version, model id + fingerprint, tokenizer, settings, document,
   positions (``original``, or ``bounded`` for books: keys pre-RoPE, see :mod:`sekv_core.zoom`),
   sha256 + size of every file, bytes per tier, statistics, and ``digest``: the sha256 of all of

@@ -11,13 +11,7 @@ import sekv_core.build as build_module
 from sekv_core.format import nbytes, tier_bytes
 from sekv_core.ingest import open_or_build
 from sekv_core.packed import unpack
-from sekv_core.sketch_rebuild import (
-    FIX_GAP,
-    apply_fixes,
-    fix_tensors,
-    packed_fixes,
-    unpacked_fixes,
-)
+from sekv_core.sketch_fixes import FIX_GAP, apply_fixes, decode_fixes, encode_fixes, fix_tensors
 
 
 def assert_same_sketch(built: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -58,12 +52,27 @@ def test_fixes_round_trip_across_long_steps():
     assert torch.equal(levels, delta)
     with pytest.raises(ValueError, match="beyond"):
         apply_fixes(torch.zeros(10), fixes)
-    # as the store keeps them: compressed bytes that unpack to the same list, or are refused
-    packed = packed_fixes(fixes)
-    assert packed.dtype == torch.uint8 and torch.equal(unpacked_fixes(packed), fixes)
-    assert torch.equal(unpacked_fixes(packed_fixes(fixes[:0])), fixes[:0])
+
+
+def test_ranked_fixes_turn_the_rebuilt_numbers_into_the_built_levels_in_few_bytes():
+    """Fixes across the near boundary are ranked by nearness; the rest (two levels, the far
+    side, clamped ends) listed flat; both decode to the built levels exactly."""
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(3, 2, 4000, 16, generator=g) * 3  # (L, H, S, R) in levels
+    raw = exact + torch.randn(exact.shape, generator=g) * 0.03  # a key code's small error
+    built = exact.round().clamp(-7, 7)
+    raw.view(-1)[:5] += torch.tensor([2.0, -1.2, 0.7, -0.6, 9.0])  # the rest's kinds of moves
+    packed = encode_fixes(raw, built, 7)
+    assert packed.dtype == torch.uint8
+    assert torch.equal(decode_fixes(raw, packed, 7), built)
+    moved = int((raw.round().clamp(-7, 7) != built).sum())
+    assert moved > 1000 and packed.numel() < 0.6 * moved  # under 5 bits a fix (flat: ~10)
+    empty = encode_fixes(built, built, 7)  # nothing to fix
+    assert torch.equal(decode_fixes(built, empty, 7), built)
     with pytest.raises(ValueError, match="do not unpack"):
-        unpacked_fixes(packed[:-4])
+        decode_fixes(raw, packed[:-4], 7)
+    with pytest.raises(ValueError, match="beyond"):
+        decode_fixes(raw[:1, :1, :10], packed, 7)
 
 
 def test_a_store_whose_fixes_would_outweigh_its_rows_keeps_the_rows(
