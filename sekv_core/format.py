@@ -67,7 +67,7 @@ from .packed import pack
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 13  # 13: rotated value codes (12: even key codes, LZMA-packed matrices)
+FORMAT_VERSION = 13  # 13: sinks recomputed at load, files packed, ranked fixes (12: even keys)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
