@@ -68,6 +68,24 @@ def unpack(tensors: dict[str, torch.Tensor]) -> None:
         raise ValueError("the packed stream holds more than its matrices")
 
 
+def compress(t: torch.Tensor) -> torch.Tensor:
+    """One tensor's bytes (grouped by place) as an LZMA stream (uint8)."""
+    blob = lzma.compress(_split(t.detach().cpu().contiguous()), preset=6)
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+
+def decompress(blob: torch.Tensor, dtype: torch.dtype, count: int) -> torch.Tensor:
+    """The 1-D tensor of ``count`` numbers :func:`compress` made; ValueError where ``blob``
+    does not decompress to exactly that."""
+    try:
+        raw = lzma.decompress(blob.numpy().tobytes())
+    except lzma.LZMAError as exc:
+        raise ValueError(f"a packed tensor: {exc}") from None
+    if len(raw) != count * dtype.itemsize:
+        raise ValueError("a packed tensor does not hold the numbers it should")
+    return _join(raw, dtype, [count])
+
+
 def _split(t: torch.Tensor) -> bytes:
     """A matrix's bytes, a multi-byte number's bytes grouped by place (all low bytes first)."""
     raw = t.view(torch.uint8).numpy().reshape(-1, t.element_size())

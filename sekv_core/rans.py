@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .native import library
+from .packed import compress, decompress
 
 PROB_BITS = 12  # a table's probabilities are multiples of 2^-PROB_BITS
 TABLE = 256  # entries per stream's table: the widest field (8 bits)
@@ -100,7 +101,7 @@ def _compact_kind(flat: torch.Tensor, part_rows: torch.Tensor, code) -> dict | N
     return {
         "coded": torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8),
         "coded_bytes": torch.tensor(lengths, dtype=torch.int64),
-        "params": params_t.flatten(),
+        "params": compress(params_t.flatten()),  # (LZMA: ~half their fp16 bytes)
         "check": _checksum(tables),
     }
 
@@ -110,10 +111,11 @@ def _expand_kind(got: dict, check: torch.Tensor, part_rows: torch.Tensor, code) 
     L, H, B = widths.shape[0], code.basis.shape[1], code.record_bytes
     rows = torch.diff(part_rows).tolist()
     streams = L * H * widths.shape[1]
-    params = got["params"].float().numpy().reshape(-1, 2)
     lengths = got["coded_bytes"].tolist()
-    if len(lengths) != len(rows) or params.shape[0] != streams * len(rows):
+    if len(lengths) != len(rows):
         raise ValueError("its offload coding does not match its parts")
+    params = decompress(got["params"], torch.float16, 2 * streams * len(rows))
+    params = params.float().numpy().reshape(-1, 2)
     tables = [_tables(params[p * streams : (p + 1) * streams], widths, H) for p in range(len(rows))]
     if not torch.equal(_checksum(tables), check):
         raise ValueError("its offload coding's tables differ on this machine")

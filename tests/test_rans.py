@@ -3,6 +3,7 @@ real codes fitted to rows, real store files, the native coder."""
 
 import hashlib
 import json
+import lzma
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from sekv_core.codec import fit_code, store_codebooks
 from sekv_core.config import StoreSettings
 from sekv_core.format import manifest_digest, nbytes
 from sekv_core.ingest import open_or_build
+from sekv_core.packed import compress, decompress
 from sekv_core.store import StoreInvalid, load_store
 
 pytestmark = pytest.mark.skipif(not rans.usable(), reason="needs the native library (a C compiler)")
@@ -58,9 +60,12 @@ def test_a_coding_with_other_tables_or_bytes_is_refused():
     flat, bounds = coded_parts(code, [2000])
     stored = rans.compacted({"k_rows": flat, "v_rows": flat}, bounds, {"k": code, "v": code})
     codes = {"k": code, "v": code}
-    params = dict(stored, k_params=stored["k_params"] * 1.01)
+    params = dict(stored, k_params=scaled(stored["k_params"], 1.01))
     with pytest.raises(ValueError, match="tables differ"):
         rans.expanded(params, bounds, codes)
+    for damaged in (stored["k_params"][:-2], compress(torch.zeros(3, dtype=torch.float16))):
+        with pytest.raises(ValueError, match="packed tensor"):  # cut short, or too few numbers
+            rans.expanded(dict(stored, k_params=damaged), bounds, codes)
     short = dict(stored, k_coded=stored["k_coded"][:-3])
     short["k_coded_bytes"] = stored["k_coded_bytes"] - 3
     with pytest.raises(ValueError, match="does not decode"):
@@ -84,6 +89,12 @@ def test_a_store_is_coded_on_disk_and_loads_the_records_it_built(tiny_loaded, tm
     assert torch.equal(again["v_coded"], on_disk["v_coded"])
 
 
+def scaled(packed: torch.Tensor, factor: float) -> torch.Tensor:
+    """A coding's stored table numbers (LZMA-packed fp16) times ``factor``, packed again."""
+    params = decompress(packed, torch.float16, len(lzma.decompress(packed.numpy().tobytes())) // 2)
+    return compress(params * factor)
+
+
 def codes_of(store):
     s = store.manifest["settings"]
     return store_codebooks(store.resident, s["key_code"], s["value_code"])
@@ -96,7 +107,7 @@ def test_a_forged_coding_is_never_used(tiny_loaded, tmp_path):
     store, _ = open_or_build(tiny_loaded, document, context)
     path = store.path / "offload.safetensors"
     tensors = load_file(path)
-    tensors["v_params"] = tensors["v_params"] * 0.97
+    tensors["v_params"] = scaled(tensors["v_params"], 0.97)
     save_file(tensors, str(path))
     manifest = json.loads((store.path / "manifest.json").read_text())
     manifest["files"]["offload.safetensors"] = {
