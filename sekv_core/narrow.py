@@ -1,5 +1,5 @@
-"""The offload code's bases and the sketch's projections in 8 bits: each column (one
-direction) of a (layer, KV head)'s matrix on a power-of-two grid of its own, codes in ±127.
+"""The offload code's bases in 8 bits: each column (one direction) of a (layer, KV head)'s
+basis on a power-of-two grid of its own, codes in ±127.
 
 Fitting rounds the directions to that grid before anything uses them (:func:`narrowed`), so a
 build codes with exactly the numbers a load reads back: a code of at most 7 bits
@@ -8,9 +8,10 @@ exponent per column (int8) where the numbers took fp16 (:func:`narrow`; half the
 load widens them back to those fp16 numbers, bit for bit (:func:`widen`).
 
 The rounding moves a direction by ~0.3% of its largest entry: rows are coded and decoded with
-the rounded directions, which decorrelate them as well as before, and the sketch's rows are
-projected on its rounded key directions and read with its rounded query directions
-(docs/history/compact-store-study.md, seventh and ninth studies).
+the rounded directions, which decorrelate them as well as before. The routing sketch's two
+projections stay in fp16: under tight memory targets routing turns on small differences in
+them (rounded the same way, they cost the training-free router one to two answers of 27 per
+memory target; docs/history/compact-store-study.md).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from .summary import STORE_DTYPE
 
-NARROWED = ("k_basis", "v_basis", "sketch_proj", "sketch_key")  # (L, H, D, D or R) each
+NARROWED = ("k_basis", "v_basis")  # (L, H, D, D) each
 LEVELS = 127
 MIN_EXP = -24  # half precision's smallest step: every grid point stays exact in fp16
 EXP = "_exp"  # suffix of a narrowed matrix's exponents (L, H, 1, C)

@@ -25,7 +25,6 @@ import torch
 
 from . import kernels
 from .bitpack import pack_codes, unpack_codes
-from .narrow import narrowed
 from .summary import STORE_DTYPE
 
 RIDGE = 1e-4  # query directions below this share of the strongest one are floored (invertible W)
@@ -98,7 +97,7 @@ def sketch_basis(keys: torch.Tensor, query_moment: torch.Tensor | None, dim: int
     cov = centred.transpose(-1, -2) @ centred  # (L, H, D, D)
     if query_moment is None:
         _, vecs = torch.linalg.eigh(cov)
-        top = narrowed(vecs[..., -dim:].flip(-1))
+        top = vecs[..., -dim:].flip(-1)
         return SketchBasis(top, top, mean)
     vals, vecs = torch.linalg.eigh(query_moment.float())
     vals = vals.clamp(min=1e-12).maximum(vals[..., -1:] * RIDGE)
@@ -106,7 +105,7 @@ def sketch_basis(keys: torch.Tensor, query_moment: torch.Tensor | None, dim: int
     w_inv = vecs @ torch.diag_embed(vals.rsqrt()) @ vecs.transpose(-1, -2)
     _, u = torch.linalg.eigh(w @ cov @ w)
     top = u[..., -dim:].flip(-1)  # (L, H, D, R), strongest direction first
-    return SketchBasis(narrowed(w_inv @ top), narrowed(w @ top), mean)  # as a store keeps them
+    return SketchBasis(w_inv @ top, w @ top, mean)
 
 
 def quantize_sketch(sketch: torch.Tensor, bits: int = 4) -> dict[str, torch.Tensor]:
