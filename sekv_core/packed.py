@@ -7,8 +7,8 @@ short document they weigh most: 0.04 of the fp16 cache on a 1,200-token story. T
 are not uniform (8-bit codes of near-Gaussian numbers; an fp16 number's high byte is sign,
 exponent and two bits; offsets that grow by a few), so LZMA over them, each multi-byte
 number's bytes grouped by place, keeps 0.8-0.9 of the matrices and a quarter of the trace.
-The resident file and the trace file are written so, all but what is already compressed (the
-sketch's fixes). A load unpacks them bit for bit in a few tens of milliseconds; a stream that
+The resident file and the trace file are written so, all but the sketch's fixes (already
+compressed) and rows (a long book keeps them: tens of MB that hardly compress). A load unpacks them bit for bit in a few tens of milliseconds; a stream that
 does not unpack to exactly the shapes it names refuses the store.
 """
 
@@ -19,7 +19,9 @@ import lzma
 import numpy as np
 import torch
 
-KEPT = ("sketch_fixes",)  # tensors left as they are: already LZMA-compressed
+# tensors left as they are: the sketch's fixes (already LZMA-compressed) and rows (a long book
+# keeps them: tens of MB of 4-bit codes, seconds of LZMA at every ingest for a few percent)
+KEPT = ("sketch_fixes", "sketch")
 BLOB = "packed"  # the LZMA stream (uint8)
 SHAPE = "_packed"  # suffix of a packed tensor's [dtype code, *shape] (int64)
 DTYPES = (torch.int8, torch.float16, torch.uint8, torch.float32, torch.int64, torch.int32)
