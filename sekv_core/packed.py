@@ -8,8 +8,9 @@ are not uniform (8-bit codes of near-Gaussian numbers; an fp16 number's high byt
 exponent and two bits; offsets that grow by a few), so LZMA over them, each multi-byte
 number's bytes grouped by place, keeps 0.8-0.9 of the matrices and a quarter of the trace.
 The resident file and the trace file are written so, all but the sketch's fixes (already
-compressed) and rows (a long book keeps them: tens of MB that hardly compress). A load unpacks them bit for bit in a few tens of milliseconds; a stream that
-does not unpack to exactly the shapes it names refuses the store.
+compressed) and rows (a long book keeps them: tens of MB that hardly compress). A load
+unpacks them bit for bit in a few tens of milliseconds; a stream that does not unpack to
+exactly the shapes it names refuses the store.
 """
 
 from __future__ import annotations
