@@ -197,9 +197,12 @@ def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[
     for name in ("resident.safetensors", "trace.safetensors"):
         try:
             unpack(out[name])  # its tensors, in one LZMA stream
-            widen(out[name])  # the codebooks' bases, stored in 8 bits
         except ValueError as exc:
             raise StoreInvalid(f"{name}: {exc}") from None
+    try:
+        widen(out["resident.safetensors"])  # the codebooks' bases, stored in 8 bits
+    except ValueError as exc:
+        raise StoreInvalid(f"resident.safetensors: {exc}") from None
     return out["resident.safetensors"], out["trace.safetensors"], out["offload.safetensors"]
 
 
