@@ -34,7 +34,6 @@ from .prompt import Context
 from .rans import compacted
 from .rope import Rope
 from .segment import SPAN, n_sinks, segment
-from .sinks import without_sinks
 from .sketch import quantize_sketch, sketch_basis, span_representatives
 from .sketch_rebuild import SpanKeys, rebuilds, sketch_fixes
 from .summary import STORE_DTYPE, one_thread
@@ -130,7 +129,7 @@ def build_store(
     write_atomically(
         path,
         {
-            "resident.safetensors": on_disk(without_sinks(resident, positions["sinks"])),
+            "resident.safetensors": on_disk(resident, positions["sinks"]),
             "offload.safetensors": offload_file,
             "trace.safetensors": pack(trace),
         },

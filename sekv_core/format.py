@@ -75,6 +75,7 @@ DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_
 # offload tier (:mod:`sekv_core.sketch_rebuild`)
 REBUILT = {"sketch": "sketch_fixes"}
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit fixed rows'
+RECOMPUTED = "sinks_recomputed"  # int64 (1,): how many leading fixed rows a load recomputes
 # the offload code's codebooks (half precision, the bases 8-bit on disk; host index: zoomed rows
 # are decoded on the host)
 # (an allocated code's also its metric and bits, an even code's its step: a store holds the
@@ -126,12 +127,19 @@ def quantize_fixed(resident: dict[str, torch.Tensor]) -> None:
         resident[name], resident[scale] = quantize_rows(resident[name])
 
 
-def on_disk(resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The resident tensors a store's file holds: all but those rebuilt at load, the
-    codebooks' bases in 8 bits (:func:`sekv_core.narrow.narrow`), in one LZMA stream
+def on_disk(resident: dict[str, torch.Tensor], sinks: int) -> dict[str, torch.Tensor]:
+    """The resident tensors a store's file holds: all but those rebuilt at load (the sketch's
+    rows where it keeps fixes; the first ``sinks`` fixed rows where they are 8-bit rows of
+    original positions, marked :data:`RECOMPUTED`: :mod:`sekv_core.sinks`), the codebooks'
+    bases in 8 bits (:func:`sekv_core.narrow.narrow`), in one LZMA stream
     (:func:`sekv_core.packed.pack`)."""
     dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
-    return pack(narrow({name: t for name, t in resident.items() if name not in dropped}))
+    out = {name: t for name, t in resident.items() if name not in dropped}
+    if sinks and out["fixed_k"].dtype == torch.int8:  # (a book's fp16 sinks are kept)
+        for name in (*FIXED_SCALES, *FIXED_SCALES.values()):
+            out[name] = out[name][:, :, sinks:]
+        out[RECOMPUTED] = torch.tensor([sinks])
+    return pack(narrow(out))
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:

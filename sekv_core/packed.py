@@ -39,8 +39,7 @@ def pack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pieces.append(_split(t.detach().cpu().contiguous()))
         out[name + SHAPE] = torch.tensor([DTYPES.index(t.dtype), *t.shape], dtype=torch.int64)
     if pieces:
-        blob = lzma.compress(b"".join(pieces), preset=6)
-        out[BLOB] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        out[BLOB] = _deflated(b"".join(pieces))
     return out
 
 
@@ -52,11 +51,7 @@ def unpack(tensors: dict[str, torch.Tensor]) -> None:
         return
     if BLOB not in tensors:
         raise ValueError("packed matrices without their stream")
-    try:
-        raw = lzma.decompress(tensors.pop(BLOB).numpy().tobytes())
-    except lzma.LZMAError as exc:
-        raise ValueError(f"packed matrices: {exc}") from None
-    at = 0
+    raw, at = _inflated(tensors.pop(BLOB)), 0
     for name in names:
         head = tensors.pop(name + SHAPE).tolist()
         if not head or not 0 <= head[0] < len(DTYPES) or any(d < 0 for d in head[1:]):
@@ -73,20 +68,28 @@ def unpack(tensors: dict[str, torch.Tensor]) -> None:
 
 def compress(t: torch.Tensor) -> torch.Tensor:
     """One tensor's bytes (grouped by place) as an LZMA stream (uint8)."""
-    blob = lzma.compress(_split(t.detach().cpu().contiguous()), preset=6)
-    return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    return _deflated(_split(t.detach().cpu().contiguous()))
 
 
 def decompress(blob: torch.Tensor, dtype: torch.dtype, count: int) -> torch.Tensor:
     """The 1-D tensor of ``count`` numbers :func:`compress` made; ValueError where ``blob``
     does not decompress to exactly that."""
-    try:
-        raw = lzma.decompress(blob.numpy().tobytes())
-    except lzma.LZMAError as exc:
-        raise ValueError(f"a packed tensor: {exc}") from None
+    raw = _inflated(blob)
     if len(raw) != count * dtype.itemsize:
         raise ValueError("a packed tensor does not hold the numbers it should")
     return _join(raw, dtype, [count])
+
+
+def _deflated(raw: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(lzma.compress(raw, preset=6)), dtype=torch.uint8)
+
+
+def _inflated(blob: torch.Tensor) -> bytes:
+    """The bytes of an LZMA stream (uint8); ValueError where it is not one."""
+    try:
+        return lzma.decompress(blob.numpy().tobytes())
+    except lzma.LZMAError as exc:
+        raise ValueError(f"packed tensors: {exc}") from None
 
 
 def _split(t: torch.Tensor) -> bytes:

@@ -8,7 +8,7 @@ hold (:mod:`sekv_core.kvquant`), as the build did with the rows of its whole-con
 That is 0.011 of a 1,200-token story's fp16 cache. The numbers can differ from the build's in
 the last bits of a float (the same tokens in a shorter pass); they are what every load of the
 store answers with. A bounded store (a book) keeps its sinks: they are stored pre-RoPE in
-fp16, rotated at load.
+fp16, rotated at load. The build leaves them out of the file (:func:`sekv_core.format.on_disk`).
 """
 
 from __future__ import annotations
@@ -16,24 +16,12 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .format import FIXED_SCALES
+from .format import FIXED_SCALES, RECOMPUTED
 from .kvquant import quantize_rows
 from .prefill import host_kv
 from .summary import STORE_DTYPE, one_thread
 
-RECOMPUTED = "sinks_recomputed"  # int64 (1,): how many leading fixed rows a load recomputes
-
-
-def without_sinks(resident: dict[str, torch.Tensor], sinks: int) -> dict[str, torch.Tensor]:
-    """``resident`` without its first ``sinks`` fixed rows, marked (:data:`RECOMPUTED`), where
-    they are the 8-bit rows of a store of original positions; else as it is."""
-    if resident["fixed_k"].dtype != torch.int8 or not sinks:
-        return resident
-    out = dict(resident)
-    for name in (*FIXED_SCALES, *FIXED_SCALES.values()):
-        out[name] = resident[name][:, :, sinks:]
-    out[RECOMPUTED] = torch.tensor([sinks])
-    return out
+__all__ = ["RECOMPUTED", "restore_sinks", "sink_rows"]
 
 
 @torch.inference_mode()

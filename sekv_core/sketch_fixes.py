@@ -69,9 +69,7 @@ def decode_fixes(raw: torch.Tensor, packed: torch.Tensor, top: int) -> torch.Ten
         blob = lzma.decompress(packed.numpy().tobytes())
     except lzma.LZMAError as exc:
         raise ValueError(f"the sketch's fixes do not unpack ({exc})") from None
-    values, used = _read_varints(blob)
-    if not len(values) or values[0] != len(values) - 1:
-        raise ValueError("the sketch's ranked fixes are not whole")
+    values, used = _read_varints(blob)  # the count, then the gaps
     flat = blob[used:]
     if len(flat) % 2:
         raise ValueError("the sketch's flat fixes are not uint16")

@@ -67,7 +67,6 @@ from .prefill import Progress
 from .prompt import Context
 from .router import SketchRouter
 from .segment import ANCHOR, SPAN, Segmentation
-from .sinks import without_sinks
 from .stream_layout import StreamLayout
 from .summary import STORE_DTYPE
 from .surprisal import Surprisal
@@ -311,7 +310,7 @@ class StreamBuilder:
         manifest["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
         manifest["stream"] = self.report()
         offload, writers = self.store.offload_file(resident["part_rows"])
-        on_file = on_disk(without_sinks(resident, lay.sinks))
+        on_file = on_disk(resident, lay.sinks)
         files = {"resident.safetensors": on_file, "trace.safetensors": pack(trace), **offload}
         write_atomically(self.path, files, manifest, writers=writers)
 
