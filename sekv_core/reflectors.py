@@ -26,19 +26,35 @@ from .summary import stored
 
 BASES = ("k_basis", "v_basis")  # a store's codebooks' bases: int8 (L, H, D, D) each
 LEVELS = 127
-MIN_EXP = -24  # an all-zero reflector's (the last one: nothing below the diagonal)
-MAX_EXP = -6  # entries within [-1, 1]: 127 x 2^-6 covers them
+OCTAVE = 4  # a grid's step is 2^(e / OCTAVE): a quarter octave apart, the codes span ±107..127
+MIN_EXP = -24 * OCTAVE  # an all-zero reflector's (the last one: nothing below the diagonal)
+MAX_EXP = -6 * OCTAVE  # entries within [-1, 1]: 127 x 2^-6 covers them
 
 
 def reflected(vecs: torch.Tensor) -> torch.Tensor:
     """The stored form int8 (..., D, D) of orthonormal columns ``vecs`` (..., D, D): each
-    reflector's codes below the diagonal, its grid's exponent on it."""
-    a, _ = torch.geqrf(vecs.detach().cpu().double())
-    tails = a.tril(-1)
-    peak = tails.abs().amax(dim=-2, keepdim=True) / LEVELS  # (..., 1, D)
-    exp = torch.ceil(torch.log2(peak)).clamp(MIN_EXP, MAX_EXP)
-    codes = (tails / torch.exp2(exp)).round().clamp(-LEVELS, LEVELS)
-    out = codes + torch.diag_embed(exp[..., 0, :])
+    reflector's codes below the diagonal, its grid's exponent on it.
+
+    A QR factorisation one reflector at a time, each rounded before the next is found: the next
+    reflector is fitted to what the rounded ones left (their product's error is not passed on
+    to every later direction, as rounding geqrf's reflectors after the fact would)."""
+    a = vecs.detach().cpu().double().clone()
+    out = torch.zeros_like(a)
+    D = a.shape[-1]
+    for i in range(D - 1):  # (the last direction follows from the others, up to its sign)
+        x = a[..., i:, i]
+        alpha, norm = x[..., 0], x.norm(dim=-1)
+        gap = alpha + torch.where(alpha >= 0, norm, -norm)  # |alpha| + |x|: no cancellation
+        tail = x[..., 1:] / torch.where(norm > 0, gap, 1.0)[..., None]  # (x = 0: none)
+        peak = tail.abs().amax(dim=-1, keepdim=True) / LEVELS
+        exp = torch.ceil(torch.log2(peak) * OCTAVE).clamp(MIN_EXP, MAX_EXP)
+        codes = (tail / _step(exp)).round().clamp(-LEVELS, LEVELS)
+        out[..., i + 1 :, i], out[..., i, i] = codes, exp[..., 0]
+        v = torch.cat([torch.ones_like(alpha)[..., None], codes * _step(exp)], dim=-1)
+        tau = 2.0 / v.square().sum(dim=-1)  # the reflection a load makes of these codes
+        block = a[..., i:, i:]
+        block -= (tau[..., None] * v)[..., :, None] * (v[..., None, :] @ block)
+    out[..., D - 1, D - 1] = MIN_EXP
     return out.to(torch.int8).to(vecs.device)
 
 
@@ -48,7 +64,7 @@ def rotation(reflectors: torch.Tensor) -> torch.Tensor:
     check(reflectors)
     r = reflectors.cpu().double()
     exp = r.diagonal(dim1=-2, dim2=-1)  # (..., D)
-    tails = r.tril(-1) * torch.exp2(exp)[..., None, :]
+    tails = r.tril(-1) * _step(exp)[..., None, :]
     tau = 2.0 / (1.0 + tails.square().sum(dim=-2))  # exactly orthogonal reflections
     return stored(torch.linalg.householder_product(tails, tau)).to(reflectors.device)
 
@@ -79,3 +95,8 @@ def check_bases(tensors: dict[str, torch.Tensor]) -> None:
                 check(tensors[name])
             except ValueError as exc:
                 raise ValueError(f"{name}: {exc}") from None
+
+
+def _step(exp: torch.Tensor) -> torch.Tensor:
+    """A grid's step (float64) of its exponent, in :data:`OCTAVE` parts of an octave."""
+    return torch.exp2(exp / OCTAVE)
