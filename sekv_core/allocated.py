@@ -27,7 +27,7 @@ from functools import cached_property
 import torch
 
 from . import kernels
-from .reflectors import directions, rotation
+from .narrow import narrowed
 from .summary import STORE_DTYPE, stored
 from .tiers import MAX_BITS
 
@@ -51,13 +51,11 @@ def query_metric(moment: torch.Tensor | None, like: torch.Tensor) -> torch.Tenso
 
 @dataclass
 class AllocatedCode:
-    """Per (layer, KV head): ``reflectors`` (L, H, D, D) int8, the stored form of the
-    ``basis`` (L, H, D, D) it makes (:mod:`sekv_core.reflectors`): directions of the rows in
-    the metric (columns strongest first; half precision, so decoded with its inverse);
-    ``metric``, row ``mean`` and direction ``range`` (L, H, D); ``bits`` (L, H, D) int, the
-    same for a layer's heads, each summing to at most ``row_bits``."""
+    """Per (layer, KV head): ``basis`` (L, H, D, D) directions of the rows in the metric
+    (columns strongest first; half precision, so decoded with its inverse), ``metric``, row
+    ``mean`` and direction ``range`` (L, H, D); ``bits`` (L, H, D) int, the same for a layer's
+    heads, each summing to at most ``row_bits``."""
 
-    reflectors: torch.Tensor
     basis: torch.Tensor
     metric: torch.Tensor
     mean: torch.Tensor
@@ -72,28 +70,26 @@ class AllocatedCode:
         x, metric = rows.float(), stored(metric)
         L, H, S, D = x.shape
         if S == 0:  # no rows: any code of the right shape
-            eye = directions(torch.eye(D).expand(L, H, D, D))
+            eye = torch.eye(D).expand(L, H, D, D).contiguous()
             bits = _allocate(x.new_zeros(L, D, MAX_BITS + 1), row_bits)
             zeros, ones = x.new_zeros(L, H, D), x.new_ones(L, H, D)
-            return cls(*eye, metric, zeros, ones, bits[:, None].expand(L, H, D), row_bits)
+            return cls(eye, metric, zeros, ones, bits[:, None].expand(L, H, D), row_bits)
         mean = stored(x.mean(dim=2))
         scale = metric.sqrt()
-        stored_forms, bases, ranges, errors = [], [], [], []
+        bases, ranges, errors = [], [], []
         for layer in range(L):  # one layer at a time: bounded working memory
-            reflectors, basis, coef = metric_directions(x[layer], mean[layer], scale[layer])
+            basis, coef = metric_directions(x[layer], mean[layer], scale[layer])
             span = stored(coef.abs().amax(dim=1).clamp(min=1e-6))  # (H, D)
-            stored_forms.append(reflectors)
             bases.append(basis)
             ranges.append(span)
             sample = coef[:, :: max(1, S // ALLOCATION_ROWS)]
             errors.append(_errors(sample, span).sum(dim=0))  # the layer's heads share a layout
         bits = _allocate(torch.stack(errors), row_bits)[:, None].expand(L, H, D)
-        bases_of = torch.stack(stored_forms), torch.stack(bases)
-        return cls(*bases_of, metric, mean, torch.stack(ranges), bits, row_bits)
+        return cls(torch.stack(bases), metric, mean, torch.stack(ranges), bits, row_bits)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         return {
-            f"{prefix}_basis": self.reflectors,
+            f"{prefix}_basis": self.basis.to(STORE_DTYPE),
             f"{prefix}_metric": self.metric.to(STORE_DTYPE),
             f"{prefix}_mean": self.mean.to(STORE_DTYPE),
             f"{prefix}_range": self.range.to(STORE_DTYPE),
@@ -105,10 +101,8 @@ class AllocatedCode:
     def from_tensors(
         cls, tensors: dict[str, torch.Tensor], prefix: str, row_bits: int
     ) -> AllocatedCode:
-        reflectors = tensors[f"{prefix}_basis"]
         return cls(
-            reflectors,
-            rotation(reflectors),
+            tensors[f"{prefix}_basis"].float(),
             tensors[f"{prefix}_metric"].float(),
             tensors[f"{prefix}_mean"].float(),
             tensors[f"{prefix}_range"].float(),
@@ -222,15 +216,14 @@ class AllocatedCode:
 
 def metric_directions(
     rows: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's rows (H, S, D), centred on ``mean`` and scaled by ``scale`` (H, D): their
-    principal directions, strongest first, as a store keeps them (:mod:`sekv_core.reflectors`:
-    the stored form (H, D, D) int8 and the directions it makes (H, D, D)), and the rows'
-    coefficients on those directions (H, S, D)."""
+    principal directions (H, D, D), strongest first as a store keeps them (exact in fp16), and
+    the rows' coefficients on them (H, S, D)."""
     y = (rows - mean[:, None]) * scale[:, None]
     _, vecs = torch.linalg.eigh(y.transpose(-1, -2) @ y)
-    reflectors, basis = directions(vecs.flip(-1))
-    return reflectors, basis, y @ basis
+    basis = narrowed(vecs.flip(-1))
+    return basis, y @ basis
 
 
 def per_head(

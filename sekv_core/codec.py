@@ -27,7 +27,7 @@ from .bitpack import pack_codes, unpack_codes
 from .config import FIXED_SIZE_CODES
 from .errors import SekvError
 from .evencode import MARK, fit_even, row_bits
-from .reflectors import directions, rotation
+from .narrow import narrowed
 from .summary import STORE_DTYPE, stored
 from .tiers import Tier, parse_alloc, parse_even, parse_tiers, record_bytes
 
@@ -36,11 +36,9 @@ SCALE = torch.float16  # per-row tier scales (tiers.SCALE_BYTES each)
 
 @dataclass
 class Codebook:
-    """Per (layer, KV head) ``reflectors`` (L, H, D, D) int8, the stored form of the directions
-    ``basis`` (L, H, D, D) it makes (columns strongest first, :mod:`sekv_core.reflectors`), row
+    """Per (layer, KV head) directions ``basis`` (L, H, D, D) (columns strongest first), row
     ``mean`` (L, H, D) and direction ``range`` (L, H, D), float32; ``tiers`` say the bits."""
 
-    reflectors: torch.Tensor
     basis: torch.Tensor
     mean: torch.Tensor
     range: torch.Tensor
@@ -57,34 +55,31 @@ class Codebook:
         x = rows.float()
         if x.shape[2] == 0:  # no span tokens: any codebook
             L, H, _, D = x.shape
-            eye = directions(torch.eye(D).expand(L, H, D, D))
-            return cls(*eye, x.new_zeros(L, H, D), x.new_ones(L, H, D), tiers)
+            eye = torch.eye(D).expand(L, H, D, D).contiguous()
+            return cls(eye, x.new_zeros(L, H, D), x.new_ones(L, H, D), tiers)
         mean = x.mean(dim=2)
-        stored_forms, bases, spans = [], [], []
+        bases, spans = [], []
         for layer in range(x.shape[0]):  # one layer at a time: bounded working memory
             centred = x[layer] - mean[layer][:, None]
             cov = centred.transpose(-1, -2) @ centred  # (H, D, D)
             _, vecs = torch.linalg.eigh(cov)
-            reflectors, basis = directions(vecs.flip(-1))  # strongest first, as stored
-            stored_forms.append(reflectors)
+            basis = narrowed(vecs.flip(-1)).contiguous()  # strongest first, as stored
             bases.append(basis)
             spans.append((centred @ basis).abs().amax(dim=1).clamp(min=1e-6))
-        bases_of = torch.stack(stored_forms), torch.stack(bases)
-        return cls(*bases_of, stored(mean), stored(torch.stack(spans)), tiers)
+        return cls(stored(torch.stack(bases)), stored(mean), stored(torch.stack(spans)), tiers)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         return {
-            f"{prefix}_basis": self.reflectors,
+            f"{prefix}_basis": self.basis.to(STORE_DTYPE),
             f"{prefix}_mean": self.mean.to(STORE_DTYPE),
             f"{prefix}_range": self.range.to(STORE_DTYPE),
         }
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> Codebook:
-        reflectors = tensors[f"{prefix}_basis"]
+        basis = tensors[f"{prefix}_basis"].float()
         mean, span = tensors[f"{prefix}_mean"].float(), tensors[f"{prefix}_range"].float()
-        tiers = parse_tiers(spec, reflectors.shape[-1])
-        return cls(reflectors, rotation(reflectors), mean, span, tiers)
+        return cls(basis, mean, span, parse_tiers(spec, basis.shape[-1]))
 
     @cached_property
     def record_bytes(self) -> int:  # read at every zoom: computed once

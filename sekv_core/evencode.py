@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from .allocated import AllocatedCode, metric_directions
-from .reflectors import directions
 from .summary import stored
 from .tiers import MAX_BITS
 
@@ -37,16 +36,15 @@ def fit_even(rows: torch.Tensor, relative_step: float, metric: torch.Tensor) -> 
     x, metric = rows.float(), stored(metric)
     L, H, S, D = x.shape
     if S == 0:  # no rows: any code of the right shape (one byte of unused bits)
-        eye = directions(torch.eye(D).expand(L, H, D, D))
+        eye = torch.eye(D).expand(L, H, D, D).contiguous()
         zeros, ones = x.new_zeros(L, H, D), x.new_ones(L, H, D)
         bits = torch.zeros(L, H, D, dtype=torch.long)
-        return AllocatedCode(*eye, metric, zeros, ones, bits, 8, x.new_zeros(L, H))
+        return AllocatedCode(eye, metric, zeros, ones, bits, 8, x.new_zeros(L, H))
     mean = stored(x.mean(dim=2))
     scale = metric.sqrt()
-    stored_forms, bases, peaks, steps, needed, bits = [], [], [], [], [], []
+    bases, peaks, steps, needed, bits = [], [], [], [], []
     for layer in range(L):  # one layer at a time: bounded working memory
-        reflectors, basis, coef = metric_directions(x[layer], mean[layer], scale[layer])
-        stored_forms.append(reflectors)
+        basis, coef = metric_directions(x[layer], mean[layer], scale[layer])
         step = relative_step * coef.square().mean(dim=(1, 2)).sqrt().clamp(min=1e-6)  # (H,)
         peak = coef.abs().amax(dim=1)  # (H, D)
         levels = torch.ceil(peak / step[:, None] - 0.5).clamp(min=0)  # largest code needed
@@ -61,8 +59,9 @@ def fit_even(rows: torch.Tensor, relative_step: float, metric: torch.Tensor) -> 
     top = torch.where(layout >= 2, 2 ** (layout - 1).clamp(min=1) - 1, 0).float()
     fits = top >= torch.stack(needed)  # else 8 bits on a grid over the range
     span = stored(torch.where(fits, top * step[..., None], peak).clamp(min=1e-6))
-    bases_of = torch.stack(stored_forms), torch.stack(bases)
-    return AllocatedCode(*bases_of, metric, mean, span, layout, row_bits(layout), stored(step))
+    return AllocatedCode(
+        torch.stack(bases), metric, mean, span, layout, row_bits(layout), stored(step)
+    )
 
 
 def row_bits(bits: torch.Tensor) -> int:

@@ -10,9 +10,9 @@ tensors (never pickle):
   directions and fixes). The sketch's rows are not written: loading rebuilds them from the
   offload tier's keys (:mod:`sekv_core.sketch_rebuild`; a long book keeps them), nor are the
   sinks' rows where positions are original: loading recomputes them from the context's first
-  tokens (:mod:`sekv_core.sinks`). The codebooks' bases are kept as 8-bit
-  reflectors (:mod:`sekv_core.reflectors`), which make the directions the build used; all but
-  the fixes in one LZMA stream (:mod:`sekv_core.packed`);
+  tokens (:mod:`sekv_core.sinks`). The codebooks' bases are kept in 8 bits
+  (:mod:`sekv_core.narrow`), read back as the fp16 numbers the build used; all but the fixes
+  in one LZMA stream (:mod:`sekv_core.packed`);
 - ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
   fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
   flat bytes, per part (L, H, rows, record) in row order. Where the sketch is rebuilt at load
@@ -62,11 +62,12 @@ from .documents import Document, token_pages
 from .kvquant import KV_BITS, quantize_rows, row_bytes
 from .locks import WRITER, mark_writer
 from .models import LoadedModel
+from .narrow import narrow
 from .packed import pack
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 14  # 14: bases as reflectors (13: sinks recomputed, files packed, ranked fixes)
+FORMAT_VERSION = 13  # 13: sinks recomputed at load, files packed, ranked fixes (12: even keys)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
@@ -75,8 +76,8 @@ DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_
 REBUILT = {"sketch": "sketch_fixes"}
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit fixed rows'
 RECOMPUTED = "sinks_recomputed"  # int64 (1,): how many leading fixed rows a load recomputes
-# the offload code's codebooks (half precision, the bases as 8-bit reflectors; host index:
-# zoomed rows are decoded on the host)
+# the offload code's codebooks (half precision, the bases 8-bit on disk; host index: zoomed rows
+# are decoded on the host)
 # (an allocated code's also its metric and bits, an even code's its step: a store holds the
 # names its code has)
 CODEBOOK_PARTS = ("basis", "mean", "range", "metric", "bits", "step")
@@ -129,15 +130,16 @@ def quantize_fixed(resident: dict[str, torch.Tensor]) -> None:
 def on_disk(resident: dict[str, torch.Tensor], sinks: int) -> dict[str, torch.Tensor]:
     """The resident tensors a store's file holds: all but those rebuilt at load (the sketch's
     rows where it keeps fixes; the first ``sinks`` fixed rows where they are 8-bit rows of
-    original positions, marked :data:`RECOMPUTED`: :mod:`sekv_core.sinks`), in one LZMA
-    stream (:func:`sekv_core.packed.pack`)."""
+    original positions, marked :data:`RECOMPUTED`: :mod:`sekv_core.sinks`), the codebooks'
+    bases in 8 bits (:func:`sekv_core.narrow.narrow`), in one LZMA stream
+    (:func:`sekv_core.packed.pack`)."""
     dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
     out = {name: t for name, t in resident.items() if name not in dropped}
     if sinks and out["fixed_k"].dtype == torch.int8:  # (a book's fp16 sinks are kept)
         for name in (*FIXED_SCALES, *FIXED_SCALES.values()):
             out[name] = out[name][:, :, sinks:]
         out[RECOMPUTED] = torch.tensor([sinks])
-    return pack(out)
+    return pack(narrow(out))
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:

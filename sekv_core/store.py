@@ -40,11 +40,11 @@ from .format import (
     tier_bytes,
 )
 from .models import LoadedModel
+from .narrow import widen
 from .packed import unpack
 from .prompt import Context
 from .rans import expanded
 from .reconstruct import RecordRanges
-from .reflectors import check_bases
 from .rope import Rope
 from .segment import SINK, n_sinks
 from .sinks import restore_sinks
@@ -200,7 +200,7 @@ def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[
         except ValueError as exc:
             raise StoreInvalid(f"{name}: {exc}") from None
     try:
-        check_bases(out["resident.safetensors"])  # the codebooks' bases, 8-bit reflectors
+        widen(out["resident.safetensors"])  # the codebooks' bases, stored in 8 bits
     except ValueError as exc:
         raise StoreInvalid(f"resident.safetensors: {exc}") from None
     return out["resident.safetensors"], out["trace.safetensors"], out["offload.safetensors"]

@@ -15,9 +15,9 @@ from sekv_core.format import FILES, FORMAT_VERSION, nbytes
 from sekv_core.ingest import open_or_build
 from sekv_core.kvquant import quantize_rows
 from sekv_core.models import load_model
+from sekv_core.narrow import NARROWED, widen
 from sekv_core.packed import BLOB, KEPT, unpack
 from sekv_core.prompt import chat_template, encode_context
-from sekv_core.reflectors import BASES
 from sekv_core.rope import Rope
 from sekv_core.sinks import RECOMPUTED
 from sekv_core.store import load_store
@@ -49,7 +49,8 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
         name for name in on_disk if name.endswith("_packed")
     }  # every tensor in one stream, but the already compressed
     unpack(on_disk)
-    assert {on_disk[name].dtype for name in BASES} == {torch.int8}  # 8-bit reflectors
+    assert {on_disk[name].dtype for name in NARROWED} == {torch.int8}  # directions in 8 bits
+    widen(on_disk)  # (what a load reads: the numbers the build used)
     sinks = int(on_disk.pop(RECOMPUTED))  # the sinks' rows: recomputed at load, not stored
     assert sinks == m["positions"]["sinks"] > 0
     for name, tensor in on_disk.items():
