@@ -39,7 +39,7 @@ def pack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         pieces.append(_split(t.detach().cpu().contiguous()))
         out[name + SHAPE] = torch.tensor([DTYPES.index(t.dtype), *t.shape], dtype=torch.int64)
     if pieces:
-        out[BLOB] = _deflated(b"".join(pieces))
+        out[BLOB] = deflated(b"".join(pieces))
     return out
 
 
@@ -51,7 +51,7 @@ def unpack(tensors: dict[str, torch.Tensor]) -> None:
         return
     if BLOB not in tensors:
         raise ValueError("packed matrices without their stream")
-    raw, at = _inflated(tensors.pop(BLOB)), 0
+    raw, at = inflated(tensors.pop(BLOB), "packed tensors"), 0
     for name in names:
         head = tensors.pop(name + SHAPE).tolist()
         if not head or not 0 <= head[0] < len(DTYPES) or any(d < 0 for d in head[1:]):
@@ -68,28 +68,32 @@ def unpack(tensors: dict[str, torch.Tensor]) -> None:
 
 def compress(t: torch.Tensor) -> torch.Tensor:
     """One tensor's bytes (grouped by place) as an LZMA stream (uint8)."""
-    return _deflated(_split(t.detach().cpu().contiguous()))
+    return deflated(_split(t.detach().cpu().contiguous()))
 
 
 def decompress(blob: torch.Tensor, dtype: torch.dtype, count: int) -> torch.Tensor:
     """The 1-D tensor of ``count`` numbers :func:`compress` made; ValueError where ``blob``
     does not decompress to exactly that."""
-    raw = _inflated(blob)
+    raw = inflated(blob, "a packed tensor's numbers")
     if len(raw) != count * dtype.itemsize:
         raise ValueError("a packed tensor does not hold the numbers it should")
     return _join(raw, dtype, [count])
 
 
-def _deflated(raw: bytes) -> torch.Tensor:
+def deflated(raw: bytes) -> torch.Tensor:
+    """``raw`` as an LZMA stream (uint8)."""
     return torch.frombuffer(bytearray(lzma.compress(raw, preset=6)), dtype=torch.uint8)
 
 
-def _inflated(blob: torch.Tensor) -> bytes:
-    """The bytes of an LZMA stream (uint8); ValueError where it is not one."""
+def inflated(blob: torch.Tensor, what: str) -> bytes:
+    """The bytes of the LZMA stream ``blob`` (uint8); ValueError, naming ``what`` it holds,
+    where it is not one."""
+    if blob.dtype != torch.uint8 or blob.dim() != 1:
+        raise ValueError(f"{what} are not packed bytes")
     try:
         return lzma.decompress(blob.numpy().tobytes())
     except lzma.LZMAError as exc:
-        raise ValueError(f"packed tensors: {exc}") from None
+        raise ValueError(f"{what} do not unpack ({exc})") from None
 
 
 def _split(t: torch.Tensor) -> bytes:

@@ -19,10 +19,10 @@ the same operations on the same stored tensors, on one thread).
 
 from __future__ import annotations
 
-import lzma
-
 import numpy as np
 import torch
+
+from .packed import deflated, inflated
 
 FIX_GAP = 32767  # the longest step between flat fixes a uint16 holds beside the fix's sign
 NEAR = 0.25  # numbers this near a boundary (in levels) are ranked; farther ones rarely move
@@ -57,18 +57,13 @@ def encode_fixes(raw: torch.Tensor, built: torch.Tensor, top: int) -> torch.Tens
     gaps = np.diff(positions, prepend=-1) - 1  # (the first: from the start)
     flat = fix_tensors(rest)["sketch_fixes"].numpy().tobytes()
     blob = _varints(np.array([len(gaps)])) + _varints(gaps) + flat
-    return torch.frombuffer(bytearray(lzma.compress(blob)), dtype=torch.uint8)
+    return deflated(blob)
 
 
 def decode_fixes(raw: torch.Tensor, packed: torch.Tensor, top: int) -> torch.Tensor:
     """The built levels (float32, ``raw``'s shape) from the rebuilt numbers ``raw`` and their
     fixes (:func:`encode_fixes`); ValueError where the fixes do not fit them."""
-    if packed.dtype != torch.uint8 or packed.dim() != 1:
-        raise ValueError("the sketch's fixes are not packed bytes")
-    try:
-        blob = lzma.decompress(packed.numpy().tobytes())
-    except lzma.LZMAError as exc:
-        raise ValueError(f"the sketch's fixes do not unpack ({exc})") from None
+    blob = inflated(packed, "the sketch's fixes")
     values, used = _read_varints(blob)  # the count, then the gaps
     flat = blob[used:]
     if len(flat) % 2:
