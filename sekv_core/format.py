@@ -11,8 +11,10 @@ tensors (never pickle):
   offload tier's keys (:mod:`sekv_core.sketch_rebuild`; a long book keeps them), nor are the
   sinks' rows where positions are original: loading recomputes them from the context's first
   tokens (:mod:`sekv_core.sinks`). The codebooks' bases are kept in 8 bits
-  (:mod:`sekv_core.narrow`), read back as the fp16 numbers the build used; all but the fixes
-  in one LZMA stream (:mod:`sekv_core.packed`);
+  (:mod:`sekv_core.narrow`), read back as the fp16 numbers the build used; they and the
+  sketch's key directions are written as what their equations leave free plus residuals
+  (:mod:`sekv_core.constrained`), read back bit for bit; all but the fixes in one LZMA stream
+  (:mod:`sekv_core.packed`);
 - ``offload.safetensors`` — the offload tier: every span token's pre-RoPE key and value as a
   fixed-size record of the document's code (:mod:`sekv_core.codec`), ``k_rows`` / ``v_rows``
   flat bytes, per part (L, H, rows, record) in row order. Where the sketch is rebuilt at load
@@ -58,6 +60,7 @@ import torch
 from safetensors.torch import save_file
 
 from .config import StoreSettings
+from .constrained import constrain
 from .documents import Document, token_pages
 from .kvquant import KV_BITS, quantize_rows, row_bytes
 from .locks import WRITER, mark_writer
@@ -67,7 +70,7 @@ from .packed import pack
 from .prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 13  # 13: sinks recomputed at load, files packed, ranked fixes (12: even keys)
+FORMAT_VERSION = 14  # 14: bases and the sketch's B coded by their equations (13: sinks recomputed)
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 # resident tensors an answer places on the device (the rest is the host index)
 DEVICE_TENSORS = ("sketch_proj", "sketch_mean", "sketch", "sketch_scale", "span_reps")
@@ -131,7 +134,8 @@ def on_disk(resident: dict[str, torch.Tensor], sinks: int) -> dict[str, torch.Te
     """The resident tensors a store's file holds: all but those rebuilt at load (the sketch's
     rows where it keeps fixes; the first ``sinks`` fixed rows where they are 8-bit rows of
     original positions, marked :data:`RECOMPUTED`: :mod:`sekv_core.sinks`), the codebooks'
-    bases in 8 bits (:func:`sekv_core.narrow.narrow`), in one LZMA stream
+    bases in 8 bits (:func:`sekv_core.narrow.narrow`), they and the sketch's key projection
+    coded by their equations (:func:`sekv_core.constrained.constrain`), in one LZMA stream
     (:func:`sekv_core.packed.pack`)."""
     dropped = {name for name, fixes in REBUILT.items() if fixes in resident}
     out = {name: t for name, t in resident.items() if name not in dropped}
@@ -139,7 +143,7 @@ def on_disk(resident: dict[str, torch.Tensor], sinks: int) -> dict[str, torch.Te
         for name in (*FIXED_SCALES, *FIXED_SCALES.values()):
             out[name] = out[name][:, :, sinks:]
         out[RECOMPUTED] = torch.tensor([sinks])
-    return pack(narrow(out))
+    return pack(constrain(narrow(out)))
 
 
 def _stored(resident: dict[str, torch.Tensor]) -> int:

@@ -25,7 +25,15 @@ import torch
 KEPT = ("sketch_fixes", "sketch")
 BLOB = "packed"  # the LZMA stream (uint8)
 SHAPE = "_packed"  # suffix of a packed tensor's [dtype code, *shape] (int64)
-DTYPES = (torch.int8, torch.float16, torch.uint8, torch.float32, torch.int64, torch.int32)
+DTYPES = (
+    torch.int8,
+    torch.float16,
+    torch.uint8,
+    torch.float32,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+)
 
 
 def pack(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

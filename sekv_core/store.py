@@ -27,6 +27,7 @@ from safetensors.torch import load as load_bytes
 
 from .codec import store_codebooks
 from .config import StoreSettings, exceeds_window
+from .constrained import unconstrain
 from .documents import Document
 from .format import (
     DIGEST,
@@ -200,6 +201,7 @@ def verified_tensors(manifest: dict[str, Any], opened: dict[str, Any]) -> tuple[
         except ValueError as exc:
             raise StoreInvalid(f"{name}: {exc}") from None
     try:
+        unconstrain(out["resident.safetensors"])  # bases and the sketch's B, from their equations
         widen(out["resident.safetensors"])  # the codebooks' bases, stored in 8 bits
     except ValueError as exc:
         raise StoreInvalid(f"resident.safetensors: {exc}") from None

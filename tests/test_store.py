@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 import sekv_core.build as build_module
 from sekv_core.config import StoreSettings
+from sekv_core.constrained import FIT, unconstrain
 from sekv_core.documents import load_document
 from sekv_core.format import FILES, FORMAT_VERSION, nbytes
 from sekv_core.ingest import open_or_build
@@ -49,6 +50,9 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
         name for name in on_disk if name.endswith("_packed")
     }  # every tensor in one stream, but the already compressed
     unpack(on_disk)
+    coded = {name + FIT for name in (*NARROWED, "sketch_key")}
+    assert coded <= set(on_disk) and not set(NARROWED) & set(on_disk)  # by their equations
+    unconstrain(on_disk)
     assert {on_disk[name].dtype for name in NARROWED} == {torch.int8}  # directions in 8 bits
     widen(on_disk)  # (what a load reads: the numbers the build used)
     sinks = int(on_disk.pop(RECOMPUTED))  # the sinks' rows: recomputed at load, not stored
