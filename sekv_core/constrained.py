@@ -12,19 +12,19 @@ Two kinds of a store's per-(layer, KV head) matrices carry structure that plain 
   R × R equations give B's other R rows to within a few fp16 steps.
 
 So a file keeps each such matrix as the entries the equations leave free and, for the entries
-they fix, the difference between the stored number and the one the equations predict. Rows
-are chosen by Gaussian elimination with partial pivoting (the predicted rows form a unit lower
-triangular system with entries ≤ 1), and encoding and decoding make the same predictions from
-the same numbers in float64, so the matrices come back bit for bit: nothing an answer reads
-changes, and the lighthouse story's store sheds ~0.012 of its fp16 cache (a third of these
-matrices' bytes). A checksum of the decoded matrices refuses a store whose predictions came
-out otherwise (another machine's arithmetic), rather than use it.
+they fix, the difference between the stored number and the one the equations predict. The
+fitted rows are chosen by Gaussian elimination with partial pivoting (for a basis, column by
+column, as the decoder learns the columns; for B, of A), and encoding and decoding make the
+same predictions from the same numbers in float64 on the host, so the matrices come back bit
+for bit: nothing an answer reads changes, and the lighthouse story's store sheds 0.012 of its
+fp16 cache (a quarter of these matrices' bytes) for ~0.07 s more per load. A checksum of the
+decoded matrices refuses a store whose predictions came out otherwise (another machine's
+arithmetic), rather than use it.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
 
 import torch
 
@@ -98,23 +98,20 @@ def _crc(matrices: list[torch.Tensor]) -> int:
 
 
 def _basis_split(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes (..., D, D) int8 -> free entries (..., D(D+1)/2) int8, column after column (rows
-    ascending), and residuals (..., D(D-1)/2) of the fitted ones in pivot order
-    (:func:`_folded`)."""
+    """Codes (..., D, D) int8 -> the free entries (..., D(D+1)/2) int8 and the residuals
+    (..., D(D-1)/2) of the fitted ones (:func:`_folded`), column after column, each column's
+    in the order of :attr:`_Orthogonal.rows`."""
     lead, d = codes.shape[:-2], codes.shape[-1]
     flat = codes.reshape(-1, d, d).double()
-    free, fit = [], []
-
-    def column(j: int, pivot: torch.Tensor, predict: Callable) -> torch.Tensor:
+    equations, free, fit = _Orthogonal(len(flat), d), [], []
+    for j in range(d):
         col = flat[:, :, j]
-        free.append(col[~pivot].view(len(col), d - j))
-        if j:
-            fit.append(col.gather(1, predict.order) - predict(col))
-        return col
-
-    _walk(len(flat), d, column)
-    residuals = torch.cat(fit, dim=1) if fit else flat.new_zeros(len(flat), 0)
-    return torch.cat(free, dim=1).to(torch.int8).reshape(*lead, -1), _folded(residuals, lead)
+        free.append(col.gather(1, equations.free))
+        fit.append(col.gather(1, equations.pivots) - equations.predict(col))
+        equations.add(col)
+    return torch.cat(free, dim=1).to(torch.int8).reshape(*lead, -1), _folded(
+        torch.cat(fit, dim=1), lead
+    )
 
 
 def _basis_join(free: torch.Tensor, fit: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -126,71 +123,62 @@ def _basis_join(free: torch.Tensor, fit: torch.Tensor, shape: tuple[int, ...]) -
     if fit.numel() != n * d * (d - 1) // 2:
         raise ValueError("a basis's residuals do not fit its shape")
     free, fit = free.reshape(n, -1).double(), _unfolded(fit).reshape(n, -1).double()
-    at = [0, 0]  # where the next column's free entries and residuals start
-
-    def column(j: int, pivot: torch.Tensor, predict: Callable) -> torch.Tensor:
+    equations, columns, at = _Orthogonal(n, d), [], 0
+    for j in range(d):
         col = torch.zeros(n, d, dtype=torch.float64)
-        col[~pivot] = free[:, at[0] : at[0] + d - j].reshape(-1)
-        at[0] += d - j
-        if j:
-            col.scatter_(1, predict.order, fit[:, at[1] : at[1] + j] + predict(col))
-            at[1] += j
-        return col
-
-    columns = _walk(n, d, column)
+        col.scatter_(1, equations.free, free[:, at : at + d - j])
+        at += d - j
+        fitted = fit[:, j * (j - 1) // 2 : j * (j + 1) // 2] + equations.predict(col)
+        col.scatter_(1, equations.pivots, fitted)
+        equations.add(col)
+        columns.append(col)
     out = torch.stack(columns, dim=-1)
     if out.numel() and out.abs().amax() > LEVELS:
         raise ValueError("a basis's coded entries decode beyond its codes' range")
     return out.to(torch.int8).reshape(shape)
 
 
-class _Predictor:
-    """Column j's entries at the pivot rows from its other entries: orthogonal to the columns
-    before it (``L``: their elimination, unit lower triangular on the pivot rows)."""
+class _Orthogonal:
+    """The equations the next column of n bases (D rows) satisfies: orthogonal to the j
+    columns added so far, in reduced row echelon form. Each added column takes a pivot row (of
+    what is left of it after the earlier equations, the largest entry: partial pivoting), and
+    the equations read v[pivots] = -K^T v[free], K (n, D - j, j). Encoding and decoding run
+    this same arithmetic, in float64."""
 
-    def __init__(self, L: torch.Tensor, pivot: torch.Tensor, order: torch.Tensor) -> None:
-        self.L, self.pivot, self.order = L, pivot, order
+    def __init__(self, n: int, d: int) -> None:
+        self.rows = torch.arange(d).expand(n, d).contiguous()  # pivots in order, then free
+        self.K = torch.zeros(n, d, 0, dtype=torch.float64)
+        self.j, self.n = 0, torch.arange(n)
 
-    def __call__(self, col: torch.Tensor) -> torch.Tensor:
-        """Predicted codes (n, j) at ``order``, from ``col`` (n, D) off the pivot rows."""
-        j = self.order.shape[1]
-        L = self.L[:, :, :j]
-        lower = L.gather(1, self.order[:, :, None].expand(-1, -1, j))  # (n, j, j)
-        off = torch.where(self.pivot, 0.0, col)
-        y = torch.einsum("nrk,nr->nk", L, off)  # L21^T v_free (pivot rows of L are lower's)
-        x = torch.linalg.solve_triangular(
-            lower.transpose(1, 2), -y[:, :, None], upper=True, unitriangular=True
-        )[:, :, 0]
-        return x.nan_to_num(0.0, 0.0, 0.0).round().clamp(-LEVELS, LEVELS)
+    @property
+    def pivots(self) -> torch.Tensor:
+        return self.rows[:, : self.j]
 
+    @property
+    def free(self) -> torch.Tensor:
+        return self.rows[:, self.j :]
 
-def _walk(n: int, d: int, column: Callable) -> list[torch.Tensor]:
-    """Columns 0..d-1 of n bases in order: ``column(j, pivot, predictor)`` returns column j
-    (n, d) float64 given the pivot rows so far (n, d) bool and the :class:`_Predictor` of its
-    pivot entries; each column then takes one step of Gaussian elimination with partial
-    pivoting. Encoding and decoding run this same arithmetic."""
-    L = torch.zeros(n, d, d, dtype=torch.float64)
-    pivot = torch.zeros(n, d, dtype=torch.bool)
-    order = torch.zeros(n, 0, dtype=torch.long)
-    rows, columns = torch.arange(n), []
-    for j in range(d):
-        predictor = _Predictor(L, pivot, order)
-        col = column(j, pivot.clone(), predictor)
-        columns.append(col)
-        rem = col
-        if j:
-            lower = L[:, :, :j].gather(1, order[:, :, None].expand(-1, -1, j))
-            u = torch.linalg.solve_triangular(
-                lower, col.gather(1, order)[:, :, None], upper=False, unitriangular=True
-            )
-            rem = col - (L[:, :, :j] @ u)[:, :, 0]
-        rem = torch.where(pivot, 0.0, rem)
-        best = torch.where(pivot, -1.0, rem.abs()).argmax(dim=1)  # a new row, even where all 0
-        top = rem[rows, best][:, None]
-        L[:, :, j] = torch.where(top == 0, 0.0, rem / torch.where(top == 0, 1.0, top))
-        pivot[rows, best] = True
-        order = torch.cat([order, best[:, None]], dim=1)
-    return columns
+    def predict(self, col: torch.Tensor) -> torch.Tensor:
+        """The codes (n, j) at :attr:`pivots` of a column (n, D) whose :attr:`free` rows are
+        given, orthogonal to the columns added."""
+        at = -(self.K * col.gather(1, self.free)[:, :, None]).sum(dim=1)
+        return at.nan_to_num(0.0, 0.0, 0.0).round().clamp(-LEVELS, LEVELS)
+
+    def add(self, col: torch.Tensor) -> None:
+        """One more column (n, D): its equation reduced by the others, a new pivot row."""
+        on = col.gather(1, self.pivots)
+        left = col.gather(1, self.free) - (self.K * on[:, None, :]).sum(dim=2)  # (n, D - j)
+        best = left.abs().argmax(dim=1)  # (a free row, even where all are 0)
+        top = left[self.n, best][:, None]
+        step = torch.where(top == 0, 0.0, left / torch.where(top == 0, 1.0, top))  # best: 1
+        K = self.K - step[:, :, None] * self.K[self.n, best][:, None, :]  # best's row: 0
+        # best's row moves to the front of the free rows, then joins the pivots
+        swap = torch.arange(left.shape[1]).expand_as(left).clone()
+        swap[self.n, best], swap[:, 0] = 0, best
+        K, step = K.gather(1, swap[:, :, None].expand_as(K)), step.gather(1, swap)
+        self.rows[:, self.j :] = self.free.gather(1, swap)
+        self.K = torch.cat([K[:, 1:], step[:, 1:, None]], dim=2)
+        self.j += 1
 
 
 def _folded(residuals: torch.Tensor, lead: torch.Size) -> torch.Tensor:
