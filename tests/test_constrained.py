@@ -111,3 +111,13 @@ def test_damaged_pieces_are_refused(damage):
     damage(coded)
     with pytest.raises(ValueError):
         unconstrain(coded)
+
+
+@pytest.mark.parametrize("name", ["k_basis", "v_basis", "sketch_key"])
+def test_a_prediction_a_step_off_is_caught_by_the_checksum(name):
+    """The last fitted number decoded one step away (as another machine's arithmetic might
+    round it) stays in range, so only the checksum can tell."""
+    coded = constrain(stored(2))
+    bump(coded[name + FIT], -1)
+    with pytest.raises(ValueError, match="do not decode to the ones stored"):
+        unconstrain(coded)

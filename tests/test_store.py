@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 import sekv_core.build as build_module
+import sekv_core.constrained as constrained
 from sekv_core.config import StoreSettings
 from sekv_core.constrained import FIT, unconstrain
 from sekv_core.documents import load_document
@@ -99,6 +100,24 @@ def test_flipped_byte_is_detected_and_rebuilt(tiny_model_dirs, tmp_path, target)
     assert "rebuilding" in warnings[0]
     # the rebuilt store verifies
     load_store(rebuilt.path, loaded, document, context, StoreSettings())
+
+
+def test_matrices_decoded_otherwise_are_refused_and_rebuilt(tiny_loaded, tmp_path, monkeypatch):
+    """A load whose predictions of the coded matrices differ from the build's (as another
+    machine's arithmetic might) does not use the store."""
+    document, context = prepare(tiny_loaded, tmp_path)
+    open_or_build(tiny_loaded, document, context)
+    predict = constrained._Orthogonal.predict
+
+    def off_by_one(self, col):
+        out = predict(self, col)
+        return out + (self.j == 5)  # one column's predictions a step away
+
+    monkeypatch.setattr(constrained._Orthogonal, "predict", off_by_one)
+    warnings = []
+    _, hit = open_or_build(tiny_loaded, document, context, warn=warnings.append)
+    assert not hit and len(warnings) == 1 and "rebuilding" in warnings[0], warnings
+    assert "resident.safetensors" in warnings[0]  # (its checksum, or a code out of range)
 
 
 def test_store_of_another_model_is_not_used(tiny_model_dirs, tmp_path):
