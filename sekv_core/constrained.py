@@ -24,6 +24,7 @@ arithmetic), rather than use it.
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import torch
@@ -117,7 +118,7 @@ def _basis_split(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _basis_join(free: torch.Tensor, fit: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """The codes (``shape``: ..., D, D) int8 :func:`_basis_split` split."""
     d = shape[-1]
-    n = int(torch.tensor(shape[:-2]).prod()) if len(shape) > 2 else 1
+    n = math.prod(shape[:-2])
     if free.dtype != torch.int8 or free.numel() != n * d * (d + 1) // 2:
         raise ValueError("a basis's free entries do not fit its shape")
     if fit.numel() != n * d * (d - 1) // 2:
