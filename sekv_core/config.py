@@ -18,27 +18,17 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .errors import SekvError
-from .tiers import check_code
+from .store.specs import check_code
 
 # documents of more tokens are refused unless asked for (--max-tokens): a streamed ingest reads
 # ~100-200 tokens/s on a CPU, so a million tokens is hours of work and GBs of store
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
-# the offload tier's codes. Keys: one even grid per (layer, KV head) on the directions of the
-# document's codebook in the queries' metric, its step 0.175 of the head's rms coefficient
-# (sekv_core.evencode): entropy-coded on disk, 3.1 bits per number at less attention error than
-# 4.5-bit fixed-rate keys' 3.5. Values: 4 bits on every direction with one fp16 scale per row
-# (sekv_core.codec): attention reads small-norm values most, and the row scale keeps their
-# relative error; an even grid needs more bits for the same attention output. Chosen by answer
-# fidelity with every span zoomed and by the grid's answers under memory targets
-# (docs/history/compact-store-study.md, eighth study).
+# the offload tier's codes (sekv_core.store.specs): keys on one even grid per (layer, KV head),
+# values at 4 bits on every direction with a row scale; why these: docs/design.md
 KEY_CODE = "even:0.175"
 VALUE_CODE = "*x4"
-# a store whose records stay fixed-size on disk (a book of more than 16K span tokens, memory-
-# mapped, not entropy-coded) pays every record's bits: there an even spec gives way to these
-# fixed-rate codes (keys 4.5 bits per number spent where the queries look, sekv_core.allocated)
-FIXED_SIZE_CODES = {"k": "alloc:4.5", "v": "*x4"}  # keys, values
 
 
 @dataclass(frozen=True)
@@ -57,7 +47,7 @@ class SegmentSettings:
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """Streamed ingest of a context beyond the model window (:mod:`sekv_core.stream`).
+    """Streamed ingest of a context beyond the model window (:mod:`sekv_core.store.stream`).
 
     Each chunk attends to the sinks, the previous ``window`` tokens at full resolution and
     ``budget`` tokens per (layer, KV head) zoomed from the store built so far, routed by
@@ -78,8 +68,7 @@ class StoreSettings:
     """Everything that changes a span store's content (part of its key on disk)."""
 
     segment: SegmentSettings = field(default_factory=SegmentSettings)
-    # the offload tier's code of span keys (pre-RoPE) and values: directions of the document's
-    # codebook at their bits, strongest first (sekv_core.codec)
+    # the offload tier's codes of span keys (pre-RoPE) and values (sekv_core.store.specs)
     key_code: str = KEY_CODE
     value_code: str = VALUE_CODE
     sketch_dim: int = 32  # routing sketch dims per span token (even: 4-bit pairs)

@@ -28,8 +28,8 @@ import torch
 from .errors import SekvError
 from .paths import sekv_home
 
-# the decode step's kernels and the offload tier's entropy coder (:mod:`sekv_core.rans`)
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("zoomstep.c", "rans.c"))
+# the decode step's kernels and the offload tier's entropy coder (:mod:`sekv_core.store.entropy`)
+SOURCES = (Path(__file__).with_name("zoomstep.c"), Path(__file__).parent / "store" / "rans.c")
 # no fused multiply-adds (each product and sum rounded as torch rounds it); the vector width
 # of this CPU where the compiler knows it (the library is kept per CPU), else the baseline's
 FLAGS = ["-O3", "-fno-trapping-math", "-fPIC", "-shared", "-ffp-contract=off"]

@@ -3,32 +3,71 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import sekv_core.build as build_module
-import sekv_core.constrained as constrained
-from sekv_core.config import StoreSettings
-from sekv_core.constrained import FIT, unconstrain
+import sekv_core.store.write as write_module
+from sekv_core.config import StoreSettings, StreamSettings
 from sekv_core.documents import load_document
-from sekv_core.format import FILES, FORMAT_VERSION, nbytes
-from sekv_core.ingest import open_or_build
 from sekv_core.kvquant import quantize_rows
 from sekv_core.models import load_model
-from sekv_core.narrow import NARROWED, widen
-from sekv_core.packed import BLOB, KEPT, unpack
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.rope import Rope
-from sekv_core.sinks import RECOMPUTED
-from sekv_core.store import load_store
+from sekv_core.sketch import dequantize_sketch, quantize_sketch
+from sekv_core.store.format import FILES, FORMAT_VERSION
+from sekv_core.store.ingest import open_or_build
+from sekv_core.store.load import StoreInvalid, load_store
 from sekv_core.zoom import SpanMemory
 
 TEXT = "\n\n".join(
     f"Section {i}. The {w} vault on floor {i % 9} holds crate {i * 37 % 101} of copper."
     for i, w in enumerate(["north", "south", "old", "new", "red", "blue"] * 6)
 )
+# what docs/store-format.md says each file holds (a coded kind: ``{k,v}_coded`` etc.)
+RESIDENT = {
+    "fixed_pos": torch.int64,
+    "fixed_k": torch.int8,
+    "fixed_k_scale": torch.float16,
+    "fixed_v": torch.int8,
+    "fixed_v_scale": torch.float16,
+    "span_starts": torch.int64,
+    "span_ends": torch.int64,
+    "span_reps": torch.int64,
+    "sketch_proj": torch.float16,
+    "sketch_key": torch.float16,
+    "sketch_mean": torch.float16,
+    "sketch_scale": torch.float16,
+    "part_rows": torch.int64,
+    "k_basis": torch.float16,
+    "k_metric": torch.float16,
+    "k_mean": torch.float16,
+    "k_range": torch.float16,
+    "k_step": torch.float16,
+    "k_bits": torch.uint8,
+    "v_basis": torch.float16,
+    "v_mean": torch.float16,
+    "v_range": torch.float16,
+}
+OFFLOAD = {
+    f"{kind}_{name}": dtype
+    for kind in "kv"
+    for name, dtype in (
+        ("coded", torch.uint8),
+        ("coded_bytes", torch.int64),
+        ("params", torch.float16),
+        ("check", torch.uint8),
+    )
+}
+TRACE = {
+    "token_ids": torch.int64,
+    "surprisal": torch.float32,
+    "roles": torch.int8,
+    "pages": torch.int32,
+    "offsets": torch.int32,
+}
 
 
 def prepare(loaded, tmp_path, text=TEXT):
@@ -39,6 +78,10 @@ def prepare(loaded, tmp_path, text=TEXT):
     return document, context
 
 
+def dtypes(path):
+    return {name: t.dtype for name, t in load_file(path).items()}
+
+
 def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     document, context = prepare(tiny_loaded, tmp_path)
     store, hit = open_or_build(tiny_loaded, document, context)
@@ -46,35 +89,28 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     again, hit = open_or_build(tiny_loaded, document, context)
     assert hit and again.path == store.path
     m = store.manifest
+    # the files hold what the format page says, nothing else
+    assert dtypes(store.path / "resident.safetensors") == RESIDENT
+    assert dtypes(store.path / "offload.safetensors") == OFFLOAD
+    assert dtypes(store.path / "trace.safetensors") == TRACE
     on_disk = load_file(store.path / "resident.safetensors")
-    assert BLOB in on_disk and set(on_disk) - {BLOB} <= set(KEPT) | {
-        name for name in on_disk if name.endswith("_packed")
-    }  # every tensor in one stream, but the already compressed
-    unpack(on_disk)
-    coded = {name + FIT for name in (*NARROWED, "sketch_key")}
-    assert coded <= set(on_disk) and not set(NARROWED) & set(on_disk)  # by their equations
-    unconstrain(on_disk)
-    assert {on_disk[name].dtype for name in NARROWED} == {torch.int8}  # directions in 8 bits
-    widen(on_disk)  # (what a load reads: the numbers the build used)
-    sinks = int(on_disk.pop(RECOMPUTED))  # the sinks' rows: recomputed at load, not stored
-    assert sinks == m["positions"]["sinks"] > 0
     for name, tensor in on_disk.items():
-        held = again.resident[name]
-        if name.startswith("fixed_") and name != "fixed_pos":
-            held = held[:, :, sinks:]  # the anchors' rows, as stored
-        assert torch.equal(held.to(tensor.dtype).cpu(), tensor), name
+        if name not in ("sketch_proj", "sketch_scale", "sketch_mean"):  # (placed at answer dtype)
+            assert torch.equal(again.resident[name].cpu().to(tensor.dtype), tensor), name
     assert m["model"]["fingerprint"] == tiny_loaded.fingerprint
     assert m["document"]["sha256"] == document.sha256
     assert set(m["files"]) == set(FILES)
     assert m["bytes"]["resident"] < m["bytes"]["full_kv_fp16"]
-    # offloaded tier: the fixed-rate records (decoded from the file), sliced per zoom
+    # offload tier: the fixed-rate records decoded from the file, sliced per zoom
     flat = store.offload["k_rows"]
     assert flat.dtype == torch.uint8
     assert torch.equal(store.offload_slice("k_rows", 5, 50), flat[5:50])
-    assert m["bytes"]["offload_records"] == nbytes(store.offload)
-    # the manifest's sizes are the files': the offload tier and the whole store
+    assert m["bytes"]["offload_records"] == sum(t.numel() for t in store.offload.values())
+    assert m["bytes"]["offloaded"] < m["bytes"]["offload_records"]  # entropy-coded on disk
+    # the manifest's sizes are the files'
     sizes = {name: (store.path / name).stat().st_size for name in FILES}
     assert m["bytes"]["offloaded"] == sizes["offload.safetensors"]
+    assert m["bytes"]["index"] == sizes["resident.safetensors"]
     assert m["bytes"]["store"] == sum(sizes.values())
     # every token role partition is stored and consistent with the span table
     roles = store.trace["roles"]
@@ -84,7 +120,49 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     )
 
 
-@pytest.mark.parametrize("target", ["offload.safetensors", "resident.safetensors", "manifest.json"])
+def test_streamed_and_one_shot_stores_share_one_format(tiny_model_dirs, tmp_path):
+    """A store built by streaming holds the same files, tensor names and dtypes as one built
+    in one prefill (a book is the same format as a short document)."""
+    loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
+    document, context = prepare(loaded, tmp_path)
+    one_shot, _ = open_or_build(loaded, document, context)
+    streamed_settings = replace(StoreSettings(), stream=StreamSettings(always=True))
+    streamed, _ = open_or_build(loaded, document, context, streamed_settings)
+    assert streamed.path != one_shot.path
+    for name in FILES:
+        assert dtypes(streamed.path / name) == dtypes(one_shot.path / name), name
+    assert streamed.manifest["version"] == one_shot.manifest["version"] == FORMAT_VERSION
+
+
+def test_the_sketch_is_rebuilt_from_the_decoded_keys(tiny_loaded, tmp_path):
+    """The file keeps no sketch rows: a load projects the decoded keys. The rows land within
+    a level of the sketch of the exact keys, and every load rebuilds the same rows."""
+    document, context = prepare(tiny_loaded, tmp_path)
+    store, _ = open_or_build(tiny_loaded, document, context)
+    assert "sketch" not in load_file(store.path / "resident.safetensors")
+    again = load_store(store.path, tiny_loaded, document, context, StoreSettings())
+    assert torch.equal(store.resident["sketch"], again.resident["sketch"])
+    from sekv_core.prefill import prefill
+
+    pre = prefill(tiny_loaded.model, context.ids, 512)
+    r = store.resident
+    rows = torch.cat(
+        [torch.arange(a, b) for a, b in zip(r["span_starts"], r["span_ends"], strict=True)]
+    )
+    keys = pre.keys.float()[:, :, rows]
+    exact = (keys - r["sketch_mean"].float()[:, :, None]) @ r["sketch_key"].float()
+    levels = quantize_sketch(exact, 4)["sketch"]  # (at the build's own scale, as stored)
+    scale = r["sketch_scale"].float()[:, :, None]
+    exact = (exact / scale).round().clamp(-7, 7)
+    rebuilt = dequantize_sketch(store.resident["sketch"].cpu(), exact.shape[-1], torch.float32)
+    assert levels.shape == store.resident["sketch"].shape
+    off = (rebuilt - exact).abs()
+    assert float(off.max()) <= 1 and float((off > 0).float().mean()) < 0.25
+
+
+@pytest.mark.parametrize(
+    "target", ["offload.safetensors", "resident.safetensors", "trace.safetensors", "manifest.json"]
+)
 def test_flipped_byte_is_detected_and_rebuilt(tiny_model_dirs, tmp_path, target):
     loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
     document, context = prepare(loaded, tmp_path)
@@ -102,31 +180,11 @@ def test_flipped_byte_is_detected_and_rebuilt(tiny_model_dirs, tmp_path, target)
     load_store(rebuilt.path, loaded, document, context, StoreSettings())
 
 
-def test_matrices_decoded_otherwise_are_refused_and_rebuilt(tiny_loaded, tmp_path, monkeypatch):
-    """A load whose predictions of the coded matrices differ from the build's (as another
-    machine's arithmetic might) does not use the store."""
-    document, context = prepare(tiny_loaded, tmp_path)
-    open_or_build(tiny_loaded, document, context)
-    predict = constrained._Orthogonal.predict
-
-    def off_by_one(self, col):
-        out = predict(self, col)
-        return out + (self.j == 5)  # one column's predictions a step away
-
-    monkeypatch.setattr(constrained._Orthogonal, "predict", off_by_one)
-    warnings = []
-    _, hit = open_or_build(tiny_loaded, document, context, warn=warnings.append)
-    assert not hit and len(warnings) == 1 and "rebuilding" in warnings[0], warnings
-    assert "resident.safetensors" in warnings[0]  # (its checksum, or a code out of range)
-
-
 def test_store_of_another_model_is_not_used(tiny_model_dirs, tmp_path):
     llama = load_model(str(tiny_model_dirs["llama"]), device="cpu")
     qwen = load_model(str(tiny_model_dirs["qwen2"]), device="cpu")
     document, context = prepare(llama, tmp_path)
     store, _ = open_or_build(llama, document, context)
-    from sekv_core.store import StoreInvalid
-
     with pytest.raises(StoreInvalid, match="fingerprint"):
         load_store(store.path, qwen, document, context, StoreSettings())
     # and the other model gets a store of its own
@@ -140,8 +198,8 @@ def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv
     doc.write_text(TEXT)
     script = textwrap.dedent(f"""
         import os, signal
-        import sekv_core.format as fmt
-        import sekv_core.ingest as ingest
+        import sekv_core.store.write as fmt
+        import sekv_core.store.ingest as ingest
         real = fmt.save_file
         def save_then_die(tensors, path):
             real(tensors, path)
@@ -174,8 +232,7 @@ def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv
 
 
 def test_interrupted_write_cleans_up(tiny_loaded, tmp_path, sekv_home, monkeypatch):
-    import sekv_core.format as fmt
-
+    fmt = write_module
     document, context = prepare(tiny_loaded, tmp_path)
     real, calls = fmt.save_file, []
 
@@ -204,19 +261,11 @@ def test_unwritable_home_is_an_actionable_error(tiny_loaded, tmp_path, monkeypat
 
 def test_the_manifest_counts_the_device_tier_as_answers_hold_it(tiny_loaded, tmp_path):
     """``bytes.resident`` (what ingest and inspect report) is the resident tier an answer
-    places on the device, byte for byte; the host index is the rest of resident.safetensors."""
-    from sekv_core.format import nbytes
-    from sekv_core.rope import Rope
-    from sekv_core.zoom import SpanMemory
-
+    places on the device, byte for byte."""
     document, context = prepare(tiny_loaded, tmp_path)
     store, _ = open_or_build(tiny_loaded, document, context)
     memory = SpanMemory(store, Rope(tiny_loaded.model), tiny_loaded.device, tiny_loaded.dtype)
     assert store.bytes["resident"] == memory.resident_bytes()
-    stored = load_file(store.path / "resident.safetensors")  # both tiers' tensors, packed
-    assert 0 < store.bytes["index"] and nbytes(stored) < sum(
-        store.bytes[name] for name in ("index", "resident")
-    )
     assert store.bytes["resident"] < store.bytes["full_kv_fp16"]
 
 
@@ -229,9 +278,9 @@ def test_loads_racing_replacements_verify_or_fail_cleanly(tiny_model_dirs, tmp_p
     import threading
     import time
 
-    import sekv_core.format as fmt
-    from sekv_core.locks import store_lock
-    from sekv_core.store import StoreInvalid
+    from sekv_core.store.locks import store_lock
+
+    fmt = write_module
 
     loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
     document, context = prepare(loaded, tmp_path)
@@ -288,22 +337,21 @@ def test_store_directories_are_private(tiny_model_dirs, tmp_path, sekv_home):
 
 
 def test_sinks_and_anchors_are_stored_as_answers_hold_them(tiny_loaded, tmp_path, monkeypatch):
-    """Their K/V are kept as the 8-bit rows an answer quantises them to (half the bytes of fp16
-    rows on disk), so the answer reads exactly those rows."""
+    """Their K/V are kept as the 8-bit rows an answer quantises them to, so the answer reads
+    exactly those rows."""
     seen = {}
-    quantize = build_module.quantize_fixed
+    quantize = write_module.quantize_fixed
 
-    def keep(resident):
-        seen.update(k=resident["fixed_k"].clone(), v=resident["fixed_v"].clone())
-        quantize(resident)
+    def keep(fixed_k, fixed_v):
+        seen.update(k=fixed_k.clone(), v=fixed_v.clone())
+        return quantize(fixed_k, fixed_v)
 
-    monkeypatch.setattr(build_module, "quantize_fixed", keep)
+    monkeypatch.setattr(write_module, "quantize_fixed", keep)
     document, context = prepare(tiny_loaded, tmp_path)
     store, _ = open_or_build(tiny_loaded, document, context)
     on_disk = load_file(store.path / "resident.safetensors")
-    unpack(on_disk)
-    assert on_disk["fixed_k"].dtype == torch.int8 and seen["k"].dtype == torch.float16
+    assert on_disk["fixed_k"].dtype == torch.int8
     memory = SpanMemory(store, Rope(tiny_loaded.model), tiny_loaded.device, tiny_loaded.dtype)
-    for rows, fp16 in zip(memory.fixed, (seen["k"], seen["v"]), strict=True):
-        codes, scale = quantize_rows(fp16)  # what answers held when the store kept fp16 rows
+    for rows, full in zip(memory.fixed, (seen["k"], seen["v"]), strict=True):
+        codes, scale = quantize_rows(full.float())
         assert torch.equal(rows.codes.cpu(), codes) and torch.equal(rows.scale.cpu(), scale)

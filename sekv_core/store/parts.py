@@ -1,6 +1,6 @@
 """A streamed build's work directory: its part files, its checkpoints, its lock.
 
-A streamed build (:mod:`sekv_core.stream`) commits its oldest waiting tokens as *parts*: their
+A streamed build (:mod:`sekv_core.store.stream`) commits its oldest waiting tokens as *parts*: their
 spans and anchors (:func:`part_spans`: the segmentation rule, with the threshold read so far) and
 their tensors (:func:`part_tensors`: coded K/V records, sketch rows, anchors' K/V), one
 safetensors file per commit in ``stores/.partial-<key>/``, written atomically and checksummed
@@ -29,12 +29,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .codec import Code, fit_code, record_spec
-from .config import SegmentSettings, StoreSettings
-from .errors import SekvError
-from .format import CODEBOOKS, manifest_digest, sha256
-from .segment import SINK, SPAN, span_cuts
-from .sketch import (
+from ..config import SegmentSettings, StoreSettings
+from ..errors import SekvError
+from ..segment import SINK, SPAN, span_cuts
+from ..sketch import (
     QueryMoments,
     SketchBasis,
     quantize_sketch,
@@ -43,11 +41,12 @@ from .sketch import (
     sketch_state,
     span_representatives,
 )
-from .sketch_rebuild import rebuilds
-from .summary import STORE_DTYPE, one_thread
+from ..summary import STORE_DTYPE, one_thread
+from .codes import Code, fit_code
+from .format import CODEBOOKS, manifest_digest, sha256
 
 OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
-STATE_VERSION = 5  # 5: half-precision codebooks, allocated codes (4: the record carries a digest)
+STATE_VERSION = 6  # 6: the codes of store format 15
 
 
 @dataclass
@@ -59,7 +58,7 @@ class StreamState:
     roles : (T,) of every context token (read so far); threshold : the segmentation threshold
     of the last commit; sketch_basis : fixed at the first commit, before which ``moments`` sums
     the queries seen (the sketch's weighting); code : the offload code's codebook tensors
-    (:data:`~sekv_core.format.CODEBOOKS`), fixed at the first commit too.
+    (:data:`~sekv_core.store.format.CODEBOOKS`), fixed at the first commit too.
     """
 
     next: int
@@ -185,12 +184,9 @@ def waiting_codebooks(
     rows = span_rows(spans, c) if spans is not None else torch.arange(state.next - c)
     keys = state.pending_k[:, :, rows].float().cpu()
     values = state.pending_v[:, :, rows].float().cpu()
-    fixed = not rebuilds(len(state.roles))  # more span tokens than a load decodes: fixed-size
-    key_spec = record_spec(settings.key_code, "k", fixed)
-    value_spec = record_spec(settings.value_code, "v", fixed)
     with one_thread():
-        k = fit_code(keys, key_spec, "store.key_code", state.moments.moment())
-        v = fit_code(values, value_spec, "store.value_code")
+        k = fit_code(keys, settings.key_code, "store.key_code", state.moments.moment())
+        v = fit_code(values, settings.value_code, "store.value_code")
     return {**k.tensors("k"), **v.tensors("v")}
 
 
@@ -212,7 +208,7 @@ def part_tensors(
     surprisal : (n,) theirs; spans [(start, end)] and anchors : document positions; basis : the
     sketch's projections; codes : the offload code's codebooks ("k", "v");
     frame(keys, start, positions=None) : keys as the store keeps them
-    (:meth:`sekv_core.stream_layout.StreamLayout.frame`).
+    (:meth:`sekv_core.store.layout.StreamLayout.frame`).
     """
     c, s = start, settings
     framed = frame(keys_pre, c)

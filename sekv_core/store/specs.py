@@ -1,11 +1,11 @@
-"""Specs of the offload tier's codes, without torch: settings check them when they are read.
+"""Specs of the offload tier's two codes, checked without torch (settings read them early).
 
-Tier specs (:mod:`sekv_core.codec`):
-``"8x8,24x4,32x2"``: the 8 strongest directions at 8 bits, the next 24 at 4, the last 32 at 2;
-``"8x8,*x4"``: the 8 strongest at 8 bits, the rest (however many the model's heads have) at 4.
-Allocated specs (:mod:`sekv_core.allocated`): ``"alloc:4.5"``, 4.5 bits per number on average,
-spread over the directions by the document. Even specs (:mod:`sekv_core.evencode`):
-``"even:0.2"``, one step per (layer, KV head), 0.2 of its root-mean-square coefficient.
+Keys: ``"even:S"`` — one even grid per (layer, KV head) on the document's directions, its step
+S times the head's root-mean-square coefficient (:class:`~sekv_core.store.codes.EvenCode`).
+Values: tier specs — ``"*x4"`` (every direction at 4 bits) or ``"8x8,24x4,32x2"`` (the 8
+strongest directions at 8 bits, the next 24 at 4, the last 32 at 2); 16 bits keeps fp16
+coefficients, 0 drops the directions (:class:`~sekv_core.store.codes.TierCode`). Either spec
+fits either kind.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 BITS = (0, 2, 4, 8, 16)
 SCALE_BYTES = 2  # one fp16 scale per row and tier below 16 bits
-SPEC_PREFIX = "alloc:"  # sekv_core.allocated's code: "alloc:B", B bits per number on average
-MAX_BITS = 8  # its most bits for one direction
-EVEN_PREFIX = "even:"  # sekv_core.evencode's code: "even:S", a step of S x the head's rms
+MAX_BITS = 8  # an even code's most bits for one direction
+EVEN_PREFIX = "even:"
 
 
 @dataclass(frozen=True)
@@ -75,27 +74,6 @@ def parse_tiers(spec: str, dim: int | None = None) -> list[Tier]:
     return tiers
 
 
-def parse_alloc(spec: str, dim: int | None = None) -> int | None:
-    """Bits per row of an ``alloc:B`` spec for heads of ``dim`` (None: the spec
-    is checked as far as it can be without one); None when ``spec`` is not an alloc spec;
-    ValueError with a reason when it is one and is malformed."""
-    if not spec.startswith(SPEC_PREFIX):
-        return None
-    text = spec[len(SPEC_PREFIX) :]
-    try:
-        bits = float(text)
-    except ValueError:
-        raise ValueError(f"{spec!r}: bits per number must be a number (e.g. alloc:4)") from None
-    if not 1 <= bits <= MAX_BITS:
-        raise ValueError(f"{spec!r}: bits per number must be within 1..{MAX_BITS}")
-    if dim is None:
-        return 0
-    row = bits * dim
-    if row != int(row) or int(row) % 8:
-        raise ValueError(f"{spec!r}: {bits} bits x {dim} numbers is not a whole number of bytes")
-    return int(row)
-
-
 def parse_even(spec: str) -> float | None:
     """The relative step of an ``even:S`` spec; None when ``spec`` is not one; ValueError with
     a reason when it is one and is malformed."""
@@ -111,8 +89,8 @@ def parse_even(spec: str) -> float | None:
 
 
 def check_code(spec: str, dim: int | None = None) -> None:
-    """ValueError with a reason unless ``spec`` is a tier, ``alloc:B`` or ``even:S`` spec."""
-    if parse_even(spec) is None and parse_alloc(spec, dim) is None:
+    """ValueError with a reason unless ``spec`` is a tier or ``even:S`` spec."""
+    if parse_even(spec) is None:
         parse_tiers(spec, dim)
 
 

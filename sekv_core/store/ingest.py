@@ -1,10 +1,11 @@
 """Ingest: the document's span store, loaded when a valid one exists, else built.
 
 The only module that knows both builders: a context that fits the model window is built in one
-prefill (:mod:`sekv_core.build`), a longer one is streamed (:mod:`sekv_core.stream`). One process
-builds a given store at a time (:func:`sekv_core.locks.store_lock`); another that wants it waits,
-then loads what the first built. What killed builders left behind is cleaned before a build
-(:func:`sekv_core.locks.clean_leftovers`).
+prefill (:mod:`sekv_core.store.build`), a longer one is streamed
+(:mod:`sekv_core.store.stream`). One process builds a given store at a time
+(:func:`sekv_core.store.locks.store_lock`); another that wants it waits, then loads what the
+first built. What killed builders left behind is cleaned before a build
+(`sekv_core.store.locks.clean_leftovers`).
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import StoreSettings, exceeds_window
+from ..documents import Document
+from ..errors import SekvError
+from ..models import LoadedModel
+from ..paths import stores_dir
+from ..prefill import Progress
+from ..prompt import Context
 from .build import build_store
-from .config import StoreSettings, exceeds_window
-from .documents import Document
-from .errors import SekvError
 from .format import store_key
+from .load import SpanStore, StoreInvalid, load_store
 from .locks import clean_leftovers, store_lock
-from .models import LoadedModel
 from .parts import STATE_VERSION
-from .paths import stores_dir
-from .prefill import Progress
-from .prompt import Context
 from .shelf import mark_used
-from .store import SpanStore, StoreInvalid, load_store
 from .stream import build_streamed
 
 
@@ -47,7 +48,7 @@ def open_or_build(
 
     A stale, foreign or corrupt store is rebuilt, and ``warn`` is told why. A store that fails
     to load without the lock (missing, being replaced, damaged) is decided under it. The store's
-    last use is recorded (:func:`sekv_core.shelf.mark_used`).
+    last use is recorded (:func:`sekv_core.store.shelf.mark_used`).
     """
     settings = settings or StoreSettings()
     path = store_path(loaded, document, context, settings)

@@ -1,11 +1,11 @@
 """The store under construction: the spans a streamed build committed so far, part by part.
 
-:class:`PartialStore` looks like a :class:`~sekv_core.store.SpanStore` to
+:class:`PartialStore` looks like a :class:`~sekv_core.store.load.SpanStore` to
 :class:`~sekv_core.zoom.SpanMemory`, so each chunk of the stream zooms into what the chunks before
 it committed: its resident tables grow with every part (the routing sketch requantised to one
-scale per direction), its offload tier stays in the part files (:mod:`sekv_core.parts`) and is
-read back range by range. When the stream ends it assembles the finished store's tensors and
-writes its offload file from the parts.
+scale per direction), its offload tier stays in the part files (:mod:`sekv_core.store.parts`) and is
+read back range by range. When the stream ends it hands the finished store's tables and the
+parts' records to :func:`~sekv_core.store.write.write_store`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,8 @@ from typing import Any
 
 import torch
 
-from .codec import Code, fit_code, store_codebooks
-from .config import StoreSettings
-from .format import CODEBOOKS, map_safetensors, quantize_fixed
-from .parts import OFFLOAD, read_tensors, write_part
-from .rans import compacted
-from .reconstruct import RecordRanges
-from .rope import Rope
-from .sketch import (
+from ..config import StoreSettings
+from ..sketch import (
     SketchBasis,
     dequantize_sketch,
     pack_sketch,
@@ -34,8 +28,10 @@ from .sketch import (
     sketch_dtype,
     widen_sketch_scale,
 )
-from .sketch_rebuild import SpanKeys, rebuilds, sketch_fixes
-from .summary import STORE_DTYPE
+from ..summary import STORE_DTYPE
+from .codes import Code, fit_code, store_codebooks
+from .format import CODEBOOKS, map_safetensors
+from .parts import OFFLOAD, read_tensors, write_part
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
 OPEN_PARTS = 32  # part files kept open
@@ -75,7 +71,7 @@ class Grow:
 
 
 class PartialStore:
-    """The spans committed so far, shaped as a :class:`~sekv_core.store.SpanStore` for
+    """The spans committed so far, shaped as a :class:`~sekv_core.store.load.SpanStore` for
     :class:`~sekv_core.zoom.SpanMemory`: a resident dict grown part by part (routing tables and
     sketch on ``device``, at ``keep`` precision), the offload tier in the part files of ``work``.
 
@@ -212,9 +208,9 @@ class PartialStore:
         raw = os.pread(fd, stop - start, data[name] + start - self.bases[name][part])
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
-    def offload_records(self, name: str, size: int, ranges: RecordRanges) -> torch.Tensor:
-        """Records (sum(counts), size) at ``ranges`` (as
-        :meth:`~sekv_core.store.SpanStore.offload_records`; a read per range)."""
+    def offload_records(self, name: str, size: int, ranges: Any) -> torch.Tensor:
+        """Records (sum(counts), size) at ``ranges`` (``first``, ``counts``: as
+        :meth:`~sekv_core.store.load.SpanStore.offload_records`; a read per range)."""
         start = ranges.first * size
         return self.offload_ranges(name, start, start + ranges.counts * size).view(-1, size)
 
@@ -243,44 +239,40 @@ class PartialStore:
             os.close(fd)
         self._open.clear()
 
-    def finished(
-        self,
-        sinks: torch.Tensor,
-        sink_k: torch.Tensor,
-        sink_v: torch.Tensor,
-        key_rope: Rope | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """The finished store's resident tensors (CPU): the sinks (positions, K (L, H, n, D) as
-        the store keeps them, V), then every part's anchors, the tables and the
-        codebooks, and the fixes to the sketch rebuilt from the keys at load where it is
-        (:mod:`sekv_core.sketch_rebuild`; ``key_rope``: the RoPE of the sketch's keys, None
-        when they are pre-RoPE)."""
+    def finished(self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor):
+        """The finished store's tables for :func:`~sekv_core.store.write.write_store` (CPU):
+        the sinks (positions; K (L, H, n, D) as the store keeps them; V), then every part's
+        anchors, the span tables, the sketch's directions and scale; and each kind's
+        fixed-rate records per part, (L, H, n, B), mapped from the part files."""
         pieces: dict[str, list[torch.Tensor]] = {n: [] for n in FIXED}
         for meta in self.files:
             part = read_tensors(self.work / meta["name"], FIXED)
             for name in pieces:
                 pieces[name].append(part[name])
-        r = {name: self.resident[name].cpu() for name in self.grow}  # (empty: no parts)
-        resident = {
+        r = self.resident
+        tables = {
             "fixed_pos": torch.cat([sinks, *pieces["anchor_pos"]]),
-            "fixed_k": torch.cat([sink_k.to(STORE_DTYPE), *pieces["anchor_k"]], 2),
-            "fixed_v": torch.cat([sink_v.cpu().to(STORE_DTYPE), *pieces["anchor_v"]], 2),
-            "sketch_proj": self.resident["sketch_proj"].cpu().to(STORE_DTYPE),
-            "sketch_mean": self.resident["sketch_mean"].cpu().to(STORE_DTYPE),
-            "sketch_key": self.resident["sketch_key"],
-            "sketch_scale": self.resident["sketch_scale"].cpu().to(STORE_DTYPE),
-            "part_rows": self.resident["part_rows"],
-            **{name: self.resident[name].cpu() for name in CODEBOOKS if name in self.resident},
-            **r,
+            "fixed_k": torch.cat(
+                [sink_k.float().cpu(), *(t.float() for t in pieces["anchor_k"])], 2
+            ),
+            "fixed_v": torch.cat(
+                [sink_v.float().cpu(), *(t.float() for t in pieces["anchor_v"])], 2
+            ),
+            "sketch_key": r["sketch_key"],
+            "part_rows": r["part_rows"],
+            **{n: r[n].cpu() for n in ("sketch_proj", "sketch_mean", "sketch_scale")},
+            **{n: r[n].cpu() for n in ("span_starts", "span_ends", "span_reps")},
         }
-        if key_rope is not None:  # original positions: the fixed rows as answers hold them
-            quantize_fixed(resident)
-        if rebuilds(self.rows):
-            parts = [map_safetensors(path, ("k_rows",))["k_rows"] for path in self.paths]
-            s = self.settings
-            keys = SpanKeys(resident, parts, s.key_code, key_rope, s.sketch_bits)
-            resident.update(sketch_fixes(keys))
-        return resident
+        codes = self.codebooks()
+        L, H = tables["fixed_k"].shape[:2]
+        rows = torch.diff(r["part_rows"]).tolist()
+        records: dict[str, list[torch.Tensor]] = {"k": [], "v": []}
+        for path, n in zip(self.paths, rows, strict=True):
+            mapped = map_safetensors(path, OFFLOAD)
+            for kind in records:
+                size = codes[kind].record_bytes
+                records[kind].append(mapped[f"{kind}_rows"].view(L, H, n, size))
+        return tables, records
 
     def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Starts and ends (N,) of the spans committed so far (CPU)."""
@@ -290,34 +282,3 @@ class PartialStore:
     def offloaded_bytes(self) -> int:
         """Bytes of the offload tier (every part's records)."""
         return sum(self.totals.values())
-
-    def offload_file(self, part_rows: torch.Tensor) -> tuple[dict, dict]:
-        """offload.safetensors as ``(files, writers)`` for ``write_atomically``: entropy-coded
-        (:mod:`sekv_core.rans`) where a load decodes it, else a long book's parts as they are."""
-        if not rebuilds(self.rows) or not self.paths:
-            return {}, {"offload.safetensors": self.write_offload}
-        parts = [map_safetensors(path, OFFLOAD) for path in self.paths]
-        buffers = {name: torch.cat([part[name] for part in parts]) for name in OFFLOAD}
-        return {"offload.safetensors": compacted(buffers, part_rows, self.codebooks())}, {}
-
-    def write_offload(self, out: Path) -> None:
-        """offload.safetensors: every part's flat buffers, concatenated in part order.
-
-        The safetensors header is written by hand: ``save_file`` takes every tensor in memory,
-        and the offload tier (the records) is the bulk of a book's store, which a
-        streamed build never holds at once. Each buffer is copied from the memory map of one
-        part after another instead: the file is assembled in the memory of one part's buffer.
-        """
-        header, offset = {}, 0
-        for name in OFFLOAD:
-            size = self.totals[name]
-            header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
-            offset += size
-        raw = json.dumps(header).encode()
-        raw += b" " * (-len(raw) % 8)
-        with open(out, "wb") as f:
-            f.write(len(raw).to_bytes(8, "little"))
-            f.write(raw)
-            for name in OFFLOAD:
-                for path in self.paths:
-                    f.write(map_safetensors(path, (name,))[name].numpy().tobytes())

@@ -1,20 +1,18 @@
 """The offload tier on disk, entropy-coded: the same records in fewer bytes, decoded at load.
 
-A record of the offload code holds fixed-width fields (``record_fields`` of the codes: a key's
-direction codes; a value's tier codes and scale bytes), and most of a field's levels are
-rare: a direction's codes crowd its centre (the even grid spans its largest coefficients). So the
-file holds each field's symbols coded under a table fitted to them, with a static rANS coder
-(``rans.c``): per (part, layer, KV head, field) a *stream* of that field over the part's rows,
-its table a discretised Gaussian (two fp16 numbers: centre and spread, the spread chosen
-from a few multiples of the stream's deviation by the length it codes to). Every symbol keeps
-a probability of at least 2^-12, so a stream never fails to code.
+A record of an offload code (:mod:`sekv_core.store.codes`) holds fixed-width fields
+(``record_fields``: a key's direction codes; a value's tier codes and scale bytes), and a
+field's codes crowd the centre of its range. So the file holds, per (part, layer, KV head,
+field), a *stream* of that field over the part's rows, coded with a static rANS coder
+(``rans.c``) under a discretised Gaussian table fitted to it (two fp16 numbers: centre and
+spread, the spread picked from :data:`SPREADS` times the stream's deviation by the length it
+codes to). Every symbol keeps a probability of at least 2^-12, so a stream always codes.
 
-Lossless: loading decodes the records bit for bit (:func:`expanded`), so answers are the
-fixed-rate tier's. The build decodes what it wrote and keeps the fixed-rate records where that
-is not so, where the coding would not be smaller, or where the native library is missing
-(:func:`compacted`). The tables are rebuilt at load from the stored numbers and checked against
-the build's checksum of them: a machine whose arithmetic rounds one differently refuses the
-store (it is rebuilt) rather than decode it wrongly.
+Lossless: loading decodes the records bit for bit (:func:`expanded`). The build decodes what
+it wrote and keeps a kind's records as they are where that fails, where the coding would not
+be smaller, or where the native library is missing (:func:`compacted`). The tables are rebuilt
+at load from the stored numbers and checked against the build's checksum of them, so a machine
+that rounds one differently refuses the store rather than decode it wrongly.
 """
 
 from __future__ import annotations
@@ -25,14 +23,14 @@ import hashlib
 import numpy as np
 import torch
 
-from .native import library
-from .packed import compress, decompress
+from ..native import library
 
 PROB_BITS = 12  # a table's probabilities are multiples of 2^-PROB_BITS
 TABLE = 256  # entries per stream's table: the widest field (8 bits)
 SPREADS = (0.6, 0.75, 0.9, 1.0, 1.15, 1.35)  # tried multiples of a stream's deviation
 KINDS = ("k", "v")
 PARAMS = np.float16  # a stream's table's two numbers, as stored (tables are built from them)
+CODED = ("coded", "coded_bytes", "params", "check")  # a coded kind's tensors, ``{kind}_{name}``
 
 
 def usable() -> bool:
@@ -40,21 +38,19 @@ def usable() -> bool:
     return library() is not None
 
 
-def compacted(
-    offload: dict[str, torch.Tensor], part_rows: torch.Tensor, codes: dict
-) -> dict[str, torch.Tensor]:
-    """The offload file's tensors for the flat fixed-rate buffers ``offload`` (``k_rows``,
-    ``v_rows``) of parts ending at ``part_rows``, in ``codes`` (kind -> code): per kind its
-    coding (``{kind}_coded`` bytes, ``{kind}_coded_bytes`` per part, ``{kind}_params``,
-    ``{kind}_check``), or its records as they are where the coding does not pay or fails."""
+def compacted(parts: dict[str, list[torch.Tensor]], codes: dict) -> dict[str, torch.Tensor]:
+    """The offload file's tensors for each kind's records, part by part (``parts[kind]``: one
+    (L, H, n, B) uint8 tensor per part), in ``codes`` (kind -> code): the kind's coding
+    (:data:`CODED`), or its records as they are (``{kind}_rows``, flat) where the coding does
+    not pay or fails."""
     out = {}
     for kind in KINDS:
-        flat = offload[f"{kind}_rows"]
-        coded = _compact_kind(flat, part_rows, codes[kind]) if usable() else None
-        if coded is None or sum(t.numel() * t.element_size() for t in coded.values()) >= (
-            flat.numel()
-        ):
-            out[f"{kind}_rows"] = flat
+        records = parts[kind]
+        coded = _compact_kind(records, codes[kind]) if usable() else None
+        raw = sum(r.numel() for r in records)
+        if coded is None or sum(t.numel() * t.element_size() for t in coded.values()) >= raw:
+            flat = [r.reshape(-1) for r in records]
+            out[f"{kind}_rows"] = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.uint8)
         else:
             out.update({f"{kind}_{name}": t for name, t in coded.items()})
     return out
@@ -63,7 +59,7 @@ def compacted(
 def expanded(
     tensors: dict[str, torch.Tensor], part_rows: torch.Tensor, codes: dict
 ) -> dict[str, torch.Tensor]:
-    """The flat fixed-rate buffers (``k_rows``, ``v_rows``) of an offload file's tensors:
+    """The flat fixed-rate records (``k_rows``, ``v_rows``) of an offload file's tensors:
     decoded where coded, else as stored. ValueError where a coding does not decode (or this
     machine cannot decode it)."""
     out = {}
@@ -73,18 +69,19 @@ def expanded(
             continue
         if not usable():
             raise ValueError("its offload tier is entropy-coded and the native library is missing")
-        got = {name: tensors[f"{kind}_{name}"] for name in ("coded", "coded_bytes", "params")}
-        out[f"{kind}_rows"] = _expand_kind(got, tensors[f"{kind}_check"], part_rows, codes[kind])
+        got = {name: tensors[f"{kind}_{name}"] for name in CODED}
+        out[f"{kind}_rows"] = _expand_kind(got, part_rows, codes[kind])
     return out
 
 
-def _compact_kind(flat: torch.Tensor, part_rows: torch.Tensor, code) -> dict | None:
+def _compact_kind(parts: list[torch.Tensor], code) -> dict | None:
     widths, flips = code.record_fields()
-    L, H, B = widths.shape[0], code.basis.shape[1], code.record_bytes
+    B = code.record_bytes
     if int(widths.sum(dim=1).max()) != 8 * B or int(widths.sum(dim=1).min()) != 8 * B:
         return None  # fields that do not cover the record: not this coder's
     pieces, lengths, params, tables = [], [], [], []
-    for records in _parts(flat, part_rows, L, H, B):
+    H = code.basis.shape[1]
+    for records in parts:
         counts = _histogram(records, widths, flips)
         fitted = _fit(counts, widths, H)
         freq = _tables(fitted, widths, H)
@@ -101,23 +98,23 @@ def _compact_kind(flat: torch.Tensor, part_rows: torch.Tensor, code) -> dict | N
     return {
         "coded": torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8),
         "coded_bytes": torch.tensor(lengths, dtype=torch.int64),
-        "params": compress(params_t.flatten()),  # (LZMA: ~half their fp16 bytes)
+        "params": params_t,
         "check": _checksum(tables),
     }
 
 
-def _expand_kind(got: dict, check: torch.Tensor, part_rows: torch.Tensor, code) -> torch.Tensor:
+def _expand_kind(got: dict, part_rows: torch.Tensor, code) -> torch.Tensor:
     widths, flips = code.record_fields()
     L, H, B = widths.shape[0], code.basis.shape[1], code.record_bytes
     rows = torch.diff(part_rows).tolist()
     streams = L * H * widths.shape[1]
     lengths = got["coded_bytes"].tolist()
-    if len(lengths) != len(rows):
+    params = got["params"]
+    if len(lengths) != len(rows) or params.shape != (streams * len(rows), 2):
         raise ValueError("its offload coding does not match its parts")
-    params = decompress(got["params"], torch.float16, 2 * streams * len(rows))
-    params = params.float().numpy().reshape(-1, 2)
+    params = params.float().numpy()
     tables = [_tables(params[p * streams : (p + 1) * streams], widths, H) for p in range(len(rows))]
-    if not torch.equal(_checksum(tables), check):
+    if not torch.equal(_checksum(tables), got["check"]):
         raise ValueError("its offload coding's tables differ on this machine")
     out, at = [], 0
     for n, size, freq in zip(rows, lengths, tables, strict=True):
@@ -127,11 +124,6 @@ def _expand_kind(got: dict, check: torch.Tensor, part_rows: torch.Tensor, code) 
     if at != got["coded"].numel():
         raise ValueError("its offload coding has bytes past its parts")
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.uint8)
-
-
-def _parts(flat: torch.Tensor, part_rows: torch.Tensor, L: int, H: int, B: int) -> list:
-    bounds = (part_rows * (L * H * B)).tolist()
-    return [flat[a:b].view(L, H, -1, B) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _stream_widths(widths: torch.Tensor, H: int) -> np.ndarray:

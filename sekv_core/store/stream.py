@@ -6,12 +6,12 @@ Each chunk of ``prefill_chunk`` tokens runs through the model with the mixed-res
 (sketch router, ``stream.budget`` tokens per layer and KV head, routed by ``stream.route_queries``
 of its queries; beyond STREAM_PREFILTER_SPANS spans only the candidates of
 :func:`sekv_core.prefilter.candidates`, found through its coarse block index, are scored, so the
-time per chunk stays flat along the book). Once
-more than ``window + chunk`` tokens wait, the oldest complete spans are committed as one *part*
-(:mod:`sekv_core.parts`): segmented with the rule of :func:`sekv_core.segment.segment` (threshold
-mu + alpha sigma of the surprisal read so far), summarised, factorised, written to disk and
-appended to the growing store (:mod:`sekv_core.partial`). Held in memory: the waiting tokens, the
-chunk, the zoom cache and the resident routing tier (sketch, tables); the bases stay on disk.
+time per chunk stays flat along the book). Once more than ``window + chunk`` tokens wait, the
+oldest complete spans are committed as one *part* (:mod:`sekv_core.store.parts`): segmented
+with the rule of :func:`sekv_core.segment.segment` (threshold mu + alpha sigma of the
+surprisal read so far), coded, written to disk and appended to the growing store
+(:mod:`sekv_core.store.partial`). Held in memory: the waiting tokens, the chunk, the zoom
+cache and the resident routing tier (sketch, tables); the records stay on disk.
 
 Positions: a context beyond the window gets a *bounded* store (pre-RoPE keys everywhere) and
 chunks see the layout of :mod:`sekv_core.zoom` — sinks at 0.., zoomed tokens packed before the
@@ -21,7 +21,8 @@ A book keeps no anchors (their boundary tokens stay in their spans). A context t
 
 Resume: after a chunk (at most every ``checkpoint_s`` seconds) the stream's state is checkpointed
 beside the parts; a rerun verifies it, replays the parts and continues, or starts over. The
-finished store is assembled from the parts into the usual three files and renamed into place.
+finished store is written from the parts by the one writer of stores
+(:func:`~sekv_core.store.write.write_store`).
 """
 
 from __future__ import annotations
@@ -36,20 +37,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from .attention import LocalWindow, ZoomPolicy, sekv_attention
-from .config import StoreSettings
-from .documents import Document
-from .format import (
-    code_stats,
-    nbytes,
-    on_disk,
-    store_manifest,
-    tier_bytes,
-    trace_tensors,
-    write_atomically,
-)
-from .models import LoadedModel
-from .packed import pack
+from ..attention import LocalWindow, ZoomPolicy, sekv_attention
+from ..config import StoreSettings
+from ..documents import Document
+from ..models import LoadedModel
+from ..paths import private_dir
+from ..prefill import Progress
+from ..prompt import Context
+from ..router import SketchRouter
+from ..segment import ANCHOR, SPAN, Segmentation
+from ..summary import STORE_DTYPE
+from ..surprisal import Surprisal
+from ..zoom import SpanMemory
+from .format import trace_tensors
+from .layout import StreamLayout
 from .partial import PartialStore
 from .parts import (
     CheckpointInvalid,
@@ -62,15 +63,7 @@ from .parts import (
     waiting_codebooks,
     waiting_sketch_basis,
 )
-from .paths import private_dir
-from .prefill import Progress
-from .prompt import Context
-from .router import SketchRouter
-from .segment import ANCHOR, SPAN, Segmentation
-from .stream_layout import StreamLayout
-from .summary import STORE_DTYPE
-from .surprisal import Surprisal
-from .zoom import SpanMemory
+from .write import write_store
 
 CHECKPOINT_S = 30.0  # at most this long between checkpoints
 # a chunk's router scores exactly only the best 64 spans per KV head by their representative
@@ -293,26 +286,33 @@ class StreamBuilder:
         return True
 
     def _finish(self) -> None:
-        """Assemble the parts into the store's three files; write them atomically."""
+        """Hand the parts' tables and records to the one writer of stores."""
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
-        resident = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v, lay.key_rope)
+        tables, records = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v)
         trace = trace_tensors(self.document, self.context, s.surprisal, s.roles)
         positions = {"mode": lay.mode, "sinks": lay.sinks}
-        manifest = store_manifest(
-            self.loaded, self.document, self.context, self.settings, positions
-        )
-        offloaded, starts, ends = self.store.offloaded_bytes(), *self.store.span_bounds()
-        manifest["bytes"].update(**tier_bytes(resident), offload_records=offloaded)
-        manifest["bytes"].update(offloaded=offloaded, trace=nbytes(trace))
+        starts, ends = self.store.span_bounds()
         seg = Segmentation(s.roles, starts.numpy(), ends.numpy(), s.threshold)
-        manifest["stats"] = {**seg.stats(), **code_stats(*self.store.codebooks().values())}
-        manifest["timings"] = {k: round(v, 4) for k, v in self.timings.items()}
-        manifest["stream"] = self.report()
-        offload, writers = self.store.offload_file(resident["part_rows"])
-        on_file = on_disk(resident, lay.sinks)
-        files = {"resident.safetensors": on_file, "trace.safetensors": pack(trace), **offload}
-        write_atomically(self.path, files, manifest, writers=writers)
+        report = {
+            "stats": seg.stats(),
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+            "stream": self.report(),
+        }
+        codes = self.store.codebooks()
+        write_store(
+            self.path,
+            self.loaded,
+            self.document,
+            self.context,
+            self.settings,
+            positions,
+            tables,
+            codes,
+            records,
+            trace,
+            report,
+        )
 
     def report(self) -> dict[str, Any]:
         """What the stream did: window, positions, speed, memory held (for the manifest)."""

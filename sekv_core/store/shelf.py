@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import SekvError
+from ..errors import SekvError
+from ..paths import sekv_home
 from .locks import store_lock
-from .paths import sekv_home
 
 WORK_PREFIXES = (".tmp-", ".trash-", ".partial-")
 MIN_PREFIX = 4  # a key prefix shorter than this matches nothing (``rm b`` removes no store)

@@ -1,6 +1,6 @@
 """Where a streamed build's tokens sit: sinks, zoom band, waiting tokens, chunk sizes.
 
-:class:`StreamLayout` plans one stream (:mod:`sekv_core.stream`): a context beyond the model's
+:class:`StreamLayout` plans one stream (:mod:`sekv_core.store.stream`): a context beyond the model's
 window gets *bounded* positions (pre-RoPE keys, chunks placed within the window), smaller
 chunks and zoom budget on a small window; a context that fits keeps its original positions.
 """
@@ -11,17 +11,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import StoreSettings, exceeds_window
-from .errors import SekvError
-from .models import LoadedModel
-from .prompt import Context
-from .rope import Rope
-from .segment import n_sinks
+from ..config import StoreSettings, exceeds_window
+from ..errors import SekvError
+from ..models import LoadedModel
+from ..prompt import Context
+from ..rope import Rope
+from ..segment import n_sinks
 
 
 @dataclass(frozen=True)
 class StreamLayout:
-    """The sizes and positions of one stream (see "Positions" in :mod:`sekv_core.stream`).
+    """The sizes and positions of one stream (see "Positions" in :mod:`sekv_core.store.stream`).
 
     sinks : prompt head + first document tokens; chunk : tokens per forward; budget : zoomed
     tokens per (layer, KV head); window : tokens kept waiting at full resolution (at least);

@@ -1,0 +1,448 @@
+"""The offload tier's codes: every span token's pre-RoPE key and value in a few bits per number.
+
+Both codes are fitted over the document (a book: over its first window of tokens) per
+(layer, KV head): the principal directions of the centred rows (``basis`` (L, H, D, D),
+columns strongest first, fp16 as stored), the rows' ``mean`` and each direction's ``range``.
+A row is coded as its coefficients on those directions; its *record* is a fixed number of
+bytes, so a span's rows of one (layer, head) are one range of the tier and decode alone.
+
+- :class:`EvenCode` (keys, ``"even:S"``): in the queries' metric (attention reads a key
+  through ``q·k``, so a key's error costs in proportion to the queries' energy along it), one
+  even grid per head, its step S times the head's rms coefficient; each direction gets the
+  bits (2..8, shared by a layer's heads; 0 drops it) that hold its largest code, so no row is
+  clipped. Records are the codes' bits packed one after another.
+- :class:`TierCode` (values, ``"*x4"``): directions in tiers of fixed bits, each tier with one
+  fp16 scale per row (its largest magnitude), so small rows keep their relative error.
+
+Decoding is batched: records -> codes (one native call on the CPU) -> one product per head
+with its synthesis map (:func:`per_head`). ``record_fields`` describes a record's bit fields
+for the entropy coder (:mod:`sekv_core.store.entropy`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from .. import kernels
+from ..bitpack import pack_codes, unpack_codes
+from ..errors import SekvError
+from ..summary import STORE_DTYPE, stored
+from .specs import MAX_BITS, Tier, parse_even, parse_tiers, record_bytes
+
+SCALE = torch.float16  # per-row tier scales (specs.SCALE_BYTES each)
+RIDGE = 1e-4  # the key metric's floor, a share of its largest dimension (no direction is free)
+
+
+def query_metric(moment: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """Per (layer, KV head) dimension weights (L, H, D) of pre-RoPE keys from the queries'
+    second moment (L, H, D, D) (None: ones). RoPE turns each pair (i, i + D/2) by position,
+    so the pair shares the mean of its two energies."""
+    L, H, _, D = like.shape
+    if moment is None:
+        return like.new_ones(L, H, D, dtype=torch.float)
+    energy = moment.float().diagonal(dim1=-2, dim2=-1)  # (L, H, D)
+    half = D // 2
+    pair = (energy[..., :half] + energy[..., half:]) / 2
+    metric = torch.cat([pair, pair], dim=-1)
+    metric = metric / metric.amax(dim=-1, keepdim=True).clamp(min=1e-30)  # only ratios matter
+    return metric.clamp(min=RIDGE)
+
+
+def directions(rows: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor | None = None):
+    """One layer's rows (H, S, D) centred on ``mean`` (H, D) and scaled by ``scale`` (H, D):
+    their principal directions (H, D, D) strongest first, as stored (fp16 numbers), and the
+    rows' coefficients on them (H, S, D)."""
+    y = rows - mean[:, None]
+    if scale is not None:
+        y = y * scale[:, None]
+    _, vecs = torch.linalg.eigh(y.transpose(-1, -2) @ y)
+    basis = stored(vecs.flip(-1)).contiguous()
+    return basis, y @ basis
+
+
+@dataclass
+class TierCode:
+    """Directions ``basis`` (L, H, D, D), row ``mean`` and direction ``range`` (L, H, D),
+    float32 holding fp16 numbers; ``tiers`` say the bits."""
+
+    basis: torch.Tensor
+    mean: torch.Tensor
+    range: torch.Tensor
+    tiers: list[Tier]
+
+    @classmethod
+    def fit(cls, rows: torch.Tensor, tiers: list[Tier]) -> TierCode:
+        """The code of rows (L, H, S, D), one layer at a time (bounded working memory)."""
+        x = rows.float()
+        L, H, S, D = x.shape
+        if S == 0:  # no span tokens: any code of the right shape
+            eye = torch.eye(D).expand(L, H, D, D).contiguous()
+            return cls(eye, x.new_zeros(L, H, D), x.new_ones(L, H, D), tiers)
+        mean = stored(x.mean(dim=2))
+        bases, spans = [], []
+        for layer in range(L):
+            basis, coef = directions(x[layer], mean[layer])
+            bases.append(basis)
+            spans.append(coef.abs().amax(dim=1).clamp(min=1e-6))
+        return cls(torch.stack(bases), mean, stored(torch.stack(spans)), tiers)
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        names = {"basis": self.basis, "mean": self.mean, "range": self.range}
+        return {f"{prefix}_{n}": t.to(STORE_DTYPE).contiguous() for n, t in names.items()}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> TierCode:
+        basis = tensors[f"{prefix}_basis"].float()
+        mean, span = tensors[f"{prefix}_mean"].float(), tensors[f"{prefix}_range"].float()
+        return cls(basis, mean, span, parse_tiers(spec, basis.shape[-1]))
+
+    @cached_property
+    def record_bytes(self) -> int:
+        return record_bytes(self.tiers)
+
+    def encode(self, rows: torch.Tensor) -> torch.Tensor:
+        """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
+        return torch.stack([self._encode_layer(rows[i], i) for i in range(rows.shape[0])])
+
+    def _encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
+        centred = rows.float() - self.mean[layer][:, None]
+        coef = (centred @ self.basis[layer]) / self.range[layer][:, None]  # (H, S, D)
+        pieces, at = [], 0
+        for tier in self.tiers:
+            part = coef[..., at : at + tier.count]
+            at += tier.count
+            if tier.bits:
+                pieces.append(_encode_tier(part, tier))
+        shape = (*rows.shape[:-1], 0)
+        return torch.cat(pieces, dim=-1) if pieces else torch.zeros(shape, dtype=torch.uint8)
+
+    def decode(
+        self, records: torch.Tensor, layer: int, heads: torch.Tensor | list[int], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
+        KV heads, ascending (or each head's row count, as :func:`per_head` takes them)."""
+        synth, mean = self.synthesis
+        if records.dtype == torch.uint8 and kernels.usable(records):
+            coef = kernels.tier_coefficients(records, self.tiers)  # one call on the CPU
+        else:
+            coef = self.coefficients(records)
+        return per_head(coef, heads, synth[layer], mean[layer]).to(dtype)
+
+    def coefficients(self, records: torch.Tensor) -> torch.Tensor:
+        """Coefficients (T, D) float32 of records (T, B), dropped directions 0."""
+        pieces, byte = [], 0
+        for tier in self.tiers:
+            if tier.bits:
+                pieces.append(_decode_tier(records[:, byte : byte + tier.nbytes], tier))
+                byte += tier.nbytes
+            else:
+                pieces.append(records.new_zeros(records.shape[0], tier.count, dtype=torch.float))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+    def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A record's bit fields, the same in every layer: widths (L, F), each code of each
+        tier, then its scale's two bytes (fp16 coefficients: two bytes each); flips (L, F),
+        0x80 on 8-bit codes (int8 xored: they order as numbers)."""
+        widths, flips = [], []
+        for tier in self.tiers:
+            if tier.bits == 16:
+                widths += [8, 8] * tier.count
+                flips += [0, 0] * tier.count
+            elif tier.bits:
+                widths += [tier.bits] * tier.count + [8, 8]
+                flips += [0x80 if tier.bits == 8 else 0] * tier.count + [0, 0]
+        L = self.basis.shape[0]
+        w, f = torch.tensor(widths, dtype=torch.int64), torch.tensor(flips, dtype=torch.int64)
+        return w.expand(L, -1).contiguous(), f.expand(L, -1).contiguous()
+
+    @cached_property
+    def synthesis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per (layer, head) the map (L, H, D, D) from coefficients back to rows — the inverse
+        of the fp16 directions (nearly, not exactly, orthonormal), ranges folded in — and the
+        rows' mean (L, H, D)."""
+        return (self.range[..., None] * torch.linalg.inv(self.basis)).contiguous(), self.mean
+
+
+@dataclass
+class EvenCode:
+    """Per (layer, KV head): ``basis`` (L, H, D, D) directions of the rows in the ``metric``
+    (L, H, D), row ``mean`` and direction ``range`` (L, H, D) (the grid's largest code times
+    its step), ``step`` (L, H); ``bits`` (L, H, D) int, the same for a layer's heads, summing
+    to at most ``row_bits``."""
+
+    basis: torch.Tensor
+    metric: torch.Tensor
+    mean: torch.Tensor
+    range: torch.Tensor
+    bits: torch.Tensor
+    row_bits: int
+    step: torch.Tensor
+
+    @classmethod
+    def fit(cls, rows: torch.Tensor, relative_step: float, metric: torch.Tensor) -> EvenCode:
+        """The code of rows (L, H, S, D), its step ``relative_step`` times each head's rms
+        coefficient; a direction that would need more than 8 bits keeps 8 on a grid over its
+        range."""
+        x, metric = rows.float(), stored(metric)
+        L, H, S, D = x.shape
+        if S == 0:  # no rows: any code of the right shape (one byte of unused bits)
+            eye = torch.eye(D).expand(L, H, D, D).contiguous()
+            zeros, ones = x.new_zeros(L, H, D), x.new_ones(L, H, D)
+            bits = torch.zeros(L, H, D, dtype=torch.long)
+            return cls(eye, metric, zeros, ones, bits, 8, x.new_zeros(L, H))
+        mean = stored(x.mean(dim=2))
+        scale = metric.sqrt()
+        bases, peaks, steps, needed, bits = [], [], [], [], []
+        for layer in range(L):  # one layer at a time: bounded working memory
+            basis, coef = directions(x[layer], mean[layer], scale[layer])
+            step = relative_step * coef.square().mean(dim=(1, 2)).sqrt().clamp(min=1e-6)  # (H,)
+            peak = coef.abs().amax(dim=1)  # (H, D)
+            levels = torch.ceil(peak / step[:, None] - 0.5).clamp(min=0)  # largest code needed
+            need = torch.where(levels > 0, torch.log2(2 * levels + 1).ceil().clamp(min=2), 0.0)
+            bases.append(basis)
+            peaks.append(peak)
+            steps.append(step)
+            needed.append(levels)
+            bits.append(need.amax(dim=0).clamp(max=MAX_BITS).long())  # (D,) the heads' layout
+        layout = torch.stack(bits)[:, None].expand(L, H, D)
+        step, peak = torch.stack(steps), torch.stack(peaks)
+        top = torch.where(layout >= 2, 2 ** (layout - 1).clamp(min=1) - 1, 0).float()
+        fits = top >= torch.stack(needed)
+        span = stored(torch.where(fits, top * step[..., None], peak).clamp(min=1e-6))
+        basis = torch.stack(bases)
+        return cls(basis, metric, mean, span, layout, _row_bits(layout), stored(step))
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        names = {"basis": self.basis, "metric": self.metric, "mean": self.mean}
+        out = {f"{prefix}_{n}": t.to(STORE_DTYPE).contiguous() for n, t in names.items()}
+        out[f"{prefix}_range"] = self.range.to(STORE_DTYPE)
+        out[f"{prefix}_step"] = self.step.to(STORE_DTYPE)
+        out[f"{prefix}_bits"] = self.bits.to(torch.uint8).contiguous()
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str) -> EvenCode:
+        bits = tensors[f"{prefix}_bits"].long()
+        if bits.dim() != 3 or bool((bits > MAX_BITS).any()):
+            raise ValueError(f"{prefix}_bits is not a layout of 0..{MAX_BITS} bits (L, H, D)")
+        return cls(
+            tensors[f"{prefix}_basis"].float(),
+            tensors[f"{prefix}_metric"].float(),
+            tensors[f"{prefix}_mean"].float(),
+            tensors[f"{prefix}_range"].float(),
+            bits,
+            _row_bits(bits),
+            tensors[f"{prefix}_step"].float(),
+        )
+
+    @property
+    def record_bytes(self) -> int:
+        return self.row_bits // 8
+
+    @cached_property
+    def grid(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each direction's step and largest code (L, H, D) (codes -levels .. levels)."""
+        levels = torch.where(self.bits >= 2, 2 ** (self.bits - 1).clamp(min=1) - 1, 0).float()
+        return self.range / levels.clamp(min=1), levels
+
+    def encode(self, rows: torch.Tensor) -> torch.Tensor:
+        """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
+        return torch.stack([self._encode_layer(rows[i], i) for i in range(rows.shape[0])])
+
+    def _encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
+        """Records (H, S, B) of one layer's rows (H, S, D): each code offset to be
+        non-negative, its bits (lowest first) after the previous direction's. In float
+        arithmetic, exact on these integers: a code times 2^offset splits into the part in its
+        first byte and the part in the next; codes never share a bit, so each byte is the sum
+        of the parts it holds (one product per part)."""
+        step, levels = (t[layer][:, None] for t in self.grid)
+        y = (rows.float() - self.mean[layer][:, None]) * self.metric[layer].sqrt()[:, None]
+        codes = ((y @ self.basis[layer]) / step).round().clamp(-levels, levels) + levels
+        low_bytes, high_bytes, shift = (t[layer] for t in self._places)
+        placed = codes * shift  # (H, S, D): the code over its first byte, < 2^16
+        high = torch.floor(placed * (1 / 256))
+        low = torch.addcmul(placed, high, torch.tensor(256.0), value=-1.0)
+        return (low @ low_bytes + high @ high_bytes).to(torch.uint8)
+
+    @cached_property
+    def _places(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per layer the maps (L, D, B) from each code's part in its first byte and in the
+        next to the record's bytes, and 2^offset (L, D), the code's first bit in its byte."""
+        windows, _, _ = self._fields  # (L, B + 1, D): first byte 2^-offset, next 256 x that
+        first = windows.transpose(1, 2)[..., :-1]  # (L, D, B): the spare byte holds nothing
+        low_bytes = (first > 0) & (first < 1.5)  # 2^-offset <= 1 marks the first byte
+        high_bytes = first >= 1.5  # 256 x 2^-offset >= 2 marks the next
+        bits = self.layer_bits
+        starts = torch.cumsum(bits, dim=-1) - bits
+        used = (bits > 0)[:, :, None]
+        shift = 2.0 ** (starts % 8).float()
+        return (low_bytes & used).float(), (high_bytes & used).float(), shift
+
+    def decode(
+        self, records: torch.Tensor, layer: int, heads: torch.Tensor | list[int], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` as for
+        :meth:`TierCode.decode`. In float arithmetic, exact on these small integers: one
+        product puts each code's two bytes, over 2^offset, in its column, two floors cut the
+        code out; then one product per head maps the codes to rows."""
+        if records.dtype == torch.uint8 and kernels.usable(records):  # one call on the CPU
+            codes = kernels.field_codes(records, self.layer_bits[layer])
+        else:
+            windows, narrow, width = (t[layer] for t in self._fields)
+            # code + bits above it; the spare byte after the record (always 0) adds nothing
+            field = records.float() @ windows[:-1]
+            above = torch.floor(field * narrow)
+            codes = torch.addcmul(field, above, width, value=-1.0).floor_()  # (T, D), >= 0
+        maps, bias = self.synthesis
+        return per_head(codes, heads, maps[layer], bias[layer]).to(dtype)
+
+    def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A record's bit fields per layer: widths (L, F), each direction's code (0: dropped)
+        then the record's unused bits, and flips (none)."""
+        bits = self.layer_bits
+        spare = 8 * self.record_bytes - bits.sum(dim=1)  # (L,) bits after the last code
+        pads = [(spare - 8 * i).clamp(0, 8)[:, None] for i in range(-(-int(spare.max()) // 8))]
+        widths = torch.cat([bits, *pads], dim=1)
+        return widths.contiguous(), torch.zeros_like(widths)
+
+    @cached_property
+    def layer_bits(self) -> torch.Tensor:
+        """(L, D) int64 each direction's bits per layer (a layer's heads share a layout)."""
+        return self.bits[:, 0].long().contiguous()
+
+    @cached_property
+    def _fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where each direction's code lies in a record, per layer: the map (L, B + 1, D) from
+        the record's bytes to each code's 16-bit window (its first byte + 256 x the next) over
+        2^offset (the code's first bit in that byte), 2^-bits and 2^bits (L, D)."""
+        bits = self.layer_bits
+        L, D = bits.shape
+        starts = torch.cumsum(bits, dim=-1) - bits
+        first = (starts // 8).clamp(max=self.record_bytes - 1)  # 0-bit ends: any byte
+        shift = 2.0 ** -(starts - 8 * first).float()  # (L, D)
+        windows = torch.zeros(L, self.record_bytes + 1, D)
+        windows.scatter_(1, first[:, None], shift[:, None])
+        windows.scatter_(1, first[:, None] + 1, 256 * shift[:, None])
+        width = 2.0 ** bits.float()
+        return windows, 1.0 / width, width
+
+    @cached_property
+    def synthesis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per (layer, head) the map (L, H, D, D) from a row's codes to its row, and the row
+        its all-zero codes stand for (L, H, D): the mean less each direction's offset."""
+        step, levels = self.grid
+        back = torch.linalg.inv(self.basis) * self.metric.rsqrt()[..., None, :]
+        maps = step[..., None] * back  # the row of one code unit of each direction
+        bias = self.mean - (levels[..., None] * maps).sum(dim=2)
+        return maps.contiguous(), bias
+
+
+Code = TierCode | EvenCode
+
+
+def fit_code(
+    rows: torch.Tensor, spec: str, setting: str = "code", moment: torch.Tensor | None = None
+) -> Code:
+    """The code of ``spec`` fitted to rows (L, H, S, D); ``moment`` (L, H, D, D): the
+    queries' second moment that weighs an even code's dimensions (None: equal weights).
+    SekvError naming ``setting`` where the spec does not fit the rows."""
+    step = parse_even(spec)
+    if step is not None:
+        return EvenCode.fit(rows, step, query_metric(moment, rows))
+    try:
+        tiers = parse_tiers(spec, rows.shape[-1])
+    except ValueError as exc:
+        raise SekvError(f"{setting}: {exc}") from None
+    return TierCode.fit(rows, tiers)
+
+
+def load_code(tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> Code:
+    """The code of ``spec`` from its stored tensors (``prefix``: ``k`` or ``v``)."""
+    if parse_even(spec) is not None:
+        return EvenCode.from_tensors(tensors, prefix)
+    return TierCode.from_tensors(tensors, prefix, spec)
+
+
+def store_codebooks(
+    tensors: dict[str, torch.Tensor], key_code: str, value_code: str
+) -> dict[str, Code]:
+    """A store's offload codes (``k``, ``v``) from its tensors at its settings' specs."""
+    return {"k": load_code(tensors, "k", key_code), "v": load_code(tensors, "v", value_code)}
+
+
+def per_head(
+    coef: torch.Tensor,
+    heads: torch.Tensor | list[int],
+    maps: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    """Rows (T, D) of coefficients (T, C) grouped by KV head (``heads``: (T,) each row's head,
+    ascending, or the row count of each head): one product per head with its map (H, C, D),
+    plus its bias (H, D), written in place."""
+    if not isinstance(heads, list):
+        heads = torch.bincount(heads.cpu(), minlength=maps.shape[0]).tolist()
+    out = coef.new_empty(coef.shape[0], maps.shape[-1])
+    at = 0
+    for h, n in enumerate(heads):
+        if n:
+            torch.addmm(bias[h], coef[at : at + n], maps[h], out=out[at : at + n])
+            at += n
+    return out
+
+
+def _row_bits(bits: torch.Tensor) -> int:
+    """A record's bits for the layout ``bits`` (L, H, D): the widest layer's, in whole bytes."""
+    widest = int(bits[:, 0].sum(dim=-1).max()) if bits.numel() else 0
+    return max(8, -(-widest // 8) * 8)
+
+
+def _encode_tier(coef: torch.Tensor, tier: Tier) -> torch.Tensor:
+    """Bytes (..., tier.nbytes) of coefficients (..., count)."""
+    if tier.bits == 16:
+        return _fresh(coef.to(torch.float16)).view(torch.uint8)
+    scale = (coef.abs().amax(dim=-1, keepdim=True) / tier.levels).to(SCALE)
+    step = scale.float().clamp(min=torch.finfo(SCALE).tiny)
+    codes = (coef / step).round().clamp(-tier.levels, tier.levels)
+    if tier.bits == 8:
+        packed = codes.to(torch.int8).view(torch.uint8)
+    else:  # 4 or 2 bits: non-negative codes, several per byte
+        packed = pack_codes(codes + tier.levels, tier.bits)
+    return torch.cat([packed, _fresh(scale).view(torch.uint8)], dim=-1)
+
+
+def _decode_tier(chunk: torch.Tensor, tier: Tier) -> torch.Tensor:
+    """Coefficients (T, count) float32 of a tier's bytes (T, tier.nbytes)."""
+    if tier.bits == 16:
+        return _viewed(chunk, torch.float16).float()
+    codes_bytes = tier.count * tier.bits // 8
+    scale = _viewed(chunk[:, codes_bytes:], SCALE).float()  # (T, 1)
+    packed = chunk[:, :codes_bytes]
+    if tier.bits == 8:
+        codes = packed.view(torch.int8).float()  # same width: a view at any stride
+    else:  # each byte's codes at once from a table of every byte value's
+        table = _byte_codes(tier.bits, tier.levels).to(chunk.device)
+        codes = torch.nn.functional.embedding(packed.long(), table).flatten(-2)
+    return codes * scale
+
+
+@functools.cache
+def _byte_codes(bits: int, levels: int) -> torch.Tensor:
+    """(256, 8 / bits) float32: the signed codes every byte value packs (:func:`pack_codes`)."""
+    return unpack_codes(torch.arange(256, dtype=torch.uint8)[:, None], bits).float() - levels
+
+
+def _viewed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes ``t`` (T, n) read as ``dtype``: a view where the layout allows one, else a copy."""
+    try:
+        return t.view(dtype)
+    except RuntimeError:
+        return _fresh(t).view(dtype)
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A row-major copy of ``t`` in its own storage (viewing bytes as another dtype needs it)."""
+    return t.clone(memory_format=torch.contiguous_format)

@@ -1,0 +1,194 @@
+"""The span store's format: its key, its manifest and digest, the sizes it reports.
+
+A store is one directory per (document, model, settings, format version) under
+``$SEKV_HOME/stores`` holding ``resident.safetensors``, ``offload.safetensors``,
+``trace.safetensors`` and ``manifest.json``. Every file, tensor name, dtype and what the
+digest covers is written down in ``docs/store-format.md``; this module holds the names and the
+functions both builders and the loader share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+from ..config import StoreSettings
+from ..documents import Document, token_pages
+from ..kvquant import KV_BITS, quantize_rows, row_bytes
+from ..models import LoadedModel
+from ..prompt import Context
+
+FORMAT = "sekv-span-store"
+FORMAT_VERSION = 15
+FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
+FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit rows' scales
+CODE_PARTS = ("basis", "mean", "range", "metric", "bits", "step")  # a code has those it uses
+CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in CODE_PARTS)
+DIGEST = "digest"  # the manifest's own checksum (of every other field)
+
+
+def store_key(loaded: LoadedModel, document: Document, context: Context, settings: Any) -> str:
+    """Directory name: hash of document, model fingerprint, prompt tokens, settings, format."""
+    h = hashlib.sha256()
+    for part in (
+        FORMAT,
+        str(FORMAT_VERSION),
+        document.sha256,
+        loaded.fingerprint,
+        json.dumps(settings.to_dict(), sort_keys=True),
+    ):
+        h.update(part.encode() + b"\0")
+    h.update(np.asarray(context.ids, dtype=np.int64).tobytes())
+    return f"{document.sha256[:12]}-{h.hexdigest()[:20]}"
+
+
+def device_bytes(resident: dict[str, torch.Tensor], sketch_bits: int) -> int:
+    """Bytes of the device tier as an answer holds it: sinks' and anchors' K and V as 8-bit
+    rows, the sketch's rows (``sketch_bits`` per number) and its directions, mean and scales
+    at 2 bytes per number, each span's length and representatives and each span token's span
+    (int64)."""
+    L, H, F, D = resident["fixed_k"].shape
+    R = resident["sketch_proj"].shape[-1]
+    spans = int(resident["span_starts"].numel())
+    span_tokens = int((resident["span_ends"] - resident["span_starts"]).sum())
+    out = 2 * L * H * F * row_bytes(D, KV_BITS) + 8 * (spans + span_tokens)
+    out += L * H * span_tokens * R * sketch_bits // 8
+    out += 2 * sum(resident[n].numel() for n in ("sketch_proj", "sketch_mean", "sketch_scale"))
+    return out + resident["span_reps"].numel() * 8
+
+
+def quantize_fixed(fixed_k: torch.Tensor, fixed_v: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Sinks' and anchors' K/V (L, H, F, D) as the 8-bit rows the file holds
+    (:mod:`sekv_core.kvquant`: int8 codes and one fp16 scale per row)."""
+    out = {}
+    for (name, scale), rows in zip(FIXED_SCALES.items(), (fixed_k, fixed_v), strict=True):
+        out[name], out[scale] = quantize_rows(rows.float())
+    return out
+
+
+def store_manifest(
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+    positions: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest's fixed part (``bytes``, ``stats``, ``files`` and ``digest`` are filled
+    when the store is written)."""
+    spec = loaded.spec
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": {"id": loaded.model_id, "fingerprint": loaded.fingerprint, "spec": asdict(spec)},
+        "tokenizer": {
+            "class": type(loaded.tokenizer).__name__,
+            "vocab_size": len(loaded.tokenizer),
+        },
+        "settings": settings.to_dict(),
+        "document": {
+            "path": str(document.path),
+            "sha256": document.sha256,
+            "tokens": len(context) - context.doc_start,
+            "pages": document.pages,
+            "context_tokens": len(context),
+            "doc_start": context.doc_start,
+        },
+        "positions": positions,
+        "bytes": {
+            "full_kv_fp16": spec.kv_bytes(len(context), 2),
+            "full_kv_fp32": spec.kv_bytes(len(context), 4),
+        },
+    }
+
+
+def trace_tensors(
+    document: Document, context: Context, surprisal: np.ndarray, roles: np.ndarray
+) -> dict[str, torch.Tensor]:
+    """Token metadata for explanations: ids, surprisal, roles, pages, character offsets."""
+    doc_offsets = np.full((len(context), 2), -1, dtype=np.int32)
+    doc_offsets[context.doc_start :] = np.asarray(context.offsets, dtype=np.int32).reshape(-1, 2)
+    pages = np.ones(len(context), dtype=np.int32)
+    pages[context.doc_start :] = token_pages(document, context.offsets)
+    return {
+        "token_ids": torch.tensor(context.ids, dtype=torch.int64),
+        "surprisal": torch.from_numpy(np.asarray(surprisal, dtype=np.float32)),
+        "roles": torch.from_numpy(np.asarray(roles, dtype=np.int8)),
+        "pages": torch.from_numpy(pages),
+        "offsets": torch.from_numpy(doc_offsets),
+    }
+
+
+def code_stats(key: Any, value: Any) -> dict[str, Any]:
+    """Bits per number of the offload codes' fixed-rate records (scales included)."""
+    dim = key.basis.shape[-1]
+    return {
+        "key_bits": round(8 * key.record_bytes / dim, 3),
+        "value_bits": round(8 * value.record_bytes / dim, 3),
+    }
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The sha256 of the canonical manifest (sorted-keys compact JSON of every field but
+    :data:`DIGEST`): it covers the files' checksums and sizes, positions, document, bytes."""
+    body = {k: v for k, v in manifest.items() if k != DIGEST}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def map_safetensors(
+    source: Path | BinaryIO, names: tuple[str, ...] | None = None
+) -> dict[str, torch.Tensor]:
+    """Memory-map the tensors (``names``: only those) of a safetensors file — a path, or a
+    file open for binary reading (the maps stay valid after it is replaced or deleted) — as
+    flat read-only torch views (no copy)."""
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            return map_safetensors(f, names)
+    source.seek(0)
+    header_len = int.from_bytes(source.read(8), "little")
+    header = json.loads(source.read(header_len))
+    dtypes = {"F16": np.float16, "F32": np.float32, "I64": np.int64, "I32": np.int32}
+    dtypes.update({"I8": np.int8, "U8": np.uint8})
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__" or (names is not None and name not in names):
+            continue
+        start, stop = meta["data_offsets"]
+        dtype = np.dtype(dtypes[meta["dtype"]])
+        count = (stop - start) // dtype.itemsize
+        if count == 0:
+            out[name] = torch.zeros(0, dtype=getattr(torch, dtype.name))
+            continue
+        array = np.memmap(
+            source, dtype=dtype, mode="r", offset=8 + header_len + start, shape=(count,)
+        )
+        with warnings.catch_warnings():  # read-only map: torch warns it is not writable
+            warnings.simplefilter("ignore")
+            out[name] = torch.from_numpy(array)
+    return out
+
+
+def nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def sha256(source: Path | BinaryIO) -> str:
+    """Hex sha256 of a file (a path, or an open binary file read from its start)."""
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            return sha256(f)
+    source.seek(0)
+    h = hashlib.sha256()
+    for block in iter(lambda: source.read(1 << 22), b""):
+        h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,281 @@
+"""A span store loaded from disk and verified: what answering reads, tier by tier.
+
+A load runs four stages:
+
+1. **verify** — the manifest's digest (no value in it is trusted unchecked), its claims
+   against what is asked (format, model, document, settings, the context's length and prompt
+   head, positions, sinks), every file's size and sha256, read through the descriptor the
+   tensors come from (a store replaced meanwhile fails, it is never read half old, half new);
+2. **read** — the three files' tensors, the token ids and sinks checked against the context;
+3. **decode** — the offload tier's records, entropy-coded on disk, back to fixed-rate records
+   in host memory, bit for bit (:mod:`sekv_core.store.entropy`);
+4. **sketch** — the routing sketch's rows rebuilt from the decoded keys (:func:`sketch_rows`),
+   then the resident tier placed on the model's device.
+
+A store that fails any check raises :class:`StoreInvalid` and is never used
+(:func:`sekv_core.store.ingest.open_or_build` rebuilds it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_bytes
+
+from ..config import StoreSettings, exceeds_window
+from ..documents import Document
+from ..kvquant import dequantize_rows
+from ..models import LoadedModel
+from ..prompt import Context
+from ..rope import Rope
+from ..segment import SINK, n_sinks
+from ..sketch import column_major, pack_sketch, span_token_positions
+from ..summary import STORE_DTYPE, one_thread
+from .codes import Code, store_codebooks
+from .entropy import expanded
+from .format import (
+    DIGEST,
+    FILES,
+    FIXED_SCALES,
+    FORMAT,
+    FORMAT_VERSION,
+    device_bytes,
+    manifest_digest,
+)
+
+
+class StoreInvalid(Exception):
+    """A store on disk that must not be used (reason in the message)."""
+
+
+@dataclass
+class SpanStore:
+    """A loaded, verified span store: its ``manifest``, the ``resident`` tables (the device
+    tier and the codes), the ``trace`` (token metadata) and the decoded offload records."""
+
+    path: Path
+    manifest: dict[str, Any]
+    resident: dict[str, torch.Tensor]
+    trace: dict[str, torch.Tensor]
+    offload: dict[str, torch.Tensor]  # k_rows, v_rows: flat fixed-rate records (uint8)
+
+    def offload_slice(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Elements [start, stop) of a flat offload buffer."""
+        return self.offload[name][start:stop]
+
+    def offload_records(self, name: str, size: int, ranges: Any) -> torch.Tensor:
+        """Records (n, size) of the flat buffer ``name`` read as records of ``size`` bytes;
+        ``ranges.index`` (n,) the records' numbers."""
+        return self.offload[name].view(-1, size).index_select(0, ranges.index)
+
+    @property
+    def n_spans(self) -> int:
+        return int(self.resident["span_starts"].numel())
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        return self.manifest["bytes"]
+
+
+def load_store(
+    path: Path,
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+) -> SpanStore:
+    """Load and verify the store of ``document`` read as ``context``; raise
+    :class:`StoreInvalid` if it must not be used (also when missing or replaced meanwhile)."""
+    try:
+        manifest = read_manifest(path)
+        check_claims(manifest, loaded, document, context, settings)
+        contents = {name: verified_bytes(manifest, path / name) for name in FILES}
+    except OSError as exc:  # FileNotFoundError and the like: gone or replaced while read
+        raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
+    resident, offload, trace = (_tensors(name, contents[name]) for name in FILES)
+    check_tokens(trace, resident, context, manifest["positions"]["sinks"])
+    try:
+        codes = store_codebooks(resident, settings.key_code, settings.value_code)
+        records = expanded(offload, resident["part_rows"], codes)
+        rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
+        bits = settings.sketch_bits
+        resident["sketch"] = sketch_rows(resident, records["k_rows"], codes["k"], rope, bits)
+    except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
+        raise StoreInvalid(f"the offload tier does not decode ({exc})") from None
+    check_sizes(manifest, resident, records, settings)
+    place_resident(resident, loaded, bounded=rope is None)
+    return SpanStore(path, manifest, resident, trace, records)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of the store at ``path``, its digest verified."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except ValueError as exc:
+        raise StoreInvalid(f"manifest unreadable ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise StoreInvalid("manifest is not a JSON object")
+    if manifest.get("version") != FORMAT_VERSION:  # an older sekv's
+        raise StoreInvalid(f"version is {manifest.get('version')!r}, expected {FORMAT_VERSION}")
+    if manifest.get(DIGEST) != manifest_digest(manifest):
+        raise StoreInvalid("manifest digest mismatch (edited or corrupt)")
+    return manifest
+
+
+def check_claims(
+    manifest: dict[str, Any],
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+) -> None:
+    """StoreInvalid unless the manifest describes this model, document, context, settings."""
+    T, start = len(context), context.doc_start
+    bounded = exceeds_window(loaded.spec.window, T)  # as the streamed build lays it out
+    expect = {
+        ("format",): FORMAT,
+        ("version",): FORMAT_VERSION,
+        ("model", "fingerprint"): loaded.fingerprint,
+        ("document", "sha256"): document.sha256,
+        ("settings",): json.loads(json.dumps(settings.to_dict())),
+        ("document", "context_tokens"): T,
+        ("document", "doc_start"): start,
+        ("document", "tokens"): T - start,
+        ("positions", "mode"): "bounded" if bounded else "original",
+        ("positions", "sinks"): n_sinks(T, start, settings.segment),
+    }
+    for keys, value in expect.items():
+        found: Any = manifest
+        for k in keys:
+            found = found.get(k) if isinstance(found, dict) else None
+        if found != value or type(found) is not type(value):
+            raise StoreInvalid(f"{'.'.join(keys)} is {found!r}, expected {value!r}")
+
+
+def verified_bytes(manifest: dict[str, Any], file: Path) -> bytes:
+    """The content of ``file`` once it has the size and sha256 the manifest lists."""
+    listed = manifest.get("files")
+    meta = listed.get(file.name) if isinstance(listed, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    with open(file, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != meta.get("bytes"):
+            raise StoreInvalid(f"{file.name} is {size} bytes, expected {meta.get('bytes')}")
+        content = f.read()
+    if hashlib.sha256(content).hexdigest() != meta.get("sha256"):
+        raise StoreInvalid(f"{file.name} checksum mismatch (corrupt)")
+    return content
+
+
+def _tensors(name: str, content: bytes) -> dict[str, torch.Tensor]:
+    try:
+        return load_bytes(content)
+    except Exception as exc:  # safetensors raises its own error types
+        raise StoreInvalid(f"{name}: unreadable tensors ({exc})") from None
+
+
+def check_tokens(
+    trace: dict[str, torch.Tensor], resident: dict[str, torch.Tensor], context: Context, sinks: int
+) -> None:
+    """StoreInvalid unless the stored tokens are the context's and its first ``sinks`` tokens
+    are the stored sinks (roles, and the first fixed positions)."""
+    try:
+        ids, roles, fixed = trace["token_ids"], trace["roles"], resident["fixed_pos"]
+    except KeyError as exc:
+        raise StoreInvalid(f"tensor {exc} missing") from None
+    if not torch.equal(ids, torch.tensor(context.ids, dtype=ids.dtype)):
+        raise StoreInvalid("stored token ids differ from the document's")
+    stored = int((roles == SINK).sum())
+    leading = bool((roles[:sinks] == SINK).all()) and torch.equal(
+        fixed[:sinks], torch.arange(sinks)
+    )
+    if stored != sinks or not leading:
+        raise StoreInvalid(f"the store holds {stored} sinks, its manifest says {sinks}")
+
+
+def sketch_rows(
+    resident: dict[str, torch.Tensor],
+    k_rows: torch.Tensor,
+    code: Code,
+    rope: Rope | None,
+    bits: int,
+) -> torch.Tensor:
+    """The routing sketch's packed rows (L, H, S, R / 2 or R) of the decoded span keys:
+    each key (rotated to its position unless ``rope`` is None: a bounded store's sketch is of
+    pre-RoPE keys) projected, ``(k - mu) B / scale``, rounded and clamped to the sketch's
+    levels (``bits``: 4 or 8). On one thread, so every load of a store routes with the same
+    rows."""
+    scale = resident["sketch_scale"].float()  # (L, H, R)
+    R = scale.shape[-1]
+    proj = resident["sketch_key"].float() / scale[:, :, None]  # (L, H, D, R), in levels
+    offset = resident["sketch_mean"].float()[:, :, None] @ proj  # (L, H, 1, R)
+    L, H = proj.shape[:2]
+    S = int(resident["part_rows"][-1])
+    positions = span_token_positions(resident["span_starts"], resident["span_ends"])
+    if positions.numel() != S:
+        raise ValueError("span bounds do not cover the offload tier's rows")
+    top = 2 ** (bits - 1) - 1
+    levels = torch.zeros(L, H, S, R)
+    rows_per_part = torch.diff(resident["part_rows"]).tolist()
+    B = code.record_bytes
+    parts = torch.split(k_rows.view(-1, B), [L * H * n for n in rows_per_part])
+    with one_thread():
+        for layer in range(L):  # one layer at a time: bounded working memory
+            picked = [  # each part's records of this layer, (H, n, B), heads' rows in order
+                part.view(L, H, n, B)[layer] for part, n in zip(parts, rows_per_part, strict=True)
+            ]
+            records = torch.cat(picked, dim=1) if picked else k_rows.new_zeros(H, 0, B)
+            keys = code.decode(records.reshape(H * S, B), layer, [S] * H, torch.float32)
+            if rope is not None:
+                keys = rope.rotate(keys, positions.repeat(H))
+            raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
+            levels[layer] = raw.round_().clamp_(-top, top)
+    return pack_sketch(levels, bits)
+
+
+def check_sizes(
+    manifest: dict[str, Any],
+    resident: dict[str, torch.Tensor],
+    records: dict[str, torch.Tensor],
+    settings: StoreSettings,
+) -> None:
+    """StoreInvalid unless the manifest's sizes (what ingest and answers report) are those of
+    the stored tables, the decoded records and the files."""
+    files = {name: manifest["files"][name]["bytes"] for name in FILES}
+    expect = {
+        "resident": device_bytes(resident, settings.sketch_bits),
+        "index": files["resident.safetensors"],
+        "offloaded": files["offload.safetensors"],
+        "trace": files["trace.safetensors"],
+        "offload_records": sum(t.numel() for t in records.values()),
+        "store": sum(files.values()),
+    }
+    sizes = manifest.get("bytes")
+    for name, value in expect.items():
+        found = sizes.get(name) if isinstance(sizes, dict) else None
+        if found != value:
+            raise StoreInvalid(f"bytes.{name} is {found!r}, the store holds {value}")
+
+
+def place_resident(resident: dict[str, torch.Tensor], loaded: LoadedModel, bounded: bool) -> None:
+    """The resident tier at the precision and on the device answers use it: 8-bit fixed rows
+    as stored (a bounded store's keys, pre-RoPE, as fp16 numbers the memory rotates), the
+    sketch column-major (the layout routing reads fastest), its directions in half precision
+    (fp32 models compute on copies)."""
+    device = loaded.device
+    dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
+    if bounded:
+        for name, scale in FIXED_SCALES.items():
+            resident[name] = dequantize_rows(resident[name], resident.pop(scale), STORE_DTYPE)
+    resident["sketch_mean"] = resident["sketch_mean"].to(device=device, dtype=dtype)
+    resident["sketch"] = column_major(resident["sketch"])
+    for name in ("fixed_k", "fixed_v", "sketch_proj", "sketch_scale"):
+        if resident[name].is_floating_point():  # (8-bit fixed rows stay as they are)
+            resident[name] = resident[name].to(dtype=dtype)
+    resident["span_reps"] = resident["span_reps"].to(device)

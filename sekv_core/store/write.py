@@ -1,0 +1,136 @@
+"""Writing a span store: the one finishing path of the one-shot and the streamed build.
+
+Both builders end in :func:`write_store` with the same pieces — the resident tables, the
+offload codes and each part's fixed-rate records, the trace — and it codes what the file holds
+(sinks' and anchors' K/V as 8-bit rows, the records entropy-coded), fills the manifest's sizes
+and writes the directory atomically: into a ``.tmp-*`` sibling that records its writer (a dead
+writer's is removed at the next build, :mod:`sekv_core.store.locks`), then renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from ..config import StoreSettings
+from ..documents import Document
+from ..models import LoadedModel
+from ..prompt import Context
+from ..summary import STORE_DTYPE
+from .codes import Code
+from .entropy import compacted
+from .format import (
+    DIGEST,
+    code_stats,
+    device_bytes,
+    manifest_digest,
+    quantize_fixed,
+    sha256,
+    store_manifest,
+)
+from .locks import WRITER, mark_writer
+
+# the resident file's tables besides the fixed rows and the codes' tensors
+TABLES = (
+    "fixed_pos",
+    "span_starts",
+    "span_ends",
+    "span_reps",
+    "sketch_proj",
+    "sketch_key",
+    "sketch_mean",
+    "sketch_scale",
+    "part_rows",
+)
+
+
+def write_store(
+    path: Path,
+    loaded: LoadedModel,
+    document: Document,
+    context: Context,
+    settings: StoreSettings,
+    positions: dict[str, Any],
+    tables: dict[str, torch.Tensor],
+    codes: dict[str, Code],
+    records: dict[str, list[torch.Tensor]],
+    trace: dict[str, torch.Tensor],
+    report: dict[str, Any],
+) -> None:
+    """Write the store at ``path``.
+
+    tables : :data:`TABLES` plus ``fixed_k``, ``fixed_v`` (L, H, F, D) float (keys post-RoPE
+        at original positions, pre-RoPE when bounded); codes : the offload codes ``k``, ``v``;
+    records : each kind's fixed-rate records per part, (L, H, n, B) uint8, parts in
+        ``part_rows`` order; trace : :func:`~sekv_core.store.format.trace_tensors`;
+    report : manifest sections the builder adds (``stats``, ``timings``, a stream's report).
+    """
+    resident = {name: _stored(tables[name]) for name in TABLES}
+    resident.update(quantize_fixed(tables["fixed_k"].cpu(), tables["fixed_v"].cpu()))
+    resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
+    offload = compacted(records, codes)
+    manifest = store_manifest(loaded, document, context, settings, positions)
+    manifest["bytes"].update(
+        resident=device_bytes(resident, settings.sketch_bits),
+        offload_records=sum(r.numel() for parts in records.values() for r in parts),
+    )
+    manifest["stats"] = {**report.pop("stats", {}), **code_stats(codes["k"], codes["v"])}
+    manifest.update(report)
+    files = {"resident.safetensors": resident, "offload.safetensors": offload}
+    write_atomically(path, {**files, "trace.safetensors": trace}, manifest)
+
+
+def _stored(t: torch.Tensor) -> torch.Tensor:
+    """A table as the file holds it: on the host, floats in half precision."""
+    t = t.detach().cpu()
+    return (t.to(STORE_DTYPE) if t.is_floating_point() else t).contiguous()
+
+
+def write_atomically(
+    path: Path, files: dict[str, dict[str, torch.Tensor]], manifest: dict[str, Any]
+) -> None:
+    """Write ``files`` (safetensors) and the manifest — with every file's sha256 and size, the
+    store's sizes when it has ``bytes``, and its digest — into a temporary sibling directory
+    (0700, marked with this writer), then rename it to ``path``."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))  # 0700
+    try:
+        mark_writer(tmp)
+        manifest["files"] = {}
+        for name, tensors in files.items():
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
+            size = (tmp / name).stat().st_size
+            manifest["files"][name] = {"sha256": sha256(tmp / name), "bytes": size}
+        sizes = manifest.get("bytes")
+        listed = {name: meta["bytes"] for name, meta in manifest["files"].items()}
+        if isinstance(sizes, dict) and "offload.safetensors" in listed:  # a span store's sizes
+            sizes["index"] = listed["resident.safetensors"]
+            sizes["offloaded"] = listed["offload.safetensors"]
+            sizes["trace"] = listed["trace.safetensors"]
+            sizes["store"] = sum(listed.values())
+        manifest.pop(DIGEST, None)
+        manifest[DIGEST] = manifest_digest(json.loads(json.dumps(manifest)))  # as it reads back
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        _replace(tmp, path)
+        (path / WRITER).unlink(missing_ok=True)  # (killed just before: a harmless extra file)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename the finished ``tmp`` to ``path``, a stale or corrupt store there deleted first
+    (renamed away, so a reader never sees half of it)."""
+    if path.exists():
+        trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+        shutil.rmtree(trash, ignore_errors=True)  # a dead process's of the same pid
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, path)
