@@ -2,7 +2,9 @@
 
 Both codes are fitted over the document (a book: over its first window of tokens) per
 (layer, KV head): the principal directions of the centred rows (``basis`` (L, H, D, D),
-columns strongest first, fp16 as stored), the rows' ``mean`` and each direction's ``range``.
+columns strongest first), the rows' ``mean`` and each direction's ``range``. A basis is kept
+in 8 bits: each column on a power-of-two grid of its own (:func:`on_grid`), int8 codes and one
+exponent per column on disk, so build and load use the same numbers.
 A row is coded as its coefficients on those directions; its *record* is a fixed number of
 bytes, so a span's rows of one (layer, head) are one range of the tier and decode alone.
 
@@ -35,6 +37,8 @@ from .specs import MAX_BITS, Tier, parse_even, parse_tiers, record_bytes
 
 SCALE = torch.float16  # per-row tier scales (specs.SCALE_BYTES each)
 RIDGE = 1e-4  # the key metric's floor, a share of its largest dimension (no direction is free)
+LEVELS = 127  # a basis column's codes lie in ±LEVELS
+MIN_EXP = -24  # half precision's smallest step: every grid point is exact in fp16
 
 
 def query_metric(moment: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -60,8 +64,40 @@ def directions(rows: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor | Non
     if scale is not None:
         y = y * scale[:, None]
     _, vecs = torch.linalg.eigh(y.transpose(-1, -2) @ y)
-    basis = stored(vecs.flip(-1)).contiguous()
+    basis = on_grid(vecs.flip(-1)).contiguous()
     return basis, y @ basis
+
+
+def _grid(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes (..., D, C) and each column's exponent (..., 1, C) of ``t``: the least e with
+    max |column| <= 127 * 2^e (zero columns: MIN_EXP), the codes rounded on 2^e."""
+    t = t.float()
+    exp = torch.ceil(torch.log2(t.abs().amax(dim=-2, keepdim=True) / LEVELS)).clamp(min=MIN_EXP)
+    return (t / torch.exp2(exp)).round().clamp(-LEVELS, LEVELS), exp
+
+
+def on_grid(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (..., D, C) float32 with each column rounded to its 8-bit grid: the numbers a
+    store keeps (rounding them again changes nothing)."""
+    codes, exp = _grid(t)
+    return codes * torch.exp2(exp)
+
+
+def basis_tensors(prefix: str, basis: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A basis on its grid as the file holds it: ``{prefix}_basis`` int8 codes and
+    ``{prefix}_basis_exp`` int8 exponents (..., 1, C)."""
+    codes, exp = _grid(basis)
+    return {f"{prefix}_basis": codes.to(torch.int8), f"{prefix}_basis_exp": exp.to(torch.int8)}
+
+
+def read_basis(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+    """The basis :func:`basis_tensors` stored, float32; ValueError where it is malformed."""
+    codes, exp = tensors[f"{prefix}_basis"], tensors[f"{prefix}_basis_exp"]
+    if codes.dtype != torch.int8 or exp.dtype != torch.int8 or codes.dim() != 4:
+        raise ValueError(f"{prefix}_basis is not 8-bit codes with exponents")
+    if exp.shape != (*codes.shape[:-2], 1, codes.shape[-1]):
+        raise ValueError(f"{prefix}_basis's exponents do not fit its codes")
+    return codes.float() * torch.exp2(exp.float())
 
 
 @dataclass
@@ -91,12 +127,13 @@ class TierCode:
         return cls(torch.stack(bases), mean, stored(torch.stack(spans)), tiers)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        names = {"basis": self.basis, "mean": self.mean, "range": self.range}
-        return {f"{prefix}_{n}": t.to(STORE_DTYPE).contiguous() for n, t in names.items()}
+        names = {"mean": self.mean, "range": self.range}
+        out = {f"{prefix}_{n}": t.to(STORE_DTYPE).contiguous() for n, t in names.items()}
+        return {**basis_tensors(prefix, self.basis), **out}
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> TierCode:
-        basis = tensors[f"{prefix}_basis"].float()
+        basis = read_basis(tensors, prefix)
         mean, span = tensors[f"{prefix}_mean"].float(), tensors[f"{prefix}_range"].float()
         return cls(basis, mean, span, parse_tiers(spec, basis.shape[-1]))
 
@@ -217,9 +254,9 @@ class EvenCode:
         return cls(basis, metric, mean, span, layout, _row_bits(layout), stored(step))
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        names = {"basis": self.basis, "metric": self.metric, "mean": self.mean}
+        names = {"metric": self.metric, "mean": self.mean, "range": self.range}
         out = {f"{prefix}_{n}": t.to(STORE_DTYPE).contiguous() for n, t in names.items()}
-        out[f"{prefix}_range"] = self.range.to(STORE_DTYPE)
+        out.update(basis_tensors(prefix, self.basis))
         out[f"{prefix}_step"] = self.step.to(STORE_DTYPE)
         out[f"{prefix}_bits"] = self.bits.to(torch.uint8).contiguous()
         return out
@@ -230,7 +267,7 @@ class EvenCode:
         if bits.dim() != 3 or bool((bits > MAX_BITS).any()):
             raise ValueError(f"{prefix}_bits is not a layout of 0..{MAX_BITS} bits (L, H, D)")
         return cls(
-            tensors[f"{prefix}_basis"].float(),
+            read_basis(tensors, prefix),
             tensors[f"{prefix}_metric"].float(),
             tensors[f"{prefix}_mean"].float(),
             tensors[f"{prefix}_range"].float(),
