@@ -1,12 +1,14 @@
-"""The span store on disk against the fp16 full KV cache it replaces, per document.
+"""The span store on disk against the fp16 full KV cache it replaces, per document, in one run.
 
-    python scripts/store_sizes.py                                  # today's codes
-    python scripts/store_sizes.py --key-code '*x8' --value-code '*x8'   # another code
+    python scripts/store_sizes.py                         # samples, 2K/4K/8K haystacks
+    python scripts/store_sizes.py --books 16000,32000,64000   # and generated books (slow)
 
-Builds a store for each sample document and for generated haystacks of 2K, 4K and 8K tokens
-(a needle at half depth, seed 1) under a scratch $SEKV_HOME, and prints one JSON row per
-document: tokens, every file of the store's directory together (as ``du -b`` counts them),
-the fp16 full KV cache's bytes and their ratio.
+Builds a store for each sample document, for generated haystacks of 2K, 4K and 8K tokens (a
+needle at half depth, seed 1) and for generated books of the given token counts (seed 1) under
+a scratch $SEKV_HOME, and prints one JSON row per document: tokens, the store's files together
+(as ``du -b`` counts them), the fp16 full KV cache's bytes and their ratio, the build's
+seconds and the median seconds of ``--loads`` loads of the stored document (its four load
+stages: verify, read, decode, sketch).
 """
 
 from __future__ import annotations
@@ -14,19 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from sekv_bench.book import planted_facts, write_book  # noqa: E402
 from sekv_bench.haystack import NEEDLES, haystack  # noqa: E402
 from sekv_core.config import StoreSettings  # noqa: E402
 from sekv_core.documents import load_document  # noqa: E402
-from sekv_core.ingest import open_or_build  # noqa: E402
 from sekv_core.models import load_model  # noqa: E402
 from sekv_core.prompt import chat_template, encode_context  # noqa: E402
+from sekv_core.store.ingest import open_or_build  # noqa: E402
+from sekv_core.store.load import load_store  # noqa: E402
 
 SAMPLES = ("handbook.pdf", "lighthouse.md")
 LENGTHS = (2000, 4000, 8000)
@@ -36,6 +42,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--key-code", default=StoreSettings().key_code)
     parser.add_argument("--value-code", default=StoreSettings().value_code)
+    parser.add_argument("--books", default="", help="book lengths in tokens, comma-separated")
+    parser.add_argument("--loads", type=int, default=3, help="timed loads per document")
     args = parser.parse_args()
     settings = replace(StoreSettings(), key_code=args.key_code, value_code=args.value_code)
     with tempfile.TemporaryDirectory() as scratch:
@@ -46,21 +54,34 @@ def main() -> None:
             path = Path(scratch) / f"haystack-{tokens}.txt"
             path.write_text(haystack(loaded.tokenizer, tokens, 0.5, NEEDLES[0], seed=1))
             docs.append(path)
+        for tokens in (int(t) for t in args.books.split(",") if t.strip()):
+            path = Path(scratch) / f"book-{tokens}.md"
+            docs.append(write_book(loaded.tokenizer, path, tokens, planted_facts(12, 1), 1))
         for path in docs:
             document = load_document(path)
             template = chat_template(loaded.tokenizer)
             context = encode_context(loaded.tokenizer, template, document.text)
+            t0 = time.perf_counter()
             store, _ = open_or_build(loaded, document, context, settings)
+            build_s = time.perf_counter() - t0
+            loads = []
+            for _ in range(args.loads):
+                t0 = time.perf_counter()
+                load_store(store.path, loaded, document, context, settings)
+                loads.append(time.perf_counter() - t0)
             on_disk = sum(f.stat().st_size for f in store.path.rglob("*") if f.is_file())
             full = store.manifest["bytes"]["full_kv_fp16"]
             row = {
                 "document": path.name,
                 "tokens": len(context),
+                "positions": store.manifest["positions"]["mode"],
                 "key_code": args.key_code,
                 "value_code": args.value_code,
                 "store_bytes": on_disk,
                 "full_kv_fp16": full,
                 "ratio": round(on_disk / full, 4),
+                "build_s": round(build_s, 2),
+                "load_s": round(statistics.median(loads), 3) if loads else None,
             }
             print(json.dumps(row), flush=True)
 

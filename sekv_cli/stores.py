@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sekv_core import shelf
+from sekv_core.store import shelf
 from sekv_core.html_report import human_bytes
-from sekv_core.shelf import Removal, StoreEntry
+from sekv_core.store.shelf import Removal, StoreEntry
 
 from .common import HELP_SETTINGS, JSON_OPTION, fail, handle_errors, print_json, warn
 

@@ -13,7 +13,7 @@ model to it for the duration of a block. Within the model window, keys are store
 their original positions and local tokens take positions after the context, so nothing is
 re-rotated; a book's memory is *bounded* (see :mod:`sekv_core.zoom` for its positions).
 
-The streamed ingest (:mod:`sekv_core.stream`) runs the same function for each chunk of a book,
+The streamed ingest (:mod:`sekv_core.store.stream`) runs the same function for each chunk of a book,
 with a :class:`LocalWindow`: the previous tokens at full resolution join the local part, and the
 chunk's own K/V are captured for the store.
 """

@@ -213,7 +213,7 @@ def gather(
 
 def field_codes(records: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """Codes (T, D) float32 of an allocated code's records (T, B) uint8, ``bits`` (D,) int64
-    per direction (:meth:`sekv_core.allocated.AllocatedCode.decode`)."""
+    per direction (:meth:`sekv_core.store.codes.EvenCode.decode`)."""
     (T, B), D = records.shape, bits.numel()
     out = torch.empty(T, D)
     library().sekv_field_codes(_ptr(records), T, B, D, _ptr(bits), _ptr(out))
@@ -222,7 +222,7 @@ def field_codes(records: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
 
 def tier_coefficients(records: torch.Tensor, tiers) -> torch.Tensor:
     """Coefficients (T, D) float32 of a codebook's records (T, B) uint8 in ``tiers``
-    (:meth:`sekv_core.codec.Codebook.coefficients`)."""
+    (:meth:`sekv_core.store.codes.TierCode.coefficients`)."""
     T, B = records.shape
     _require(B >= sum(t.nbytes for t in tiers), "records shorter than their tiers")
     counts, bits, levels = _tier_table(tuple((t.count, t.bits, t.levels) for t in tiers))

@@ -1,6 +1,6 @@
 """What a span store holds, as plain data: the segmentation and bytes of every span.
 
-:func:`build_report` turns a loaded :class:`~sekv_core.store.SpanStore` into one JSON-able dict
+:func:`build_report` turns a loaded :class:`~sekv_core.store.load.SpanStore` into one JSON-able dict
 that ``sekv inspect`` prints (``--json``), renders on the terminal, or renders as an HTML page
 (:mod:`sekv_core.html_report`). Nothing here renders.
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .codec import store_codebooks
 from .documents import Document
 from .segment import ANCHOR, SINK
-from .store import SpanStore
+from .store.codes import store_codebooks
+from .store.load import SpanStore
 
 ROLE_NAMES = {SINK: "sink", ANCHOR: "anchor", 2: "span"}
 PREVIEW_CHARS = 60

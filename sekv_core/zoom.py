@@ -26,15 +26,15 @@ from __future__ import annotations
 import torch
 
 from . import kernels
-from .codec import store_codebooks
-from .format import FIXED_SCALES
 from .kvquant import KV_BITS, Rows, row_bytes
 from .pools import ZoomPool, zoom_pool
 from .prefilter import RepBlocks
 from .reconstruct import reconstruct
 from .rope import Rope
 from .sketch import column_major, is_column_major, span_token_positions
-from .store import SpanStore
+from .store.codes import store_codebooks
+from .store.format import FIXED_SCALES
+from .store.load import SpanStore
 
 
 class SpanMemory:

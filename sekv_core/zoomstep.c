@@ -300,7 +300,7 @@ int64_t sekv_gather(int64_t n, const int64_t *spans, const int64_t *heads, int64
     return row;
 }
 
-/* The codes (T, D) as floats of an allocated code's records (T, B) (sekv_core.allocated): the
+/* The codes (T, D) as floats of an even code's records (T, B) (sekv_core.store.codes): the
  * d-th code has bits[d] bits from bit sum(bits[:d]) of the record on, least significant first,
  * read from that bit's byte and the next (none after the record's last byte). */
 void sekv_field_codes(const uint8_t *records, int64_t T, int64_t B, int64_t D,
@@ -319,7 +319,7 @@ void sekv_field_codes(const uint8_t *records, int64_t T, int64_t B, int64_t D,
     }
 }
 
-/* The coefficients (T, D) of a codebook's records (T, B) (sekv_core.codec): tiers of
+/* The coefficients (T, D) of a codebook's records (T, B) (sekv_core.store.codes): tiers of
  * counts[i] directions at bits[i] bits one after another in each record; 16 bits: fp16 values;
  * 8: int8 codes, then an fp16 scale; 4 and 2: codes packed least significant first, less
  * levels[i], then the scale; 0: nothing stored, coefficients 0. */

@@ -33,19 +33,13 @@ from ..backend import use_attention
 from ..config import DEFAULT_BUDGET, BlockSettings
 from ..decode import PositionedStep, greedy
 from ..errors import SekvError
-from ..format import (
-    DIGEST,
-    manifest_digest,
-    map_safetensors,
-    sha256,
-    store_key,
-    write_atomically,
-)
 from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
 from ..router import Router
-from ..store import StoreInvalid
+from ..store.format import DIGEST, manifest_digest, map_safetensors, sha256, store_key
+from ..store.load import StoreInvalid
+from ..store.write import write_atomically
 from ..summary import STORE_DTYPE
 from .base import Method, Progress
 from .full import prefill_cache

@@ -18,13 +18,13 @@ from ..attention import Observer, ZoomPolicy, sekv_attention
 from ..config import DEFAULT_BUDGET
 from ..decode import PositionedStep, greedy
 from ..documents import Document
-from ..ingest import open_or_build
 from ..lexical import LexicalIndex
 from ..prompt import chat_template, question_text, stop_ids
 from ..rope import Rope
 from ..router import SketchRouter, TrainedRouter
 from ..router_files import RouterFile, resolve_router
-from ..store import SpanStore
+from ..store.ingest import open_or_build
+from ..store.load import SpanStore
 from ..zoom import SpanMemory
 from .base import Method, Progress
 from .book_reading import neutral_attention, question_attention, word_scores
