@@ -114,7 +114,10 @@ def quantize_sketch(sketch: torch.Tensor, bits: int = 4) -> dict[str, torch.Tens
     bits = 8: int8 values. bits = 4: values in [-7, 7] packed two per byte (uint8, last dim R/2).
     """
     levels = 2 ** (bits - 1) - 1
-    scale = sketch.abs().amax(dim=2).clamp(min=1e-6) / levels  # (L, H, R)
+    if sketch.shape[2]:
+        scale = sketch.abs().amax(dim=2).clamp(min=1e-6) / levels  # (L, H, R)
+    else:  # no span tokens (a document of a few tokens): any scale
+        scale = sketch.new_ones(*sketch.shape[:2], sketch.shape[3])
     if bits not in (4, 8):
         raise ValueError(f"sketch bits must be 4 or 8, not {bits}")
     q = (sketch / scale[:, :, None]).round().clamp(-levels, levels)
@@ -249,8 +252,10 @@ def span_representatives(
 
     surprisal : (S,) of the span tokens in sketch-row order; lengths : (N,).
     """
+    if not len(lengths):
+        return torch.zeros(0, count, dtype=torch.long)
     first = torch.cumsum(lengths, 0) - lengths  # (N,)
-    width = int(lengths.max()) if len(lengths) else 0
+    width = int(lengths.max())
     within = torch.arange(width)[None]  # (1, M)
     rows = (first[:, None] + within).clamp(max=max(len(surprisal) - 1, 0))  # (N, M)
     h = surprisal[rows] if len(surprisal) else torch.zeros(rows.shape)

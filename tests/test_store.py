@@ -357,3 +357,34 @@ def test_sinks_and_anchors_are_stored_as_answers_hold_them(tiny_loaded, tmp_path
     for rows, full in zip(memory.fixed, (seen["k"], seen["v"]), strict=True):
         codes, scale = quantize_rows(full.float())
         assert torch.equal(rows.codes.cpu(), codes) and torch.equal(rows.scale.cpu(), scale)
+
+
+def test_a_document_of_a_few_tokens_is_stored_and_answered(tiny_loaded, tmp_path):
+    """A document too short to hold a span (all sinks) builds, loads and zooms nothing."""
+    document, context = prepare(tiny_loaded, tmp_path, text="Hi")
+    store, _ = open_or_build(tiny_loaded, document, context)
+    assert store.n_spans == 0 and store.offload["k_rows"].numel() == 0
+    again, hit = open_or_build(tiny_loaded, document, context)
+    assert hit and again.resident["sketch"].shape[2] == 0
+
+
+def test_a_full_disk_is_one_actionable_error(tiny_loaded, tmp_path, sekv_home, monkeypatch):
+    """Too little free space: an Error naming where and how much, and nothing half-written;
+    a device that fills up while the files are written says the same."""
+    from sekv_core.errors import SekvError
+
+    document, context = prepare(tiny_loaded, tmp_path)
+    usage = write_module.shutil.disk_usage
+    monkeypatch.setattr(write_module.shutil, "disk_usage", lambda p: usage(p)._replace(free=1000))
+    with pytest.raises(SekvError, match=r"needs about .* free under .*SEKV_HOME"):
+        open_or_build(tiny_loaded, document, context)
+    assert [p for p in (sekv_home / "stores").iterdir() if not p.name.startswith(".")] == []
+    monkeypatch.setattr(write_module.shutil, "disk_usage", usage)
+
+    def full(tensors, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(write_module, "save_file", full)
+    with pytest.raises(SekvError, match="no space left"):
+        open_or_build(tiny_loaded, document, context)
+    assert list((sekv_home / "stores").iterdir()) == []

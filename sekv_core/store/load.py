@@ -222,6 +222,8 @@ def sketch_rows(
         raise ValueError("span bounds do not cover the offload tier's rows")
     top = 2 ** (bits - 1) - 1
     levels = torch.zeros(L, H, S, R)
+    if not S:  # a document of a few tokens: no spans
+        return pack_sketch(levels, bits)
     rows_per_part = torch.diff(resident["part_rows"]).tolist()
     B = code.record_bytes
     parts = torch.split(k_rows.view(-1, B), [L * H * n for n in rows_per_part])

@@ -9,6 +9,7 @@ writer's is removed at the next build, :mod:`sekv_core.store.locks`), then renam
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from safetensors.torch import save_file
 
 from ..config import StoreSettings
 from ..documents import Document
+from ..errors import SekvError
 from ..models import LoadedModel
 from ..prompt import Context
 from ..summary import STORE_DTYPE
@@ -37,6 +39,7 @@ from .format import (
 )
 from .locks import WRITER, mark_writer
 
+SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, the manifest)
 # the resident file's tables besides the fixed rows and the codes' tensors
 TABLES = (
     "fixed_pos",
@@ -100,12 +103,15 @@ def write_atomically(
     store's sizes when it has ``bytes``, and its digest — into a temporary sibling directory
     (0700, marked with this writer), then rename it to ``path``."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    needed = sum(t.numel() * t.element_size() for f in files.values() for t in f.values())
+    if shutil.disk_usage(path.parent).free < needed + SPARE_BYTES:
+        raise _no_space(path, needed)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))  # 0700
     try:
         mark_writer(tmp)
         manifest["files"] = {}
         for name, tensors in files.items():
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
+            save_tensors(tensors, tmp / name, path, needed)
             size = (tmp / name).stat().st_size
             manifest["files"][name] = {"sha256": sha256(tmp / name), "bytes": size}
         sizes = manifest.get("bytes")
@@ -123,6 +129,25 @@ def write_atomically(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], file: Path, store: Path, needed: int) -> None:
+    """``tensors`` as a safetensors ``file`` of the store at ``store``; a full disk is a
+    SekvError saying how much the store needs (``needed`` bytes) and where."""
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(file))
+    except Exception as exc:  # OSError, or safetensors' own error carrying errno 28
+        if getattr(exc, "errno", None) == errno.ENOSPC or "os error 28" in str(exc):
+            raise _no_space(store, needed) from None
+        raise
+
+
+def _no_space(path: Path, needed: int) -> SekvError:
+    return SekvError(
+        f"no space left for the span store: it needs about {needed / 2**20:,.1f} MiB free under "
+        f"{path.parent} ($SEKV_HOME/stores); free some space (`sekv stores prune`) or set "
+        "SEKV_HOME to a disk with room"
+    )
 
 
 def _replace(tmp: Path, path: Path) -> None:
