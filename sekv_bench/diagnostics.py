@@ -21,10 +21,9 @@ from sekv_core.attention import ZoomPolicy, widen
 from sekv_core.config import MethodSettings
 from sekv_core.engine import Answer, Session
 from sekv_core.methods import SeKV
-from sekv_core.prefilter import SpanSubset
 from sekv_core.router import Router, select
 from sekv_core.sketch import segment_max
-from sekv_core.zoom import SpanMemory
+from sekv_core.zoom import SpanMemory, SpanSubset
 
 
 class SpanKeys:

@@ -28,8 +28,7 @@ import torch
 
 from .backend import use_attention
 from .config import DEFAULT_BUDGET, MethodSettings
-from .pools import in_document_order
-from .prefilter import PREFILTER_KEEP, PREFILTER_SPANS, SpanSubset, candidates
+from .prefilter import PREFILTER_KEEP, PREFILTER_SPANS, candidates
 from .rope import rotate_half
 from .router import Router, select
 from .sketch import QueryMoments
@@ -205,7 +204,7 @@ def sekv_attention_forward(
 
     pool = memory.zoom_pool(layer, zoom, policy.budget)
     if policy.ordered:
-        pool_k, pool_v, pool_bias, owner, slots = in_document_order(pool, q.dtype, memory.placement)
+        pool_k, pool_v, pool_bias, owner, slots = pool.in_document_order(q.dtype, memory.placement)
         k_mem, v_mem, bias = memory.entries(layer, pool_k, pool_v, pool_bias)
     else:  # (Hkv, C, D) every slot in the model dtype; inactive ones absent
         k_mem, v_mem, bias = memory.pool_entries(layer, pool, q.dtype)
@@ -247,13 +246,13 @@ def route(
         pick = torch.linspace(q.shape[2] - 1, 0, policy.route_queries).round().long()
         q = q[:, :, pick.flip(0).to(q.device)]  # evenly spaced, the last query included
     index = candidates(
-        memory,
+        memory.rep_tables,
         layer,
         q,
         policy.budget,
         policy.prefilter_keep,
         policy.prefilter_spans,
-        policy.prefilter_blocks,
+        memory.rep_blocks if policy.prefilter_blocks else None,
     )
     scores = widen(_scores(policy.router, memory, index, layer, q, scaling), policy.neighbours)
     zoom, threshold = select(scores, memory.lengths, policy.budget, policy.margin)
@@ -307,7 +306,7 @@ def _scores(
     """(Hkv, N) router scores; spans outside ``index`` (when given) score -inf."""
     if index is None:
         return router.scores(memory, layer, q, scaling)
-    part = router.scores(SpanSubset(memory, layer, index), layer, q, scaling)  # (Hkv, K)
+    part = router.scores(memory.subset(layer, index), layer, q, scaling)  # (Hkv, K)
     scores = part.new_full((q.shape[0], memory.n_spans), float("-inf"))
     scores[:, index] = part
     return scores

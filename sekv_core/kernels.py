@@ -107,8 +107,8 @@ def new_pairs(
 
 
 def place(pool, zoom: torch.Tensor, heads, spans, lengths, first_row, k, v) -> None:
-    """The slot bookkeeping of :func:`sekv_core.pools.place_new_spans` for an 8-bit pool of
-    CPU tensors, in place: new rows ``k``, ``v`` (T, D) float32 in pair order."""
+    """The slot bookkeeping of :meth:`sekv_core.pools.ZoomPool.place_new_spans` for an 8-bit
+    pool of CPU tensors, in place: new rows ``k``, ``v`` (T, D) float32 in pair order."""
     owner, (codes, scale) = pool.owner, pool.rows.tensors()
     (H, C), D = owner.shape, codes.shape[-1]
     _require(k.shape == v.shape and k.shape[1:] == (D,), "rows of the pool's width")
@@ -163,7 +163,7 @@ def activate(
 
 
 def gather(
-    mem,
+    index,
     layer: int,
     spans: torch.Tensor,
     heads: torch.Tensor,
@@ -175,24 +175,25 @@ def gather(
     """The records (T, bytes) of keys and values of (span, head) pairs of ``layer`` (heads
     ascending) from the flat offload buffers, each row's context position (T,) and the rows of
     each KV head; None when the heads are not ascending. A record out of range (a store that
-    does not match its span table) is an error."""
-    lengths = mem.host_lengths
+    does not match its span table) is an error. ``index``: the spans' records
+    (:class:`sekv_core.reconstruct.RecordIndex`)."""
+    lengths = index.lengths
     T = int(lengths[spans].sum())
     k_out = torch.empty(T, k_bytes, dtype=torch.uint8)
     v_out = torch.empty(T, v_bytes, dtype=torch.uint8)
     pos = torch.empty(T, dtype=torch.long)
-    head_rows = torch.empty(mem.num_kv_heads, dtype=torch.long)
+    head_rows = torch.empty(index.num_kv_heads, dtype=torch.long)
     rows = library().sekv_gather(
         spans.numel(),
         _ptr(spans),
         _ptr(heads),
         layer,
-        mem.num_kv_heads,
-        _ptr(mem.record0),
-        _ptr(mem.record_stride),
+        index.num_kv_heads,
+        _ptr(index.record0),
+        _ptr(index.stride),
         _ptr(lengths),
-        _ptr(mem.starts),
-        mem.context_len,
+        _ptr(index.starts),
+        index.context_len,
         _ptr(k_buf),
         k_buf.numel() // k_bytes,
         k_bytes,

@@ -2,8 +2,11 @@
 
 :class:`SpanMemory` holds what attention reads every step (sinks' and anchors' K/V, the routing
 sketch, span lengths) and hands out the zoomed spans' token-level K/V: reconstructed from the
-offload tier's records (:mod:`sekv_core.reconstruct`) into one pool per layer that later steps reuse
-(:mod:`sekv_core.pools`). It also counts the answer's peak zoom memory.
+offload tier's records (:mod:`sekv_core.reconstruct`, given the memory's :class:`RecordIndex`
+and offload reader) into one pool per layer that later steps reuse (:class:`ZoomPool`, which
+owns its slots). It counts the answer's reconstructions and peak zoom memory, and gives routers
+a view of a subset of its spans (:class:`SpanSubset`, for the prefilter of long documents:
+:mod:`sekv_core.prefilter`, given the memory's :class:`RepTables`).
 
 Positions (RoPE). A store whose context fits the model window keeps every token at its original
 position (``bounded`` False). A book's store is *bounded* (keys kept pre-RoPE, rotated at use):
@@ -23,18 +26,28 @@ Routers score bounded memories in the same frame (the sketch is pre-RoPE).
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 
 from . import kernels
 from .kvquant import KV_BITS, Rows, row_bytes
-from .pools import ZoomPool, zoom_pool
-from .prefilter import RepBlocks
-from .reconstruct import reconstruct
+from .pools import KeyFrame, ZoomPool
+from .prefilter import RepBlocks, RepTables
+from .reconstruct import FlatRecords, OffloadReader, RecordIndex, reconstruct
 from .rope import Rope
 from .sketch import column_major, is_column_major, span_token_positions
 from .store.codes import store_codebooks
 from .store.format import FIXED_SCALES
 from .store.load import SpanStore
+
+
+class StoreView(OffloadReader, Protocol):
+    """What the memory reads of a store: a loaded :class:`SpanStore`, or a streamed build's
+    store growing part by part (:class:`sekv_core.store.partial.PartialStore`)."""
+
+    manifest: dict[str, Any]
+    resident: dict[str, torch.Tensor]
 
 
 class SpanMemory:
@@ -47,7 +60,7 @@ class SpanMemory:
 
     def __init__(
         self,
-        store: SpanStore,
+        store: StoreView,
         rope: Rope,
         device: torch.device,
         dtype: torch.dtype,
@@ -55,6 +68,7 @@ class SpanMemory:
     ) -> None:
         self.store, self.rope, self.device, self.dtype = store, rope, device, dtype
         self.kv_bits = kv_bits
+        self.offload = offload_reader(store)
         positions = store.manifest.get("positions", {})
         self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
         self.n_sinks = int(positions.get("sinks", 0))
@@ -68,7 +82,7 @@ class SpanMemory:
         self.token_bytes = 2 * row_bytes(self.head_dim, kv_bits)  # K + V of one head-token
         self.peak_cached_bytes = 0
         self.reconstructions = 0
-        self.pools: dict[int, ZoomPool] = {}  # per layer: its pool (sekv_core.pools)
+        self.pools: dict[int, ZoomPool] = {}  # per layer: its pool
         self.pooled_tokens = 0  # head-token slots of all pools
 
     def refresh(self) -> None:
@@ -116,19 +130,28 @@ class SpanMemory:
         # each span's highest-surprisal sketch rows, for the prefilter of long documents
         self.span_reps = r.get("span_reps")  # (N, 4)
         self.num_layers, self.num_kv_heads, self.fixed_tokens, self.head_dim = fixed_k.shape
-        # the offload tier: each span's first row, the parts' first rows, the codebooks
+        # the offload tier: each span's first row (of the sketch order, and of its records)
         lengths = self.host_lengths = self.ends - self.starts  # (N,) host
         self.first_row = torch.cumsum(lengths, 0) - lengths  # (N,) host
-        self.part_rows = r["part_rows"]  # (P + 1,) host
-        # a span's records of (layer, head) start at record0 + (layer * H + head) * stride:
-        # its part holds (L, H, rows, record), parts one after another
-        part = torch.searchsorted(self.part_rows, self.first_row, right=True) - 1
-        row0 = self.part_rows[part]
-        self.record_stride = self.part_rows[part + 1] - row0  # (N,) the part's rows
-        self.record0 = self.num_layers * self.num_kv_heads * row0 + self.first_row - row0
+        self.records = self.record_index(r)
+
+    def record_index(self, resident: dict[str, torch.Tensor]) -> RecordIndex:
+        """Where each span has its records in the offload tier (``part_rows`` (P + 1,): each
+        part's first row), and the codebooks that decode them (on the host, beside the
+        records)."""
+        part_rows, first_row = resident["part_rows"], self.first_row
+        part = torch.searchsorted(part_rows, first_row, right=True) - 1
+        row0 = part_rows[part]
         settings = self.store.manifest["settings"]
-        # on the host, beside the records they decode
-        self.codebooks = store_codebooks(r, settings["key_code"], settings["value_code"])
+        return RecordIndex(
+            starts=self.starts,
+            lengths=self.host_lengths,
+            record0=self.num_layers * self.num_kv_heads * row0 + first_row - row0,
+            stride=part_rows[part + 1] - row0,  # (N,) the part's rows
+            num_kv_heads=self.num_kv_heads,
+            context_len=self.context_len,
+            codes=store_codebooks(resident, settings["key_code"], settings["value_code"]),
+        )
 
     def place_sketch(self, dims: int | None = None) -> None:
         """Put the sketch's first ``dims`` directions (None: all) on the device for routing.
@@ -223,16 +246,79 @@ class SpanMemory:
         self.pooled_tokens = 0
 
     def reconstruct(
-        self, layer: int, spans: torch.Tensor, heads: torch.Tensor
+        self, layer: int, spans: torch.Tensor, heads: torch.Tensor, rotate: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token-level K, V (T, D) of (span, head) pairs of one layer, flat in pair order
-        (:func:`sekv_core.reconstruct.reconstruct`)."""
-        return reconstruct(self, layer, spans, heads)
+        """Token-level K, V (T, D) of (span, head) pairs (``spans``, ``heads``: (n,) host) of
+        one layer, flat in pair order, in the model dtype on the device
+        (:func:`sekv_core.reconstruct.reconstruct`). Keys are rotated to their positions, except
+        with ``rotate`` False or in a bounded memory (pre-RoPE: rotated where a pool puts them).
+        """
+        rope = self.rope if rotate and not self.bounded else None
+        return reconstruct(
+            self.offload,
+            self.records,
+            layer,
+            spans,
+            heads,
+            rope=rope,
+            dtype=self.dtype,
+            device=self.device,
+        )
 
     def zoom_pool(self, layer: int, zoom: torch.Tensor, capacity: int) -> ZoomPool:
-        """The layer's pool for the picks ``zoom`` (H, N) bool, ``capacity`` slots per KV head
-        when new (:func:`sekv_core.pools.zoom_pool`)."""
-        return zoom_pool(self, layer, zoom, capacity)
+        """The layer's pool updated to the picks ``zoom`` (H, N) bool.
+
+        ``capacity``: slots per KV head of a new pool (the zoom budget: the picks never hold
+        more tokens; a pool grows if they do). A layer whose picks did not change since its last
+        call gets the same pool back. Counts the answer's reconstructions and peak zoom memory
+        (see :meth:`zoom_bytes`): all pools, the new reconstructions, bounded memories'
+        unrotated keys, and one call's entries in the model dtype.
+        """
+        pool = self.pools.get(layer)
+        if pool is not None and pool.holds(zoom, self.pool_end):
+            return pool
+        if self.bounded and self.pool_end is None:
+            raise RuntimeError("a bounded span memory needs pool_end (the first local position)")
+        if pool is None:
+            capacity = min(capacity, self.span_tokens)
+            pool = ZoomPool.empty(zoom, capacity, self.head_dim, self.kv_bits, self.device)
+            self.pools[layer] = pool
+            self.pooled_tokens += pool.tokens
+        frame = None
+        if self.bounded:
+            assert self.pool_end is not None
+            frame = KeyFrame(self.rope, self.pool_end, self.placement, self.dtype)
+
+        def read(spans: torch.Tensor, heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.reconstructions += int(spans.numel())
+            return self.reconstruct(layer, spans, heads)
+
+        slots = pool.tokens
+        new = pool.update(zoom, self.pool_end, read, self.host_lengths, self.first_row, frame)
+        self.pooled_tokens += pool.tokens - slots  # the pool widened if the picks needed it
+        raw_keys = self.pooled_tokens // 2 if self.bounded else 0  # unrotated keys stay too
+        live = (self.pooled_tokens + new + raw_keys) * self.token_bytes
+        entries = self.entry_bytes(pool.owner.shape[1])
+        self.peak_cached_bytes = max(self.peak_cached_bytes, live + entries)
+        return pool
+
+    @property
+    def rep_tables(self) -> RepTables | None:
+        """What the prefilter reads (:mod:`sekv_core.prefilter`); None without representatives."""
+        if self.span_reps is None:
+            return None
+        return RepTables(
+            self.sketch,
+            self.sketch_proj,
+            self.sketch_scale,
+            self.sketch_mean,
+            self.span_reps,
+            self.lengths,
+        )
+
+    def subset(self, layer: int, index: torch.Tensor) -> SpanSubset:
+        """Spans ``index`` (K,) of ``layer`` as a router reads them (:class:`SpanSubset`)."""
+        return SpanSubset(self, layer, index)
 
     def entry_bytes(self, pooled: int) -> int:
         """The memory entries one attention call reads in the model dtype (sinks and anchors,
@@ -246,9 +332,58 @@ class SpanMemory:
 
     def zoom_bytes(self, tokens: int) -> int:
         """Peak bytes an answer's zoom takes when every layer's pool holds ``tokens`` per KV head,
-        at most: what :func:`~sekv_core.pools.zoom_pool` counts at its worst (all pools, one
+        at most: what :meth:`zoom_pool` counts at its worst (all pools, one
         layer's pool of new reconstructions, bounded memories' unrotated keys, one call's
         entries in the model dtype) and one layer's pool more for the new reconstructions as
         read, before they are encoded. Memory targets turn into zoom budgets with it."""
         held = self.num_layers * (1.5 if self.bounded else 1.0) + 2
         return int(self.num_kv_heads * tokens * held * self.token_bytes) + self.entry_bytes(tokens)
+
+
+def offload_reader(store: StoreView) -> OffloadReader:
+    """How the memory reads ``store``'s offload tier: a loaded store holds it whole (mapped or
+    decoded: :class:`FlatRecords`, read by one native gather); a streamed build's store reads
+    it from its part files."""
+    if isinstance(store, SpanStore):
+        return FlatRecords({name: store.offload[name] for name in ("k_rows", "v_rows")})
+    return store
+
+
+class _OneLayer:
+    """A per-layer tensor of a :class:`SpanSubset`: indexable by its layer only."""
+
+    def __init__(self, layer: int, tensor: torch.Tensor) -> None:
+        self.layer, self.tensor = layer, tensor
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        if layer != self.layer:
+            raise IndexError(f"subset of layer {self.layer} read at layer {layer}")
+        return self.tensor
+
+
+class SpanSubset:
+    """Spans ``index`` (K,) of a :class:`SpanMemory` at one layer, as a router reads them.
+
+    Span ids are local (0..K-1); the caller maps the scores back with ``index``. ``rows``
+    (S_k,): the sketch rows of the subset's tokens.
+    """
+
+    def __init__(self, memory: SpanMemory, layer: int, index: torch.Tensor) -> None:
+        self.memory, self.index = memory, index
+        self.num_layers, self.num_kv_heads = memory.num_layers, memory.num_kv_heads
+        self.head_dim, self.bounded = memory.head_dim, memory.bounded
+        self.n_spans = int(index.numel())
+        self.lengths, self.log_len = memory.lengths[index], memory.log_len[index]
+        first = torch.cumsum(memory.lengths, 0) - memory.lengths  # (N,) first sketch row
+        device = index.device
+        local = torch.repeat_interleave(torch.arange(self.n_spans, device=device), self.lengths)
+        within = (
+            torch.arange(local.numel(), device=device)
+            - (torch.cumsum(self.lengths, 0) - self.lengths)[local]
+        )
+        self.rows = first[index][local] + within  # (S_k,) sketch rows of the subset's tokens
+        self.sketch_span = local
+        self.sketch_proj, self.sketch_scale = memory.sketch_proj, memory.sketch_scale
+        self.sketch_mean = memory.sketch_mean
+        self.sketch = _OneLayer(layer, memory.sketch[layer][:, self.rows])
+        self.layer = layer

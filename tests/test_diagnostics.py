@@ -19,7 +19,6 @@ from sekv_core.config import MethodSettings, SegmentSettings, StoreSettings
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.methods import SeKV
-from sekv_core.prefilter import SpanSubset
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.router import select
 
@@ -141,7 +140,7 @@ def test_span_keys_are_every_span_reconstructed_once_per_memory(tiny_loaded, tmp
         for n in (0, memory.n_spans - 1):
             span_keys, _ = memory.reconstruct(0, torch.tensor([n]), torch.tensor([h]))
             assert torch.equal(every[h, memory.sketch_span == n], span_keys)
-    subset = SpanSubset(memory, 0, torch.tensor([1, 3]))
+    subset = memory.subset(0, torch.tensor([1, 3]))
     assert torch.equal(keys(subset, 0), every[:, subset.rows])
     other = sekv_method(tiny_loaded, tmp_path / "other").spans  # another memory: rebuilt
     assert keys(other, 0) is not every and keys.memory is other

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from sekv_core import kernels, native
-from sekv_core.codec import fit_code
 from sekv_core.kvquant import quantize_rows
-from sekv_core.pools import empty_pool, in_native_code
+from sekv_core.pools import ZoomPool
 from sekv_core.prompt import chat_template, encode_question
 from sekv_core.rope import Rope
 from sekv_core.router import SketchRouter, TrainedRouter, select
 from sekv_core.sketch import column_major, reads_natively
+from sekv_core.store.codes import fit_code
 from sekv_core.trace import ZoomTrace
 from sekv_core.zoomnet import NetShape, ZoomNet
 
@@ -143,7 +143,7 @@ def test_pool_updates_place_rows_as_the_tensor_code(tiny_loaded, tmp_path, tenso
         for got, expected in zip(read, want, strict=True):
             assert torch.equal(got, expected), step
     assert fast[0].owner.shape[1] > budget  # it widened
-    assert in_native_code(memory, fast[0], picks[0])
+    assert fast[0].in_native_code(picks[0], memory.host_lengths, memory.first_row)
 
 
 def test_rows_are_encoded_as_the_tensor_code():
@@ -154,9 +154,8 @@ def test_rows_are_encoded_as_the_tensor_code():
     rows = torch.randn(2, T, D, generator=g) * torch.logspace(-9, 4, T)[None, :, None]
     rows[0, 0] = 0.0
     rows[1, 1] = torch.arange(D) - 7.5  # scale 8.5 / 127: many values near half a step
-    memory = SimpleNamespace(span_tokens=T, head_dim=D, kv_bits=8, device=torch.device("cpu"))
     zoom = torch.ones(1, 1, dtype=torch.bool)
-    pool = empty_pool(memory, zoom, T)
+    pool = ZoomPool.empty(zoom, T, head_dim=D, kv_bits=8, device=torch.device("cpu"))
     heads, spans = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
     lengths, first_row = torch.tensor([T]), torch.tensor([0])
     kernels.place(pool, zoom, heads, spans, lengths, first_row, rows[0], rows[1])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sekv_core.kvquant import Rows
 from sekv_core.passages import (
     FUSION_K,
     choose,
@@ -16,7 +15,6 @@ from sekv_core.passages import (
     span_sentences,
     specific,
 )
-from sekv_core.pools import ZoomPool, document_order
 
 TEXT = "One two three. Four five six.\nSeven eight? Nine ten eleven twelve! Thirteen."
 
@@ -117,28 +115,3 @@ def test_passages_are_placed_by_their_best_score_the_best_last():
     # three passages (runs of chosen spans): 1-2 (best 0.5), 4 (0.9), 7-9 (0.3)
     assert placement(chosen, scores).tolist() == [0, 1, 1, 0, 2, 0, 0, 0, 0, 0]
     assert not placement(torch.zeros(4, dtype=torch.bool), torch.ones(4)).any()
-
-
-def test_a_pool_reads_its_passages_by_placement_each_in_document_order():
-    # one head, six slots: spans 0 (tokens 0-1), 3 (tokens 5-6), 5 (token 9); slot 5 free
-    owner = torch.tensor([[3, 0, 5, 0, 3, -1]])
-    token = torch.tensor([[6, 1, 9, 0, 5, -1]])
-    active = owner >= 0
-    pool = ZoomPool(
-        rows=Rows.empty((2, 1, 6), 4, 8, torch.device("cpu")),
-        owner=owner,
-        last=torch.zeros_like(owner),
-        held=torch.zeros(1, 6, dtype=torch.bool),
-        zoom=torch.zeros(1, 6, dtype=torch.bool),
-        active=active,
-        bias=torch.zeros(1, 6),
-        pool_end=20,
-        token=token,
-    )
-    tokens = lambda order: token[0, order[0, :5]].tolist()  # noqa: E731
-    assert tokens(document_order(pool)) == [0, 1, 5, 6, 9]
-    pool.order = None  # a new update
-    chosen = torch.tensor([1, 0, 0, 1, 0, 1], dtype=torch.bool)  # three passages
-    place = placement(chosen, torch.tensor([0.9, 0, 0, 0.1, 0, 0.5]))
-    # span 0's passage (0.9) last, next to the question; span 3's (0.1) first
-    assert tokens(document_order(pool, place)) == [5, 6, 9, 0, 1]

@@ -17,7 +17,6 @@ from conftest import build_tiny_model
 from safetensors.torch import load_file
 from test_sketch_rebuild import assert_same_sketch
 
-import sekv_core.prefilter as prefilter_mod
 import sekv_core.sketch_rebuild as sketch_rebuild
 import sekv_core.stream as stream_mod
 from sekv_core.attention import ZoomPolicy, sekv_attention
@@ -33,8 +32,6 @@ from sekv_core.models import load_model
 from sekv_core.packed import unpack
 from sekv_core.partial import PartialStore
 from sekv_core.passages import FUSION_K, NEUTRAL_QUESTION
-from sekv_core.pools import document_order
-from sekv_core.prefilter import RepBlocks, SpanSubset, candidates, representative_scores
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.router import SketchRouter
 from sekv_core.segment import ANCHOR, SINK, SPAN
@@ -359,82 +356,6 @@ def test_page_citations_stay_right_across_chunks(small, tmp_path):
     assert {z["page"] for z in answer.zoom} - {1}  # spans beyond the first page are cited
 
 
-def test_prefilter_scores_candidates_exactly(small, tmp_path, monkeypatch):
-    """Books with many spans: routers score only the spans whose representative tokens (their
-    highest-surprisal ones) score among the best; the candidates keep their exact scores."""
-    monkeypatch.setattr(stream_mod, "STREAM_PREFILTER_SPANS", 8)  # streamed chunks prefilter
-    doc = document(tmp_path, text_of(24))
-    settings = MethodSettings(budget=16, store=BOOK)
-    session = Session(small, doc, "sekv", settings)
-    memory, store = session.method.spans, session.method.store
-    assert memory.span_reps is not None and memory.n_spans > 8
-    span_tokens = torch.nonzero(store.trace["roles"] == SPAN)[:, 0]  # sketch rows -> tokens
-    reps = span_tokens[memory.span_reps]  # (N, 4) token positions
-    assert ((reps >= memory.starts[:, None]) & (reps < memory.ends[:, None])).all()
-    h = store.trace["surprisal"]
-    for n in range(memory.n_spans):  # each span's best token is among its representatives
-        s, e = int(memory.starts[n]), int(memory.ends[n])
-        assert h[reps[n]].max() == h[s:e].max()
-    torch.manual_seed(0)
-    H, D = memory.num_kv_heads, memory.head_dim
-    q = torch.randn(H, 2, 3, D)
-    for layer in range(memory.num_layers):
-        exact = SketchRouter().scores(memory, layer, q, 1.0)  # (H, N)
-        assert (representative_scores(memory, layer, q) <= exact + 1e-4).all()
-        index = candidates(memory, layer, q, budget=16, keep=4, min_spans=8)
-        assert 4 <= len(index) < memory.n_spans
-        sub = SketchRouter().scores(SpanSubset(memory, layer, index), layer, q, 1.0)
-        assert torch.allclose(sub, exact[:, index], atol=1e-4)
-    answer = session.ask("Which crate is on floor 4?", max_new_tokens=4)
-    assert answer.routing["zoomed_tokens_max"] <= 16
-
-
-def test_block_index_bounds_every_representative_and_grows_with_the_store(
-    small, tmp_path, monkeypatch
-):
-    """The coarse index a streamed chunk's prefilter reads: no representative scores above its
-    block's bound; grown span by span it equals one built at once (and is rebuilt when the
-    sketch's scale changes); the candidates come from the opened blocks and the tail only, and
-    with every block opened they are the flat prefilter's."""
-    monkeypatch.setattr(prefilter_mod, "BLOCK_SPANS", 4)
-    doc = document(tmp_path, text_of(24))
-    session = Session(small, doc, "sekv", MethodSettings(budget=16, store=BOOK))
-    memory = session.method.spans
-    n, B = memory.n_spans, 4
-    assert n > 6 * B
-    torch.manual_seed(0)
-    q = torch.randn(memory.num_kv_heads, 2, 3, memory.head_dim)
-    index = memory.rep_blocks
-    index.update(memory)
-    assert index.n_blocks == n // B
-    for layer in range(memory.num_layers):
-        reps = representative_scores(memory, layer, q)[:, : index.n_blocks * B]
-        block_best = reps.view(reps.shape[0], -1, B).amax(dim=-1)
-        assert (block_best <= index.bounds(memory, layer, q) + 1e-4).all()
-
-    class Prefix:  # the memory as a streamed build saw it after its first ``k`` spans
-        def __init__(self, k: int, scale: torch.Tensor) -> None:
-            self.n_spans, self.span_reps, self.sketch = k, memory.span_reps[:k], memory.sketch
-            self.sketch_proj, self.sketch_scale = memory.sketch_proj, scale
-
-    grown = RepBlocks()
-    for k in range(1, n + 1):
-        grown.update(Prefix(k, memory.sketch_scale))
-    assert torch.equal(grown.lo, index.lo) and torch.equal(grown.hi, index.hi)
-    grown.update(Prefix(2 * B + 1, memory.sketch_scale * 2))  # levels re-read: rebuilt
-    assert grown.n_blocks == 2 and torch.equal(grown.hi, index.hi[:, :, :2])
-
-    monkeypatch.setattr(prefilter_mod, "OPEN_FACTOR", 1)
-    opened = prefilter_mod.opened_spans(memory, 0, q, keep=4)
-    assert B * 1 <= len(opened) < n and (opened >= index.n_blocks * B).sum() == n % B
-    picked = candidates(memory, 0, q, budget=4, keep=4, min_spans=8, blocks=True)
-    assert torch.isin(picked, opened).all()
-    monkeypatch.setattr(prefilter_mod, "OPEN_FACTOR", n)  # every block opened
-    for layer in range(memory.num_layers):
-        flat = candidates(memory, layer, q, budget=16, keep=4, min_spans=8)
-        assert torch.equal(candidates(memory, layer, q, 16, 4, 8, blocks=True), flat)
-
-
 def test_cli_ingests_and_answers_a_book_that_full_kv_refuses(small, tmp_path):
     import json
 
@@ -486,7 +407,7 @@ def test_a_book_keeps_no_anchors_and_answers_from_whole_sentence_passages(small,
     assert method.max_position < WINDOW
     # passage by passage before the question, the best passage last, each in document order
     pool, place = method.spans.pools[0], method.spans.placement.cpu()
-    order = document_order(pool, method.spans.placement)[0].cpu()
+    order = pool.document_order(method.spans.placement)[0].cpu()
     owner, token = pool.owner[0].cpu(), pool.token[0].cpu()
     read = order[: int(pool.active[0].sum())]  # the first at pool_end - n, the last pool_end - 1
     assert set(owner[read].tolist()) == set(pinned.nonzero()[:, 0].tolist())

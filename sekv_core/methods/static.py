@@ -23,7 +23,6 @@ from ..attention import mixed_attention
 from ..backend import use_attention
 from ..decode import PositionedStep, greedy
 from ..prompt import stop_ids
-from ..reconstruct import decoded, record_ranges, records
 from ..segment import SPAN
 from ..summary import STORE_DTYPE, gather_spans, summarize
 from ..zoom import SpanMemory
@@ -72,7 +71,6 @@ def store_summaries(
     N, H, D = spans.n_spans, spans.num_kv_heads, spans.head_dim
     lengths, first = spans.lengths.cpu(), spans.first_row
     spans_all, heads = torch.arange(N).repeat(H), torch.arange(H).repeat_interleave(N)
-    row_heads = torch.repeat_interleave(heads, lengths.repeat(H))  # every pair, head-major
 
     def blocks(x: torch.Tensor) -> torch.Tensor:  # rows (..., S, D) -> spans (..., N, M, D)
         return gather_spans(x, first, first + lengths)
@@ -81,11 +79,8 @@ def store_summaries(
     weights = blocks(surprisal[:, None])[..., 0]
     out_k, out_v = [], []
     for layer in range(spans.num_layers):
-        ranges, _ = record_ranges(spans, layer, spans_all, heads)
-        k, v = (
-            decoded(spans, kind, layer, records(spans, kind, ranges), row_heads).float().cpu()
-            for kind in "kv"
-        )
+        # every pair, head-major; keys pre-RoPE
+        k, v = (x.float().cpu() for x in spans.reconstruct(layer, spans_all, heads, rotate=False))
         summary_k, summary_v = summarize(
             blocks(k.view(H, -1, D)), blocks(v.view(H, -1, D)), weights, lengths
         )
