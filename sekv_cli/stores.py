@@ -11,10 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from sekv_core.store import shelf
-from sekv_core.html_report import human_bytes
 from sekv_core.store.shelf import Removal, StoreEntry
 
 from .common import HELP_SETTINGS, JSON_OPTION, fail, handle_errors, print_json, warn
+from .words import human_bytes
 
 stores_app = typer.Typer(
     help="List, remove and prune the stores documents were read into ($SEKV_HOME/stores).",
@@ -27,7 +27,8 @@ stores_app = typer.Typer(
 @handle_errors
 def list_(json_out: bool = JSON_OPTION) -> None:
     """List every store: document, model, tokens, size on disk, last use, path (the documents'
-    full paths: --json)."""
+    full paths: --json); also an interrupted ingest a rerun resumes, and what a killed process
+    left (`sekv stores prune` removes the latter)."""
     entries = shelf.list_stores()
     total = sum(e.bytes for e in entries)
     if json_out:
@@ -45,7 +46,7 @@ def list_(json_out: bool = JSON_OPTION) -> None:
     for e in entries:
         table.add_row(
             Text(Path(e.document).name if e.document else "–")
-            + Text(" (blocks)" if e.kind == "blocks" else "", style="dim"),
+            + Text(MARKS.get(e.kind, ""), style="dim"),
             Text(e.model or "–"),
             Text("–" if e.tokens is None else f"{e.tokens:,}"),
             Text(human_bytes(e.bytes)),
@@ -53,7 +54,10 @@ def list_(json_out: bool = JSON_OPTION) -> None:
             Text(str(e.path)),
         )  # names and paths are text, never markup
     console.print(table)
-    console.print(Text(f"{len(entries)} stores, {human_bytes(total)}", style="dim"))
+    work = sum(e.is_work for e in entries)
+    more = f" and {work} interrupted or leftover work folder{'s' * (work != 1)}" if work else ""
+    line = f"{len(entries) - work} stores{more}, {human_bytes(total)}"
+    console.print(Text(line, style="dim"))
 
 
 @stores_app.command("rm")
@@ -81,7 +85,7 @@ def prune(
         None,
         "--older-than",
         metavar="AGE",
-        help="Remove stores unused this long: 30d, 12h, 2w (default: no age limit).",
+        help="Also remove stores unused this long: 30d, 12h, 2w (default: no age limit).",
     ),
     max_size: str | None = typer.Option(
         None,
@@ -93,9 +97,8 @@ def prune(
     dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be removed."),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Remove stores not used lately, or the least recently used beyond a total size."""
-    if older_than is None and max_size is None:
-        raise typer.BadParameter("give --older-than, --max-size or both")
+    """Remove what killed processes left, and stores not used lately or the least recently
+    used beyond a total size (without options: only the leftovers)."""
     age = _parsed(shelf.parse_age, older_than, "--older-than")
     size = _parsed(shelf.parse_size, max_size, "--max-size")
     doomed = shelf.plan_prune(shelf.list_stores(), age, size)
@@ -127,7 +130,12 @@ def report(done: Removal, json_out: bool, dry_run: bool = False) -> None:
         warn(f"kept {e.key} ({describe(e)}): it is being built")
 
 
+MARKS = {"blocks": " (blocks)", "resumable": " (interrupted ingest)", "leftover": " (leftover)"}
+
+
 def describe(e: StoreEntry) -> str:
+    if e.is_work:
+        return MARKS[e.kind].strip(" ()") + (f" of {e.document}" if e.document else "")
     return f"{e.document or 'unknown document'}, {e.model or 'unknown model'}"
 
 

@@ -23,8 +23,7 @@ from ..prompt import Context
 from .build import build_store
 from .format import store_key
 from .load import SpanStore, StoreInvalid, load_store
-from .locks import clean_leftovers, store_lock
-from .parts import STATE_VERSION
+from .locks import STATE_VERSION, clean_leftovers, store_lock
 from .shelf import mark_used
 from .stream import build_streamed
 

@@ -39,6 +39,8 @@ except ImportError:  # not POSIX: no locks
 WRITER = ".writer"  # inside a .tmp-* folder: {"pid", "host"} of the process writing it
 UNMARKED_GRACE_S = 600.0  # a .tmp-* folder without WRITER (created, not marked yet)
 PARTIAL_KEEP_S = 7 * 86400.0  # an intact checkpoint of another document waits this long
+STATE_VERSION = 6  # a streamed build's checkpoints (sekv_core.store.parts): others never resume
+WORK_PREFIXES = (".tmp-", ".trash-", ".partial-")
 
 
 def lock_file(store: Path) -> Path:
@@ -155,6 +157,21 @@ def _partial_abandoned(work: Path, store: Path, state_version: int) -> bool:
             not _resumable(work, store.name, state_version)
             or _age(work / "state.json") > PARTIAL_KEEP_S
         )
+
+
+def work_folder_state(entry: Path) -> str | None:
+    """What the work folder ``entry`` is: ``resumable`` (an interrupted streamed build a rerun
+    continues), ``leftover`` (a dead writer's), or None while its process still works in it."""
+    name = entry.name
+    if name.startswith(".partial-"):
+        store = entry.with_name(name.removeprefix(".partial-"))
+        with _locked(lock_file(store), wait=False) as free:
+            with _locked(entry / "lock", wait=False) as idle:
+                if not (free and idle):
+                    return None
+        resumable = _resumable(entry, store.name, STATE_VERSION) and not store.exists()
+        return "resumable" if resumable else "leftover"
+    return "leftover" if _is_leftover(entry, entry, STATE_VERSION) else None
 
 
 def _resumable(work: Path, store: str, state_version: int) -> bool:

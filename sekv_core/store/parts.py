@@ -44,9 +44,9 @@ from ..sketch import (
 from ..summary import STORE_DTYPE, one_thread
 from .codes import Code, fit_code
 from .format import CODEBOOKS, manifest_digest, sha256
+from .locks import STATE_VERSION
 
 OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
-STATE_VERSION = 6  # 6: the codes of store format 15
 
 
 @dataclass

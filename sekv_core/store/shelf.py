@@ -1,10 +1,12 @@
 """The stores under ``$SEKV_HOME/stores``: listed, removed, pruned (no model needed).
 
-Every directory there that is not a work folder (``.tmp-*``, ``.trash-*``, ``.partial-*``,
-:mod:`sekv_core.locks`) is a store: a span store (:mod:`sekv_core.format`) or a block-baseline
-store (``blocks-*``). Their manifests are read as plain JSON (a damaged one is still listed, so
-it can be removed). A store's last use is its directory's mtime: set when it is built and each
-time it is loaded (:func:`mark_used`), never in the manifest (its digest covers it).
+Every directory there is a store — a span store (:mod:`sekv_core.store.format`) or a
+block-baseline store (``blocks-*``) — or a work folder (:mod:`sekv_core.store.locks`): an
+interrupted streamed build a rerun resumes (``.partial-*``, kind ``resumable``) or what a dead
+writer left (kind ``leftover``); folders a live process works in are not listed. Manifests
+are read as plain JSON (a damaged one is still listed, so it can be removed). A store's last
+use is its directory's mtime: set when it is built and each time it is loaded
+(:func:`mark_used`), never in the manifest (its digest covers it).
 
 Removal is safe for a process reading the store: under the store's build lock (a build in
 progress is never removed under its builder; such a store is reported busy and kept), the
@@ -27,9 +29,8 @@ from typing import Any
 
 from ..errors import SekvError
 from ..paths import sekv_home
-from .locks import store_lock
+from .locks import WORK_PREFIXES, store_lock, work_folder_state
 
-WORK_PREFIXES = (".tmp-", ".trash-", ".partial-")
 MIN_PREFIX = 4  # a key prefix shorter than this matches nothing (``rm b`` removes no store)
 SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -40,7 +41,7 @@ class StoreEntry:
     """One store on disk, as its directory and manifest tell (None: not in the manifest)."""
 
     path: Path
-    kind: str  # "span" or "blocks"
+    kind: str  # "span", "blocks", or a work folder's "resumable" or "leftover"
     document: str | None  # the document's path as ingested (a block store: its span store's)
     sha256: str | None  # the document's
     model: str | None
@@ -51,6 +52,11 @@ class StoreEntry:
     @property
     def key(self) -> str:
         return self.path.name
+
+    @property
+    def is_work(self) -> bool:
+        """A work folder (an interrupted build's), not a store."""
+        return self.kind in ("resumable", "leftover")
 
     def to_dict(self) -> dict[str, Any]:
         used = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used))
@@ -96,13 +102,20 @@ def list_stores(stores: Path | None = None) -> list[StoreEntry]:
     """Every store in ``stores`` (default :func:`shelf_dir`), most recently used first."""
     stores = stores or shelf_dir()
     try:
-        dirs = [p for p in stores.iterdir() if _is_store(p)]
+        dirs = [p for p in stores.iterdir() if p.is_dir() and not p.is_symlink()]
     except FileNotFoundError:
         return []
     found = [e for e in map(_entry, dirs) if e is not None]
     documents = {e.sha256: e.document for e in found if e.kind == "span" and e.document}
+    by_prefix = {sha[:12]: doc for sha, doc in documents.items() if sha}
     found = [  # a block store's manifest names no path: its span store's, if there is one
         e if e.document or e.sha256 not in documents else _with_document(e, documents[e.sha256])
+        for e in found
+    ]
+    found = [  # a work folder names its document by its key's first 12 digits of the sha256
+        _with_document(e, by_prefix[_sha_prefix(e.key)])
+        if e.is_work and _sha_prefix(e.key) in by_prefix
+        else e
         for e in found
     ]
     return sorted(found, key=lambda e: (-e.last_used, e.key))
@@ -124,8 +137,11 @@ def match(entries: list[StoreEntry], target: str) -> list[StoreEntry]:
         if path.is_file():
             shas.add(_file_sha256(path))
         shas.discard(None)  # a damaged manifest names no document
+        prefixes = {sha[:12] for sha in shas}
         named = [  # a block store without its span store: named by the file it matched
-            e if e.document else _with_document(e, str(path)) for e in entries if e.sha256 in shas
+            e if e.document else _with_document(e, str(path))
+            for e in entries
+            if e.sha256 in shas or (e.is_work and _sha_prefix(e.key) in prefixes)
         ]
     if not named:
         raise SekvError(
@@ -140,11 +156,13 @@ def plan_prune(
     max_size: int | None = None,
     now: float | None = None,
 ) -> list[StoreEntry]:
-    """The stores a prune removes: those last used over ``older_than`` seconds ago, then the
-    least recently used until the rest take at most ``max_size`` bytes."""
+    """The stores a prune removes: every leftover of a dead writer, those last used over
+    ``older_than`` seconds ago, then the least recently used until the rest take at most
+    ``max_size`` bytes."""
     now = time.time() if now is None else now
     by_age = sorted(entries, key=lambda e: (e.last_used, e.key))  # least recently used first
-    doomed = [e for e in by_age if older_than is not None and e.last_used < now - older_than]
+    old = [e for e in by_age if older_than is not None and e.last_used < now - older_than]
+    doomed = [e for e in by_age if e.kind == "leftover" or e in old]
     if max_size is not None:
         total = sum(e.bytes for e in entries) - sum(e.bytes for e in doomed)
         for e in by_age:
@@ -160,6 +178,13 @@ def remove(entries: list[StoreEntry]) -> Removal:
     """Remove ``entries``, each under its build lock (one being built is kept, as busy)."""
     done = Removal([], [])
     for entry in entries:
+        if entry.is_work:  # a work folder: removed unless its process came back to it
+            if work_folder_state(entry.path) is None:
+                done.busy.append(entry)
+            else:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                done.removed.append(entry)
+            continue
         try:
             with store_lock(entry.path, waiting=_refuse):
                 if _discard(entry.path):
@@ -210,17 +235,25 @@ def _discard(store: Path) -> bool:
     return True
 
 
-def _is_store(path: Path) -> bool:
-    return not path.name.startswith(WORK_PREFIXES) and path.is_dir() and not path.is_symlink()
+def _sha_prefix(key: str) -> str:
+    """The first 12 digits of the document's sha256 a (work folder's) key begins with."""
+    for prefix in WORK_PREFIXES:
+        key = key.removeprefix(prefix)
+    return key[:12]
 
 
 def _entry(path: Path) -> StoreEntry | None:
-    """The entry of the store at ``path``; None if it vanished meanwhile."""
+    """The entry of the store or work folder at ``path``; None if it vanished meanwhile or a
+    live process works in it."""
     try:
         last_used = path.stat().st_mtime
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        state = work_folder_state(path) if path.name.startswith(WORK_PREFIXES) else "store"
     except FileNotFoundError:
         return None
+    if state != "store":
+        work = StoreEntry(path, state or "", None, None, None, None, size, last_used)
+        return None if state is None else work
     try:
         manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, ValueError):
