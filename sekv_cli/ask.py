@@ -102,7 +102,7 @@ def ask(
         sys.stdout.write("\n")  # the streamed answer's line ends before anything else
         sys.stdout.flush()
     if html_out is not None:
-        from sekv_core.html_answer import render_answer_html  # torch: loaded by now
+        from .html_answer import render_answer_html  # torch: loaded by now
 
         page = render_answer_html(result, session.document, session.context, question)
         write_text_atomically(html_out, page)

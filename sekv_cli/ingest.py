@@ -20,7 +20,7 @@ from .common import (
     open_store,
     print_json,
 )
-from .render import human_bytes
+from .words import human_bytes
 
 
 @handle_errors

@@ -10,8 +10,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sekv_core.html_report import render_html, scale_top
-from sekv_core.html_style import INK, SCALE
 from sekv_core.threads import resolve_threads
 
 from .common import (
@@ -25,7 +23,9 @@ from .common import (
     print_json,
     write_text_atomically,
 )
-from .render import human_bytes
+from .html_report import render_html, scale_top
+from .html_style import INK, SCALE
+from .words import human_bytes
 
 TEXT_LIMIT = 4000  # document tokens shown on the terminal; the table always lists every span
 SPAN_MARK = "│"

@@ -12,13 +12,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sekv_core.explain import zoom_words
-from sekv_core.html_report import human_bytes
+from .words import human_bytes, zoom_words
 
 if TYPE_CHECKING:
     from sekv_core.engine import Answer
 
-__all__ = ["human_bytes", "print_rows", "print_sources", "print_zoom"]
+__all__ = ["print_rows", "print_sources", "print_zoom"]
 
 out = Console(highlight=False, soft_wrap=True)  # lines the terminal wraps, pipes keep whole
 SHOWN = 8  # spans listed by --verbose (all are in --json)

@@ -1,8 +1,8 @@
 """What a span store holds, as plain data: the segmentation and bytes of every span.
 
-:func:`build_report` turns a loaded :class:`~sekv_core.store.load.SpanStore` into one JSON-able dict
-that ``sekv inspect`` prints (``--json``), renders on the terminal, or renders as an HTML page
-(:mod:`sekv_core.html_report`). Nothing here renders.
+:func:`build_report` turns a loaded :class:`~sekv_core.store.load.SpanStore` into one JSON-able
+dict that ``sekv inspect`` prints (``--json``) or renders (the terminal view, the HTML page).
+Nothing here renders.
 
 Token texts tile the document: each document token's text runs from the end of the previous
 token to its own end (the whitespace between tokens goes to the following token), so joining the

@@ -1,4 +1,4 @@
-"""The answer view (:mod:`sekv_core.html_answer`): escaping, source highlights, page markers,
+"""The answer view (:mod:`sekv_cli.html_answer`): escaping, source highlights, page markers,
 zoom shading, and the page as a browser parses and draws it (tiny random models)."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from test_inspect import CHROMIUM, chromium, make_md, make_pdf
 
+from sekv_cli.html_answer import render_answer_html
+from sekv_cli.html_style import SCRIPT
 from sekv_core.documents import load_document
 from sekv_core.engine import Answer, Session
-from sekv_core.explain import ordinal, zoom_words
-from sekv_core.html_answer import render_answer_html
-from sekv_core.html_style import SCRIPT
 from sekv_core.models import load_model
 
 QUESTION = "What is the vault code?"
@@ -150,33 +149,6 @@ def test_zoomed_spans_shaded_for_sekv_only(tmp_path, tiny_model_dirs):
     assert plain(highlight(page, 1)) == "The vault code is 7781"
 
 
-def test_zoom_facts_in_plain_words():
-    facts = {
-        "layers_zoomed": 21,
-        "layers": 30,
-        "zoomed_heads": 41,
-        "heads": 90,
-        "question_heads": 23,
-        "first_choice": 9,
-        "rank": 43,
-        "spans": 526,
-        "ranked_by": "router",
-    }
-    assert zoom_words(facts) == (
-        "picked for the question by 23 of 90 layer-heads (43rd of 526 spans), the first choice "
-        "of 9; zoomed in 21 of 30 layers while answering"
-    )
-    assert ", the first choice" not in zoom_words({**facts, "first_choice": 0})
-    facts.update(ranked_by="question", rank=2, spans=12000)
-    assert zoom_words(facts).startswith(
-        "read as a passage: 2nd of 12,000 spans by the question's words and its attention "
-        "beyond a neutral question's; zoomed in 21"
-    )
-    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 102, 111)] == [
-        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "102nd", "111th"
-    ]  # fmt: skip
-
-
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium")
 def test_answer_page_renders_in_headless_chromium(tmp_path, tiny_model_dirs):
     from PIL import Image  # fpdf2 depends on Pillow
@@ -201,7 +173,7 @@ def test_answer_page_renders_in_headless_chromium(tmp_path, tiny_model_dirs):
 
 
 def test_spans_the_answer_barely_read_stay_unshaded():
-    from sekv_core.html_answer import UNSHADED, shade
+    from sekv_cli.html_answer import UNSHADED, shade
 
     assert shade(1.0, 1.0) == 4 and shade(0.25, 1.0) == 2
     assert shade(UNSHADED * 0.9, 1.0) is None and shade(0.0, 0.0) is None

@@ -1,5 +1,5 @@
-"""Plain words for what SeKV did for a source (the facts of ``Method.explain``), shared by the
-terminal and the HTML answer view. No torch here: the CLI imports it at start-up."""
+"""Plain words for numbers and for what SeKV did for a source (the facts of ``Method.explain``),
+shared by the terminal and the HTML pages. No torch here: the CLI imports it at start-up."""
 
 from __future__ import annotations
 
@@ -10,6 +10,15 @@ def ordinal(n: int) -> str:
     """1st, 2nd, 3rd, 4th, …, 11th, 12th, 13th, 21st."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+def human_bytes(n: float) -> str:
+    """A byte count in B, KiB, MiB or GiB (binary units; one decimal above bytes)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def zoom_words(facts: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """One self-contained HTML page for an answer: the question, the answer, its sources and the
 whole document with the sources highlighted and (SeKV) the zoomed spans shaded.
 
-Like the inspect page (:mod:`sekv_core.html_report`) it loads nothing from the network: CSS and
+Like the inspect page (:mod:`sekv_cli.html_report`) it loads nothing from the network: CSS and
 the tooltip script are inline and text uses the system's fonts. Every piece of document, question
 and answer text is escaped, so a document's markup stays text.
 """
@@ -16,13 +16,13 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from .documents import Document
-from .engine import Answer
-from .explain import zoom_words
-from .html_report import human_bytes
+from sekv_core.documents import Document
+from sekv_core.engine import Answer
+from sekv_core.prompt import Context
+from sekv_core.sources import WORD
+
 from .html_style import ANSWER_CSS, CSS, SCRIPT, ZOOM_SCALE
-from .prompt import Context
-from .sources import WORD
+from .words import human_bytes, zoom_words
 
 
 def render_answer_html(answer: Answer, document: Document, context: Context, question: str) -> str:

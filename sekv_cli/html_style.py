@@ -94,7 +94,7 @@ SCRIPT = """
 })();
 """
 
-# the answer view (sekv_core.html_answer): zoomed spans shaded by their share of the answer's
+# the answer view (sekv_cli.html_answer): zoomed spans shaded by their share of the answer's
 # attention (light -> strong), source highlights drawn over the shading
 ZOOM_SCALE = ("#eef2ff", "#dbe4ff", "#c3d2fe", "#a5b8fc", "#8197f8")
 ANSWER_CSS = """

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from .html_style import CSS, SCALE, SCRIPT
+from .words import human_bytes
 
 PLOT_W, PLOT_H = 1120, 230
 PAD_L, PAD_R, PAD_T, PAD_B = 44, 12, 14, 40
@@ -41,14 +42,6 @@ def render_html(report: dict[str, Any]) -> str:
         f"<body><main>\n{body}\n</main>"
         f'<div id="tip" hidden></div><script>{SCRIPT}</script></body></html>\n'
     )
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _e(value: Any) -> str:
