@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from .errors import SekvError
+
+T, R = TypeVar("T"), TypeVar("R")
 
 THREADS_ENV = "SEKV_THREADS"
 
@@ -55,3 +60,20 @@ def _positive(value: str) -> int | None:
     except ValueError:
         return None
     return number if number >= 1 else None
+
+
+def each_on_threads(
+    fn: Callable[[T], R], items: Iterable[T], workers: int | None = None
+) -> list[R]:
+    """``fn(item)`` for every item, spread over ``workers`` threads (default: torch's
+    intra-op thread count). ``fn`` spends its time in torch ops or native calls, which release
+    the GIL; run it on one intra-op thread where its result must not depend on how many run
+    at once."""
+    import torch  # (the CLI reads this module before torch is needed)
+
+    items = list(items)
+    workers = min(workers or torch.get_num_threads(), len(items))
+    if workers <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, items))

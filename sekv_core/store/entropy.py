@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..native import library
+from ..threads import each_on_threads
 
 PROB_BITS = 12  # a table's probabilities are multiples of 2^-PROB_BITS
 TABLE = 256  # entries per stream's table: the widest field (8 bits)
@@ -88,7 +89,8 @@ def _compact_kind(parts: list[torch.Tensor], code) -> dict | None:
         coded = _encode(records, widths, flips, freq)
         if coded is None:  # (not smaller than the records)
             return None
-        if not torch.equal(_decode(coded, records.shape, widths, flips, freq), records):
+        back = torch.empty_like(records)
+        if not torch.equal(_decode(coded, back, widths, flips, freq), records):
             return None  # never written: a coding that does not give the records back
         pieces.append(coded)
         lengths.append(coded.numel())
@@ -116,14 +118,18 @@ def _expand_kind(got: dict, part_rows: torch.Tensor, code) -> torch.Tensor:
     tables = [_tables(params[p * streams : (p + 1) * streams], widths, H) for p in range(len(rows))]
     if not torch.equal(_checksum(tables), got["check"]):
         raise ValueError("its offload coding's tables differ on this machine")
-    out, at = [], 0
-    for n, size, freq in zip(rows, lengths, tables, strict=True):
-        coded = got["coded"][at : at + size]
-        at += size
-        out.append(_decode(coded, (L, H, n, B), widths, flips, freq).flatten())
-    if at != got["coded"].numel():
-        raise ValueError("its offload coding has bytes past its parts")
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.uint8)
+    if sum(lengths) != got["coded"].numel():
+        raise ValueError("its offload coding's parts do not add up to its bytes")
+    out = torch.empty(int(part_rows[-1]) * L * H * B, dtype=torch.uint8)
+    coded_at, rows_at = np.cumsum([0, *lengths]), np.cumsum([0, *rows]) * (L * H * B)
+
+    def part(p: int) -> None:  # each part's bytes decode alone, into its place
+        coded = got["coded"][coded_at[p] : coded_at[p + 1]]
+        into = out[rows_at[p] : rows_at[p + 1]].view(L, H, rows[p], B)
+        _decode(coded, into, widths, flips, tables[p])
+
+    each_on_threads(part, range(len(rows)))
+    return out
 
 
 def _stream_widths(widths: torch.Tensor, H: int) -> np.ndarray:
@@ -218,10 +224,10 @@ def _encode(
 
 
 def _decode(
-    coded: torch.Tensor, shape: tuple, widths: torch.Tensor, flips: torch.Tensor, freq: np.ndarray
+    coded: torch.Tensor, out: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor, freq
 ) -> torch.Tensor:
-    L, H, S, B = shape
-    out = torch.empty(L, H, S, B, dtype=torch.uint8)
+    """Decode ``coded`` into the records ``out`` (L, H, S, B) uint8, contiguous."""
+    L, H, S, B = out.shape
     table = torch.from_numpy(np.ascontiguousarray(freq))
     coded = coded.contiguous()
     rc = library().sekv_rans_decode(

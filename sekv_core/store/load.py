@@ -37,6 +37,7 @@ from ..rope import Rope
 from ..segment import SINK, n_sinks
 from ..sketch import column_major, pack_sketch, span_token_positions
 from ..summary import STORE_DTYPE, one_thread
+from ..threads import each_on_threads
 from .codes import Code, store_codebooks
 from .entropy import expanded
 from .format import (
@@ -227,17 +228,21 @@ def sketch_rows(
     rows_per_part = torch.diff(resident["part_rows"]).tolist()
     B = code.record_bytes
     parts = torch.split(k_rows.view(-1, B), [L * H * n for n in rows_per_part])
-    with one_thread():
-        for layer in range(L):  # one layer at a time: bounded working memory
-            picked = [  # each part's records of this layer, (H, n, B), heads' rows in order
-                part.view(L, H, n, B)[layer] for part, n in zip(parts, rows_per_part, strict=True)
-            ]
-            records = torch.cat(picked, dim=1) if picked else k_rows.new_zeros(H, 0, B)
-            keys = code.decode(records.reshape(H * S, B), layer, [S] * H, torch.float32)
-            if rope is not None:
-                keys = rope.rotate(keys, positions.repeat(H))
-            raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
-            levels[layer] = raw.round_().clamp_(-top, top)
+
+    def layer_rows(layer: int) -> None:  # one layer at a time: bounded working memory
+        picked = [  # each part's records of this layer, (H, n, B), heads' rows in order
+            part.view(L, H, n, B)[layer] for part, n in zip(parts, rows_per_part, strict=True)
+        ]
+        records = torch.cat(picked, dim=1) if len(picked) > 1 else picked[0]
+        keys = code.decode(records.reshape(H * S, B), layer, [S] * H, torch.float32)
+        if rope is not None:
+            keys = rope.rotate(keys, positions.repeat(H))
+        raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
+        levels[layer] = raw.round_().clamp_(-top, top)
+
+    threads = torch.get_num_threads()
+    with one_thread():  # each layer on one intra-op thread: the same rows however many run
+        each_on_threads(layer_rows, range(L), workers=threads)
     return pack_sketch(levels, bits)
 
 
