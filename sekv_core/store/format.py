@@ -31,7 +31,8 @@ FORMAT = "sekv-span-store"
 FORMAT_VERSION = 15
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit rows' scales
-CODE_PARTS = ("basis", "basis_exp", "mean", "range", "metric", "bits", "step")  # a code has those it uses
+# the tensors of a code (a code has those it uses: docs/store-format.md)
+CODE_PARTS = ("basis", "basis_exp", "mean", "range", "metric", "bits", "step")
 CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in CODE_PARTS)
 DIGEST = "digest"  # the manifest's own checksum (of every other field)
 
