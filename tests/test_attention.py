@@ -109,10 +109,10 @@ def test_reconstruction_decodes_each_spans_own_records(tiny_loaded, tmp_path):
     exact, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossless, kv_bits=16)
     spans, store = method.spans, method.store
 
-    from sekv_core.codec import Codebook
+    from sekv_core.store.codes import TierCode
 
     flat = store.offload["v_rows"]  # (decoded from the file)
-    code = Codebook.from_tensors(store.resident, "v", "4x8,*x4")
+    code = TierCode.from_tensors(store.resident, "v", "4x8,*x4")
     L, N, H = spans.num_layers, spans.n_spans, spans.num_kv_heads
     S, B = int(spans.lengths.sum()), code.record_bytes
     assert flat.numel() == L * H * S * B  # every span token's record, nothing else

@@ -25,13 +25,13 @@ from conftest import build_tiny_model
 from sekv_core.config import StoreSettings, override
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
-from sekv_core.format import DIGEST, FILES, manifest_digest
-from sekv_core.ingest import open_or_build, store_path
-from sekv_core.locks import clean_leftovers, mark_writer, store_lock
 from sekv_core.methods import MethodSettings
 from sekv_core.models import load_model
-from sekv_core.parts import STATE_VERSION
 from sekv_core.prompt import chat_template, encode_context
+from sekv_core.store.format import DIGEST, FILES, manifest_digest
+from sekv_core.store.ingest import open_or_build, store_path
+from sekv_core.store.locks import clean_leftovers, mark_writer, store_lock
+from sekv_core.store.parts import STATE_VERSION
 
 TEXT = "\n\n".join(f"Room {i}: the {w} key opens locker {i * 7 % 31}." for i, w in enumerate("abc"))
 OTHER = "\n\n".join(f"Shelf {i} holds {i * 3} blue jars and a red lid." for i in range(4))
@@ -257,9 +257,12 @@ CLI = "sys.argv = ['sekv', 'ingest', {doc!r}, '--model', {model!r}, '--json']\n"
     "runpy.run_module('sekv_cli', run_name='__main__')\n"
 )
 STAGES = {  # stage: (hook, what it leaves)
-    "prefill": ("import sekv_core.build as m; hook(m, 'prefill')", []),
-    "first-file": ("import sekv_core.format as m; hook(m, 'save_file')", [".tmp-"]),
-    "before-rename": ("import sekv_core.format as m; hook(m, '_replace', before=True)", [".tmp-"]),
+    "prefill": ("import sekv_core.store.build as m; hook(m, 'prefill')", []),
+    "first-file": ("import sekv_core.store.write as m; hook(m, 'save_file')", [".tmp-"]),
+    "before-rename": (
+        "import sekv_core.store.write as m; hook(m, '_replace', before=True)",
+        [".tmp-"],
+    ),
 }
 
 
@@ -314,12 +317,12 @@ def small(small_dir):
 
 
 STREAMED = """
-import sekv_core.stream as stream
+import sekv_core.store.stream as stream
 from sekv_core.config import StoreSettings, override
 from sekv_core.documents import load_document
-from sekv_core.ingest import open_or_build
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
+from sekv_core.store.ingest import open_or_build
 stream.CHECKPOINT_S = {checkpoint_s}
 loaded = load_model({model!r}, device="cpu")
 document = load_document({doc!r})
@@ -328,12 +331,13 @@ open_or_build(loaded, document, ctx, override(StoreSettings(), {settings!r}))
 """
 STREAM_STAGES = {  # stage: (hook, checkpoint_s, what the next ingest warns)
     "after-checkpoint": (
-        "import sekv_core.parts as m; hook(m.Checkpoints, 'write')",
+        "import sekv_core.store.parts as m; hook(m.Checkpoints, 'write')",
         0.0,
         "resuming",
     ),
     "mid-part": (
-        "import sekv_core.parts as m; hook(m, 'save_file', when=lambda t, p: p.endswith('.tmp'))",
+        "import sekv_core.store.parts as m; "
+        "hook(m, 'save_file', when=lambda t, p: p.endswith('.tmp'))",
         30.0,
         None,
     ),
@@ -375,7 +379,7 @@ def test_concurrent_ingests_build_once(reference, tiny_model_dirs, sekv_home, se
     arrived = sekv_home / "arrived"
     arrived.mkdir(parents=True)
     sync = textwrap.dedent(f"""
-        import sekv_core.build as b, sekv_core.ingest as ing
+        import sekv_core.store.build as b, sekv_core.store.ingest as ing
         real_lock, real_prefill = ing.store_lock, b.prefill
         def store_lock(*a, **k):
             open({str(arrived)!r} + f"/{{os.getpid()}}", "w").close()

@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 
 from sekv_cli.main import app
 from sekv_core.documents import load_document
-from sekv_core.packed import unpack
 from sekv_core.report import span_index, token_texts
 
 runner = CliRunner()
@@ -75,7 +74,6 @@ def test_json_report(tmp_path, tiny_model_dirs):
     assert {t["page"] for t in tokens[doc_start:]} == {1, 2, 3}
 
     resident = load_file(Path(report["store"]["path"]) / "resident.safetensors")
-    unpack(resident)
     starts, ends = resident["span_starts"].tolist(), resident["span_ends"].tolist()
     assert [(s["start"], s["end"]) for s in spans] == list(zip(starts, ends, strict=True))
     assert len(spans) == stats["spans"] > 1

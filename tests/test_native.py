@@ -166,10 +166,10 @@ def test_rows_are_encoded_as_the_tensor_code():
 
 
 @pytest.mark.parametrize(
-    "spec", ["alloc:2", "alloc:5", "alloc:8", "64x16", "64x4", "8x16,8x8,16x4,16x2,*x0"]
+    "spec", ["even:0.02", "even:0.175", "even:1", "64x16", "64x4", "8x16,8x8,16x4,16x2,*x0"]
 )
 def test_records_decode_as_the_tensor_code(spec, tensor_code):
-    """Every code a store can be written in (allocated bit fields; tiers of 16, 8, 4, 2 and 0
+    """Every code a store can be written in (even codes' bit fields; tiers of 16, 8, 4, 2 and 0
     bits) decodes to the same rows natively."""
     g = torch.Generator().manual_seed(5)
     L, H, S, D = 2, 3, 70, 64

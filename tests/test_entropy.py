@@ -1,0 +1,203 @@
+"""The offload tier on disk is entropy-coded and loads bit for bit
+(:mod:`sekv_core.store.entropy`): real codes fitted to rows, real store files, the native coder."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_store import prepare
+
+import sekv_core.store.entropy as entropy
+from sekv_core.config import StoreSettings
+from sekv_core.store.codes import fit_code, store_codebooks
+from sekv_core.store.format import manifest_digest, nbytes, sha256
+from sekv_core.store.ingest import open_or_build
+from sekv_core.store.load import StoreInvalid, load_store
+
+needs_native = pytest.mark.skipif(
+    not entropy.usable(), reason="needs the native library (a C compiler)"
+)
+
+
+def coded_parts(code, rows_per_part, seed=0) -> list[torch.Tensor]:
+    """Records (L, H, n, B) of parts of rows drawn as the code's were."""
+    g = torch.Generator().manual_seed(seed)
+    L, H, D = code.basis.shape[0], code.basis.shape[1], code.basis.shape[-1]
+    out = []
+    for n in rows_per_part:
+        rows = torch.randn(L, H, n, D, generator=g) * torch.linspace(3, 0.1, D)
+        out.append(code.encode(rows))
+    return out
+
+
+def bounds(rows_per_part) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(rows_per_part).cumsum(0).tolist()])
+
+
+def flat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.flatten() for p in parts])
+
+
+@needs_native
+@pytest.mark.parametrize("spec", ["even:0.175", "even:0.05", "*x4", "8x8,24x4,32x2", "4x16,60x4"])
+def test_every_code_round_trips_exactly_over_parts_and_is_smaller(spec):
+    g = torch.Generator().manual_seed(1)
+    fit_rows = torch.randn(2, 3, 300, 64, generator=g) * torch.linspace(3, 0.1, 64)
+    code = fit_code(fit_rows, spec)
+    sizes = [1500, 0, 700, 1]
+    parts = coded_parts(code, sizes)
+    codes = {"k": code, "v": code}
+    stored = entropy.compacted({"k": parts, "v": [p.clone() for p in parts]}, codes)
+    assert "k_rows" not in stored and "v_rows" not in stored  # coded: it paid
+    assert nbytes(stored) < 0.95 * 2 * flat(parts).numel()
+    back = entropy.expanded(stored, bounds(sizes), codes)
+    assert torch.equal(back["k_rows"], flat(parts)) and torch.equal(back["v_rows"], flat(parts))
+
+
+@needs_native
+def test_records_that_do_not_compress_are_kept_as_they_are():
+    code = fit_code(torch.randn(1, 2, 50, 64), "*x4")
+    noise = torch.randint(0, 256, (1, 2, 400, code.record_bytes), dtype=torch.uint8)
+    stored = entropy.compacted({"k": [noise], "v": [noise]}, {"k": code, "v": code})
+    assert set(stored) == {"k_rows", "v_rows"}  # never larger than the records
+    assert torch.equal(stored["k_rows"], noise.flatten())
+    back = entropy.expanded(stored, torch.tensor([0, 400]), {"k": code, "v": code})
+    assert torch.equal(back["v_rows"], noise.flatten())
+
+
+@needs_native
+def test_a_coding_with_other_tables_or_bytes_is_refused():
+    code = fit_code(torch.randn(1, 2, 200, 64) * torch.linspace(3, 0.1, 64), "even:0.175")
+    parts = coded_parts(code, [2000])
+    codes, rows = {"k": code, "v": code}, bounds([2000])
+    stored = entropy.compacted({"k": parts, "v": parts}, codes)
+    assert stored["k_params"].dtype == torch.float16 and stored["k_params"].shape[1] == 2
+    with pytest.raises(ValueError, match="tables differ"):
+        entropy.expanded(dict(stored, k_params=stored["k_params"] * 1.01), rows, codes)
+    check = stored["k_check"].clone()
+    check[0] ^= 1
+    with pytest.raises(ValueError, match="tables differ"):
+        entropy.expanded(dict(stored, k_check=check), rows, codes)
+    with pytest.raises(ValueError, match="match its parts"):  # too few numbers
+        entropy.expanded(dict(stored, k_params=stored["k_params"][:-1]), rows, codes)
+    short = dict(stored, k_coded=stored["k_coded"][:-3])
+    short["k_coded_bytes"] = stored["k_coded_bytes"] - 3
+    with pytest.raises(ValueError, match="does not decode"):
+        entropy.expanded(short, rows, codes)
+    longer = dict(stored, k_coded=torch.cat([stored["k_coded"], torch.zeros(2, dtype=torch.uint8)]))
+    with pytest.raises(ValueError, match="do not add up"):
+        entropy.expanded(longer, rows, codes)
+    with pytest.raises(ValueError, match="match its parts"):
+        entropy.expanded(stored, torch.tensor([0, 1000, 2000]), codes)
+
+
+def codes_of(store):
+    s = store.manifest["settings"]
+    return store_codebooks(store.resident, s["key_code"], s["value_code"])
+
+
+def parts_of(store, codes) -> dict[str, list[torch.Tensor]]:
+    """The store's decoded records, (L, H, n, B) per part."""
+    L, H = store.resident["fixed_k"].shape[:2]
+    rows = torch.diff(store.resident["part_rows"]).tolist()
+    out = {}
+    for kind in ("k", "v"):
+        B = codes[kind].record_bytes
+        pieces = torch.split(store.offload[f"{kind}_rows"], [L * H * n * B for n in rows])
+        out[kind] = [p.view(L, H, n, B) for p, n in zip(pieces, rows, strict=True)]
+    return out
+
+
+@needs_native
+def test_a_store_is_coded_on_disk_and_loads_the_records_it_built(tiny_loaded, tmp_path):
+    document, context = prepare(tiny_loaded, tmp_path)
+    store, _ = open_or_build(tiny_loaded, document, context)
+    on_disk = load_file(store.path / "offload.safetensors")
+    assert "k_coded" in on_disk and "k_rows" not in on_disk and "v_coded" in on_disk
+    b = store.manifest["bytes"]
+    assert b["offloaded"] == (store.path / "offload.safetensors").stat().st_size
+    assert b["offload_records"] == nbytes(store.offload)
+    assert b["offloaded"] < 0.9 * b["offload_records"]
+    # the records are the build's: coding what the load decoded gives the file's bytes back
+    codes = codes_of(store)
+    again = entropy.compacted(parts_of(store, codes), codes)
+    assert again.keys() == on_disk.keys()
+    for name, tensor in on_disk.items():
+        assert torch.equal(again[name], tensor), name
+
+
+def forge(store, change) -> None:
+    """Change the offload file's tensors and recompute every checksum, as a forger would."""
+    path = store.path / "offload.safetensors"
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, str(path))
+    manifest = json.loads((store.path / "manifest.json").read_text())
+    size = path.stat().st_size
+    manifest["files"]["offload.safetensors"] = {"sha256": sha256(path), "bytes": size}
+    manifest["bytes"]["offloaded"] = size
+    manifest["bytes"]["store"] = sum(f["bytes"] for f in manifest["files"].values())
+    manifest.pop("digest")
+    manifest["digest"] = manifest_digest(manifest)
+    (store.path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def scale_params(t):
+    t["v_params"] = t["v_params"] * 0.97
+
+
+def flip_check(t):
+    t["k_check"][5] ^= 0x10
+
+
+def cut_coding(t):
+    t["k_coded"] = t["k_coded"][:-3].clone()
+    t["k_coded_bytes"][-1] -= 3
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "change, reason",
+    [(scale_params, "tables differ"), (flip_check, "tables differ"), (cut_coding, "not decode")],
+    ids=["params", "check", "coded"],
+)
+def test_a_forged_coding_is_never_used(tiny_loaded, tmp_path, change, reason):
+    """A coded tier whose tables, checksum or bytes were changed and whose checksums were
+    recomputed does not load (the tables' own checksum, or the coder, refuses it): the next
+    open rebuilds the store, saying why."""
+    document, context = prepare(tiny_loaded, tmp_path)
+    store, _ = open_or_build(tiny_loaded, document, context)
+    built = (store.path / "offload.safetensors").read_bytes()
+    forge(store, change)
+    with pytest.raises(StoreInvalid, match=reason):
+        load_store(store.path, tiny_loaded, document, context, StoreSettings())
+    warnings = []
+    rebuilt, hit = open_or_build(tiny_loaded, document, context, warn=warnings.append)
+    assert not hit and len(warnings) == 1 and reason in warnings[0], warnings
+    assert (rebuilt.path / "offload.safetensors").read_bytes() == built
+
+
+def test_without_the_native_coder_a_store_keeps_its_records_and_loads(
+    tiny_loaded, tmp_path, monkeypatch
+):
+    """A machine without the native library writes each kind's records as they are, and loads
+    them; a coded store it cannot decode is refused and rebuilt that way."""
+    document, context = prepare(tiny_loaded, tmp_path)
+    coded = None
+    if entropy.usable():
+        coded, _ = open_or_build(tiny_loaded, document, context)
+        expected = {k: v.clone() for k, v in coded.offload.items()}
+    monkeypatch.setattr(entropy, "usable", lambda: False)
+    warnings = []
+    store, hit = open_or_build(tiny_loaded, document, context, warn=warnings.append)
+    assert not hit
+    if coded is not None:
+        assert len(warnings) == 1 and "native library is missing" in warnings[0], warnings
+        for name, tensor in expected.items():
+            assert torch.equal(store.offload[name], tensor), name
+    on_disk = load_file(store.path / "offload.safetensors")
+    assert set(on_disk) == {"k_rows", "v_rows"}
+    assert store.manifest["bytes"]["offload_records"] == nbytes(on_disk)
+    again, hit = open_or_build(tiny_loaded, document, context)
+    assert hit and torch.equal(again.offload["k_rows"], on_disk["k_rows"])
