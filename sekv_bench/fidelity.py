@@ -2,7 +2,7 @@
 
 Accuracy on a few dozen questions moves by a whole question at a time; fidelity sees every token.
 For each question, full KV answers greedily (the reference, up to ``answer_tokens`` tokens); each
-method then reads the same answer under teacher forcing (:func:`sekv_core.decode.forced`) and at
+method then reads the same answer under teacher forcing (:class:`sekv_core.decode.Forcing`) and at
 every step we compare its next-token distribution with full KV's:
 
 - **top-1 agreement**: share of answer tokens the method would have chosen too;
@@ -27,14 +27,15 @@ from typing import Any
 
 import torch
 
-from sekv_core.decode import forced
+from sekv_core.decode import Forcing
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.errors import SekvError
+from sekv_core.methods import PrefillSlot, SeKV
 from sekv_core.models import LoadedModel
 
 from .rows import config_label, group, resident_share
-from .suite import SuiteConfig, build_samples, run_settings, sample_path
+from .suite import SuiteConfig, build_samples, sample_path
 
 DEFAULT_ANSWER_TOKENS = 24
 EVERY_SPAN = 1 << 30  # a zoom budget (tokens per layer and KV head) no document reaches
@@ -51,8 +52,7 @@ def run_fidelity(
 ) -> dict[str, Any]:
     """Every (method, memory share) against full KV on every sample question; writes ``out``'s
     results.jsonl, summary.json and fidelity.md and returns the summary. Runs start from
-    ``config``'s settings; ``sekv-trained`` routes with ``config.trained_router`` (auto: the
-    router trained for the model), ``sekv`` training-free. ``every_span``: no memory target,
+    ``config``'s settings. ``every_span``: no memory target,
     SeKV zooms every span, however far below the best one the router scores it (the ceiling its
     store sets: what reconstruction alone loses; a trained router's gate still decides); other
     methods keep the whole cache."""
@@ -68,27 +68,24 @@ def run_fidelity(
     (out / "samples").mkdir(parents=True, exist_ok=True)
     runs = [(m, None) for m in config.methods] if every_span else config.runs()
     rows: list[dict[str, Any]] = []
+    prefills = PrefillSlot()  # the eviction methods' full prefill, once per sample
     with (out / "results.jsonl").open("w") as sink:
         for sample in build_samples(config, loaded.tokenizer):
             document = load_document(sample_path(sample, out))
             reference = Session(loaded, document, "full", base)
             refs = []
             for q in sample.questions:
-                with forced() as record:
-                    reference.ask(q.question, answer_tokens)
+                record = Forcing()  # the reference's own answer, its log-probabilities recorded
+                reference.ask(q.question, answer_tokens, forcing=record)
                 logprobs = torch.stack(record.logprobs)  # (n, V) incl. a final stop token
                 refs.append((q.question, logprobs.argmax(-1).tolist(), logprobs))
             for method, share in runs:
-                session = Session(
-                    loaded,
-                    document,
-                    method,
-                    run_settings(base, method, share, config.trained_router),
-                )
+                settings = replace(base, memory_share=share)
+                session = Session(loaded, document, method, settings, prefills=prefills)
                 recon = None  # measured once the store is prepared (by the first answer)
                 for question, ids, ref in refs:
-                    with forced(ids) as record:
-                        answer = session.ask(question, len(ids))
+                    record = Forcing(ids)
+                    answer = session.ask(question, len(ids), forcing=record)
                     recon = reconstruct_time(session) if recon is None else recon
                     row = {
                         "sample": sample.name,
@@ -112,7 +109,6 @@ def run_fidelity(
         "answer_tokens": answer_tokens,
         "every_span": every_span,
         "settings": {k: v for k, v in asdict(base).items() if k != "warn"},
-        "trained_router": config.trained_router if "sekv-trained" in config.methods else None,
         "configs": summarize(rows),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -123,9 +119,9 @@ def run_fidelity(
 def reconstruct_time(session: Session, repeats: int = 3) -> float | None:
     """Microseconds per (token, KV head) of one reconstruction of every span of every layer of
     a SeKV session's store (K and V; best of ``repeats``); None for other methods."""
-    memory = getattr(session.method, "spans", None)
-    if memory is None or not hasattr(memory, "reconstruct") or memory.n_spans == 0:
+    if not isinstance(session.method, SeKV) or session.method.spans.n_spans == 0:
         return None
+    memory = session.method.spans
     H, N = memory.num_kv_heads, memory.n_spans
     spans, heads = torch.arange(N).repeat(H), torch.arange(H).repeat_interleave(N)
     best = float("inf")

@@ -10,6 +10,7 @@ from sekv_core.config import MethodSettings
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.errors import SekvError
+from sekv_core.methods import PrefillSlot
 from sekv_core.models import LoadedModel
 
 from .rows import resident_share
@@ -29,8 +30,10 @@ def bench_qa(
             raise SekvError(f"no ground truth for '{path}': expected {qa_file}")
         items = json.loads(qa_file.read_text())
         document = load_document(path)
+        prefills = PrefillSlot()  # the eviction methods' full prefill, once per document
         for method in methods:
-            session = Session(loaded, document, method, settings or MethodSettings())
+            settings = settings or MethodSettings()
+            session = Session(loaded, document, method, settings, prefills=prefills)
             hits, memory = [], {}
             for item in items:
                 answer = session.ask(item["question"], max_new_tokens=48)

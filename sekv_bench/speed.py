@@ -1,7 +1,7 @@
 """Speed: SeKV vs full KV, measured side by side in one run.
 
 Per document size (a generated haystack) both methods answer the same question through the
-engine, decoding the same teacher-forced tokens (:func:`sekv_core.decode.forced`: neither stops
+engine, decoding the same teacher-forced tokens (:class:`sekv_core.decode.Forcing`: neither stops
 early). Reported per method: the preparation (full KV's prefill; SeKV's store build in an empty
 ``$SEKV_HOME``, twice each, alternately; then a second session loading that store from disk),
 time to first token of a fresh session (preparation + first token) and of a question on a
@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from sekv_core.config import MethodSettings
-from sekv_core.decode import forced
+from sekv_core.decode import Forcing
 from sekv_core.documents import Document, load_document
 from sekv_core.engine import Answer, Session
 from sekv_core.models import LoadedModel
@@ -43,12 +42,11 @@ NEUTRAL = (
 )
 BUILD_PAIRS = 2  # prefill, build, prefill, build: the build ratio from pairs side by side
 WARM_UP_TOKENS = 200  # a small haystack both methods answer once before anything is timed
-ASKED = MethodSettings(router="auto")  # SeKV as `sekv ask` answers: the model's trained router
 
 
 def session(loaded: LoadedModel, document: Document, method: str) -> Session:
     """A session of ``method`` with the settings `sekv ask` gives it by default."""
-    return Session(loaded, document, method, settings=ASKED if method == "sekv" else None)
+    return Session(loaded, document, method)
 
 
 @dataclass
@@ -75,8 +73,7 @@ def forced_tokens(tokenizer, count: int) -> list[int]:
 
 def forced_answer(session: Session, ids: list[int]) -> Answer:
     """The needle question answered with ``ids`` fed as the answer (teacher forcing)."""
-    with forced(ids):
-        return session.ask(NEEDLE.question, len(ids))
+    return session.ask(NEEDLE.question, len(ids), forcing=Forcing(ids))
 
 
 def write_haystack(tokenizer, tokens: int, folder: Path) -> Document:
@@ -359,7 +356,7 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
 
 def routers(result: dict[str, Any]) -> str:
     """The router(s) SeKV's answers used (``trained`` where the model ships one)."""
-    return " / ".join(sorted({r["sekv"].get("router", "sketch") for r in result["rows"]}))
+    return " / ".join(sorted({r["sekv"].get("router", "training-free") for r in result["rows"]}))
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from sekv_core.config import MethodSettings, override
 from sekv_core.documents import Document, load_document
 from sekv_core.engine import Session
 from sekv_core.errors import SekvError
-from sekv_core.methods import METHODS
+from sekv_core.methods import METHODS, PrefillSlot
 from sekv_core.models import LoadedModel
 
 from .diagnostics import ask_probed, attach_probe
@@ -53,7 +53,6 @@ class SuiteConfig:
     max_new_tokens: int = 48
     recall: bool = False  # SeKV methods are also held against the oracle router (diagnostics)
     qa_docs: list[Path] | None = None  # default: the sample documents
-    trained_router: str = "auto"  # sekv-trained's router (auto: the one trained for the model)
     settings: list[str] = field(default_factory=list)
 
     def method_settings(self) -> MethodSettings:
@@ -133,17 +132,6 @@ def sample_path(sample: Sample, out: Path) -> Path:
     return path
 
 
-def run_settings(
-    base: MethodSettings, method: str, share: float | None, trained_router: str
-) -> MethodSettings:
-    """The settings of one (method, memory share) run: ``base`` at ``share``; ``sekv-trained``
-    routes with ``trained_router``."""
-    settings = replace(base, memory_share=share)
-    if method == "sekv-trained":
-        settings = replace(settings, router=trained_router)
-    return settings
-
-
 class Suite:
     """Plans the runs (sample × method × memory share); :meth:`run` answers, :meth:`finish`
     reports."""
@@ -157,6 +145,7 @@ class Suite:
         self.total = len(self.configs) * sum(len(s.questions) for s in self.samples)
         self.rows: list[dict[str, Any]] = []
         self.errors: list[dict[str, Any]] = []
+        self.prefills = PrefillSlot()  # the eviction methods' full prefill, once per sample
 
     def run(
         self,
@@ -194,8 +183,8 @@ class Suite:
         self, sample: Sample, document: Document, method: str, share: float | None
     ) -> Iterator[dict[str, Any]]:
         """One session (prepared once) answering the sample's questions: one row each."""
-        settings = run_settings(self.settings, method, share, self.config.trained_router)
-        session = Session(self.loaded, document, method, settings)
+        settings = replace(self.settings, memory_share=share)
+        session = Session(self.loaded, document, method, settings, prefills=self.prefills)
         probe = attach_probe(session) if self.config.recall else None
         for q in sample.questions:
             a = ask_probed(session, q.question, self.config.max_new_tokens, probe)

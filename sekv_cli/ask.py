@@ -18,9 +18,9 @@ from .common import (
     MAX_TOKENS_OPTION,
     METHOD_OPTION,
     MODEL_OPTION,
-    ROUTER_OPTION,
     THREADS_OPTION,
     MethodName,
+    check_budget,
     check_writable,
     err,
     handle_errors,
@@ -31,12 +31,10 @@ from .common import (
     write_text_atomically,
 )
 from .generation import (
-    REPEATS_OPTION,
-    REPETITION_OPTION,
     SEED_OPTION,
-    STOP_OPTION,
     TEMPERATURE_OPTION,
     TOP_P_OPTION,
+    check_sampling,
     sampling,
 )
 from .render import print_sources, print_zoom
@@ -49,10 +47,6 @@ def ask(
     model: str | None = MODEL_OPTION,
     method: MethodName = METHOD_OPTION,
     budget: int | None = BUDGET_OPTION,
-    router: str = ROUTER_OPTION,
-    sources: bool = typer.Option(
-        True, "--sources/--no-sources", help="Print the passages the answer drew on, with pages."
-    ),
     show_zoom: bool = typer.Option(
         False,
         "--show-zoom",
@@ -74,26 +68,28 @@ def ask(
     temperature: float = TEMPERATURE_OPTION,
     top_p: float = TOP_P_OPTION,
     seed: int | None = SEED_OPTION,
-    repetition_penalty: float = REPETITION_OPTION,
-    stop: list[str] = STOP_OPTION,
-    allow_repeats: bool = REPEATS_OPTION,
     threads: int | None = THREADS_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
 ) -> None:
-    """Answer QUESTION about FILE with a local LLM; the answer streams to stdout."""
+    """Answer QUESTION about FILE with a local LLM; the answer streams to stdout, then the
+    passages it drew on, with pages."""
     start = time.perf_counter()
+    check_budget(method, budget)
+    check_sampling(temperature, top_p, seed)
+    if verbose and not show_zoom:
+        raise typer.BadParameter(
+            "it adds the router's scores to --show-zoom; pass both", param_hint="-v/--verbose"
+        )
     if html_out is not None:
         check_writable(html_out)
     n_threads = resolve_threads(threads)
-    settings = MethodSettings(budget=budget, router=router, warn=warn)
+    settings = MethodSettings(budget=budget, warn=warn)
     session, load_s = open_session(file, model, method, settings, n_threads, question, max_tokens)
     result = session.ask(
         question,
         max_new_tokens,
         on_text=None if json_out else stream_text,
-        sampling=sampling(temperature, top_p, seed, repetition_penalty),
-        stop=stop,
-        allow_repeats=allow_repeats,
+        sampling=sampling(temperature, top_p, seed),
     )
     result.timings["load_s"] = round(load_s, 4)
     result.timings["threads"] = n_threads
@@ -110,7 +106,6 @@ def ask(
     if json_out:
         print_json(result.to_json())
         return
-    if sources:
-        print_sources(result)
-    if show_zoom or verbose:
+    print_sources(result)
+    if show_zoom:
         print_zoom(result, verbose)

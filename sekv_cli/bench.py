@@ -41,6 +41,10 @@ bench_app = typer.Typer(context_settings=HELP_SETTINGS)
 def bench(ctx: typer.Context) -> None:
     """Benchmarks: figures measured side by side in one run.
 
+    Methods: those of `sekv ask` (sekv, full, retrieve) and benchmark peers:
+    sekv-training-free and sekv-trained (SeKV with one router only),
+    streaming, h2o, snapkv, chunkkv (eviction), static, blocks, truncate.
+
     Memory is counted as a share of the document's fp16 full KV cache.
 
     --memory: resident-memory targets in that unit. --budget: zoom tokens per layer and KV head.
@@ -87,18 +91,41 @@ SET_OPTION = typer.Option(
 ROUTER_OPTION = typer.Option(
     "auto",
     "--router",
-    help="sekv-trained's router: auto (the one trained for the model) or a file.",
+    help="The trained router of sekv and sekv-trained: auto (yours from `sekv train`, else the "
+    "one shipped for the model) or a router file (sekv-training-free uses none).",
 )
+TRAINED = ("sekv", "sekv-trained")  # the methods that route with a trained router
 MEMORY_HELP = "Resident-memory targets as shares of the fp16 full KV cache, comma-separated."
 BUDGET_HELP = "Zoom budget: tokens reconstructed per layer and KV head (sekv)."
 
 
-def suite_config(methods, tasks, lengths, depths, memory, seeds, sets, **extra) -> SuiteConfig:
+def with_router(router: str, methods: list[str], sets: list[str]) -> list[str]:
+    """The --set assignments with ``router=`` from --router (``auto``: the default, nothing to
+    add); a usage error where --set names the router too or no method uses one."""
+    if router == "auto":
+        return sets
+    if any(a.partition("=")[0].strip() == "router" for a in sets):
+        raise typer.BadParameter(
+            "give the router once: --router or --set router=", param_hint="--set"
+        )
+    if not set(methods) & set(TRAINED):
+        raise typer.BadParameter(
+            f"none of the methods uses a trained router; add {' or '.join(TRAINED)}",
+            param_hint="--router",
+        )
+    return [*sets, f"router={router}"]
+
+
+def suite_config(
+    methods, tasks, lengths, depths, memory, seeds, sets, router="auto", **extra
+) -> SuiteConfig:
     """A SuiteConfig from the comma-separated options, checked before the model loads (lengths
     against its window come later)."""
+    chosen = comma_list(methods, str, "--methods")
+    sets = with_router(router, chosen, sets)
     checked_settings(sets)
     lists = dict(
-        methods=comma_list(methods, str, "--methods"),
+        methods=chosen,
         tasks=comma_list(tasks, str, "--tasks"),
         lengths=comma_list(lengths, int, "--lengths"),
         depths=comma_list(depths, float, "--depths"),
@@ -120,7 +147,8 @@ def config_name(row: dict) -> str:
 @handle_errors
 def suite(
     methods: str | None = typer.Option(
-        None, help="Methods, comma-separated (default: every registered method)."
+        None,
+        help=f"Methods, comma-separated, of: {', '.join(METHOD_NAMES)} (default: all of them).",
     ),
     tasks: str = typer.Option(
         "needle,multikey,multivalue,vartrack,qa", help="Tasks, comma-separated."
@@ -149,7 +177,7 @@ def suite(
     """
     config = suite_config(
         methods or ",".join(METHOD_NAMES), tasks, lengths, depths, memory, seeds, sets,
-        max_new_tokens=max_new_tokens, recall=recall, trained_router=router,
+        router, max_new_tokens=max_new_tokens, recall=recall,
     )  # fmt: skip
     from sekv_bench.suite import Suite
 
@@ -183,7 +211,9 @@ def suite(
 @bench_app.command("fidelity")
 @handle_errors
 def fidelity(
-    methods: str = typer.Option("sekv,sekv-trained", help="Methods, comma-separated (not full)."),
+    methods: str = typer.Option(
+        "sekv-training-free,sekv-trained", help="Methods, comma-separated (not full)."
+    ),
     tasks: str = typer.Option("needle,multikey,qa", help="Tasks, comma-separated."),
     lengths: str = typer.Option("2000,4000", help="Target lengths in tokens (generated tasks)."),
     depths: str = typer.Option("0.25,0.75", help="Depths (0..1) of the asked fact."),
@@ -205,7 +235,7 @@ def fidelity(
     """Fidelity to full KV: top-1 agreement and KL along full KV's own answers."""
     config = suite_config(
         methods, tasks, lengths, depths, memory, seeds, sets,
-        max_new_tokens=answer_tokens, trained_router=router,
+        router, max_new_tokens=answer_tokens,
     )  # fmt: skip
     from sekv_bench.fidelity import run_fidelity
 

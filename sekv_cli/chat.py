@@ -22,9 +22,9 @@ from .common import (
     MAX_TOKENS_OPTION,
     METHOD_OPTION,
     MODEL_OPTION,
-    ROUTER_OPTION,
     THREADS_OPTION,
     MethodName,
+    check_budget,
     err,
     handle_errors,
     open_session,
@@ -32,12 +32,10 @@ from .common import (
     warn,
 )
 from .generation import (
-    REPEATS_OPTION,
-    REPETITION_OPTION,
     SEED_OPTION,
-    STOP_OPTION,
     TEMPERATURE_OPTION,
     TOP_P_OPTION,
+    check_sampling,
     sampling,
 )
 from .render import print_sources, print_zoom
@@ -59,27 +57,25 @@ def chat(
     model: str | None = MODEL_OPTION,
     method: MethodName = METHOD_OPTION,
     budget: int | None = BUDGET_OPTION,
-    router: str = ROUTER_OPTION,
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
     temperature: float = TEMPERATURE_OPTION,
     top_p: float = TOP_P_OPTION,
     seed: int | None = SEED_OPTION,
-    repetition_penalty: float = REPETITION_OPTION,
-    stop: list[str] = STOP_OPTION,
-    allow_repeats: bool = REPEATS_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
     """Ask many questions about FILE; each is answered from the stored memory, no re-reading,
     after the conversation so far (/reset forgets it)."""
-    settings = MethodSettings(budget=budget, router=router, warn=warn)
+    check_budget(method, budget)
+    check_sampling(temperature, top_p, seed)
+    settings = MethodSettings(budget=budget, warn=warn)
     session, _ = open_session(
         file, model, method, settings, resolve_threads(threads), max_tokens=max_tokens
     )
     document = session.document
     conversation = Conversation(session)
     told_dropping = False  # said once per chat
-    chosen = sampling(temperature, top_p, seed, repetition_penalty)
+    chosen = sampling(temperature, top_p, seed)
     interactive = sys.stdin.isatty()
     if interactive:
         keep_history()
@@ -118,6 +114,8 @@ def chat(
             elif cmd == "/zoom":
                 show_zoom = not show_zoom
                 err.print(f"zoom explanations {'on' if show_zoom else 'off'}")
+            elif cmd == "/budget" and method != "sekv":
+                err.print(f"/budget applies to --method sekv only; {method} does not zoom")
             elif cmd == "/budget" and arg.strip().isdigit() and int(arg) > 0:
                 session.method.settings.budget = int(arg)
                 err.print(f"budget {int(arg)} tokens")
@@ -125,7 +123,7 @@ def chat(
                 err.print(Text(f"unknown or malformed command {line!r}; /help lists them"))
             continue
         try:
-            last = conversation.ask(line, max_new_tokens, stream_text, chosen, stop, allow_repeats)
+            last = conversation.ask(line, max_new_tokens, stream_text, chosen)
         except KeyboardInterrupt:
             err.print("\n(interrupted)")
             continue

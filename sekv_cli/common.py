@@ -36,7 +36,7 @@ from sekv_core.config import (
     check_question,
 )
 from sekv_core.errors import SekvError
-from sekv_core.method_names import METHOD_NAMES
+from sekv_core.method_names import USER_METHODS
 from sekv_core.paths import sekv_home
 from sekv_core.threads import THREADS_ENV, apply_threads, default_threads
 
@@ -57,19 +57,18 @@ THREADS_OPTION = typer.Option(
     help=f"CPU threads torch uses (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, "
     f"else {default_threads()} here).",
 )
-MethodName = Literal[METHOD_NAMES]  # a Choice: any other name is a usage error naming these
+MethodName = Literal[USER_METHODS]  # a Choice: any other name is a usage error naming these
 METHOD_OPTION = typer.Option(
     "sekv",
     "--method",
-    metavar="METHOD",  # the choices, one long word, read better in the help text
     help="How the document is held: sekv (the span store, zooming in), full (the whole KV "
-    f"cache) or a baseline (README). One of: {', '.join(METHOD_NAMES)}.",
+    "cache) or retrieve (BM25 passages filling the window). Baselines: `sekv bench`.",
 )
 BUDGET_OPTION = typer.Option(
     None,
     "--budget",
     min=1,
-    help=f"Tokens reconstructed per layer and KV head when zooming (sekv; default "
+    help=f"Tokens reconstructed per layer and KV head when zooming (sekv only; default "
     f"{DEFAULT_BUDGET}; a book reads this many tokens of passages, default "
     f"{MethodSettings().passages}).",
 )
@@ -80,13 +79,6 @@ MAX_TOKENS_OPTION = typer.Option(
     help="Refuse a document of more tokens than this unless its store is built already (a "
     "streamed ingest reads ~100-200 tokens/s on a CPU); a file too big for that many tokens is "
     "refused before it is read.",
-)
-ROUTER_OPTION = typer.Option(
-    "auto",
-    "--router",
-    help="sekv routing: auto (the router trained for the model — yours from `sekv train`, else "
-    "the one shipped — or the training-free rule where there is none, and for books), sketch "
-    "(training-free), or a router file from `sekv train`.",
 )
 
 
@@ -113,6 +105,14 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def check_budget(method: str, budget: int | None) -> None:
+    """A usage error for ``--budget`` with a method that does not zoom."""
+    if budget is not None and method != "sekv":
+        raise typer.BadParameter(
+            f"it applies to --method sekv only; {method} does not zoom", param_hint="--budget"
+        )
 
 
 def warn(message: str) -> None:
@@ -198,8 +198,8 @@ def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKE
     document = load_document(file, max_tokens)
     check_home()
     from sekv_core.engine import check_window  # torch: only once the input is known to be usable
-    from sekv_core.store.ingest import open_or_build
     from sekv_core.prompt import chat_template, encode_context
+    from sekv_core.store.ingest import open_or_build
 
     loaded = load_model_quietly(model, threads)
     context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)

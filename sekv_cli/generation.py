@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
 
-REPETITION_PENALTY = 1.0  # see README: the default keeps answers as the benchmarks measure them
+
+def finite(value: float) -> float:
+    """A typer callback: refuse inf and nan (a usage error saying so)."""
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number; pass a finite value")
+    return value
+
+
+def temperature_value(value: float) -> float:
+    if finite(value) < 0:
+        raise typer.BadParameter(f"{value} is negative; pass 0 (greedy) or more")
+    return value
+
+
+def top_p_value(value: float) -> float:
+    if not 0 < finite(value) <= 1:
+        raise typer.BadParameter(f"{value} is not in (0, 1]; pass e.g. 0.9")
+    return value
+
 
 TEMPERATURE_OPTION = typer.Option(
     0.0,
     "--temperature",
-    min=0.0,
+    callback=temperature_value,
     help="0: greedy, the same answer every time; above 0: sample (higher: more varied).",
 )
 TOP_P_OPTION = typer.Option(
     1.0,
     "--top-p",
-    min=0.01,
-    max=1.0,
+    callback=top_p_value,
     help="With --temperature: sample among the likeliest tokens holding this probability.",
 )
 SEED_OPTION = typer.Option(
@@ -25,25 +44,24 @@ SEED_OPTION = typer.Option(
     help="With --temperature: the sampling seed (same seed, same answer; default: none, a "
     "fresh draw each time).",
 )
-REPETITION_OPTION = typer.Option(
-    REPETITION_PENALTY,
-    "--repetition-penalty",
-    min=0.01,
-    help="Above 1: tokens the answer already used become less likely (stops loops; 1: off).",
-)
-REPEATS_OPTION = typer.Option(
-    False,
-    "--allow-repeats",
-    help="Let the answer repeat a sentence it already wrote (by default it ends there: a "
-    "greedy answer that repeats a sentence is in a loop).",
-)
-STOP_OPTION = typer.Option(
-    [], "--stop", metavar="TEXT", help="End the answer before this text (repeatable)."
-)
 
 
-def sampling(temperature: float, top_p: float, seed: int | None, repetition_penalty: float):
-    """The :class:`sekv_core.sampling.Sampling` of these options."""
+def check_sampling(temperature: float, top_p: float, seed: int | None) -> None:
+    """A usage error for sampling options given without sampling (``temperature`` 0)."""
+    if temperature > 0:
+        return
+    for given, option in ((seed is not None, "--seed"), (top_p != 1, "--top-p")):
+        if given:
+            raise typer.BadParameter(
+                "it applies to sampling only; add --temperature above 0 (0 is greedy)",
+                param_hint=option,
+            )
+
+
+def sampling(temperature: float, top_p: float, seed: int | None):
+    """The :class:`sekv_core.sampling.Sampling` of these options (None: greedy)."""
+    if temperature == 0:
+        return None
     from sekv_core.sampling import Sampling  # torch: the session is open by now
 
-    return Sampling(temperature, top_p, seed, repetition_penalty)
+    return Sampling(temperature, top_p, seed)

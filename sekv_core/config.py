@@ -104,8 +104,10 @@ class MethodSettings:
         whose memory target starves the zoom takes all the target leaves.
     memory_share : resident-memory target, a share of the fp16 full KV cache (the benchmarks
         hold every method to it; each method turns it into its own knob).
-    router : ``sketch`` (training-free), ``auto`` (the router trained for the model if there is
-        one, else ``sketch``) or the path of a router file from ``sekv train``.
+    router : the trained router the SeKV methods that use one route with: ``auto`` (yours
+        from ``sekv train``, else the one shipped for the model; none: training-free) or the
+        path of a router file from ``sekv train``. The method decides whether it routes with a
+        trained router (``sekv``, ``sekv-trained``) or not (``sekv-training-free``).
     margin : a span is zoomed only within this many nats of the best span (training-free rule).
     neighbours : a span scores the best of itself and this many spans on each side.
     passages : books (beyond the window): tokens of whole-sentence passages every layer reads
@@ -119,7 +121,7 @@ class MethodSettings:
 
     budget: int | None = None
     memory_share: float | None = None
-    router: str = "sketch"
+    router: str = "auto"
     margin: float = 6.0
     neighbours: int = 1
     passages: int = 512

@@ -1,7 +1,8 @@
-"""Greedy decoding over a model step function (shared by every method).
+"""Decoding over a model step function (shared by every method).
 
-Inside :func:`forced` every method's greedy loop feeds given answer tokens instead of its own
-choices (teacher forcing) and records each step's log-probabilities: the fidelity benchmark
+:func:`decode_tokens` chooses each answer token greedily, or under a
+:class:`~sekv_core.sampling.Sampling`; given a :class:`Forcing` it feeds given answer tokens
+instead (teacher forcing) and records each step's log-probabilities: the fidelity benchmark
 compares a method's next-token distributions with full KV's along full KV's own answer.
 """
 
@@ -9,13 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import current_chooser
+from .sampling import Sampling, chooser
 
 Step = Callable[[torch.Tensor], torch.Tensor]
 """Feeds token ids (1, T) at the next positions; returns next-token logits (1, vocab)."""
@@ -52,34 +51,26 @@ class PositionedStep:
 
 @dataclass
 class Forcing:
-    """Answer tokens to feed (None: the method's own greedy choices) and, per step, the
-    log-probabilities (vocab,) the method predicted (on the CPU)."""
+    """Answer tokens to feed (None: the method's own choices) and, filled in while decoding,
+    each step's log-probabilities (vocab,) the method predicted (on the CPU)."""
 
     tokens: list[int] | None = None
     logprobs: list[torch.Tensor] = field(default_factory=list)
 
 
-_FORCING: ContextVar[Forcing | None] = ContextVar("sekv_forcing", default=None)
-
-
-@contextmanager
-def forced(tokens: list[int] | None = None) -> Iterator[Forcing]:
-    """Record every step's log-probabilities; with ``tokens``, feed them (teacher forcing)."""
-    forcing = Forcing(tokens)
-    handle = _FORCING.set(forcing)
-    try:
-        yield forcing
-    finally:
-        _FORCING.reset(handle)
-
-
-def greedy(step: Step, prompt_ids: list[int], stop: set[int], max_new_tokens: int) -> Iterator[int]:
-    """Yield greedily chosen token ids until a stop token or ``max_new_tokens`` (see
-    :func:`forced` for teacher forcing; inside :func:`sekv_core.sampling.sampled` the tokens are
-    chosen under its sampling instead)."""
-    forcing = _FORCING.get()
+def decode_tokens(
+    step: Step,
+    prompt_ids: list[int],
+    stop: set[int],
+    max_new_tokens: int,
+    sampling: Sampling | None = None,
+    forcing: Forcing | None = None,
+) -> Iterator[int]:
+    """Yield answer token ids until a stop token or ``max_new_tokens``: the arg-max, or drawn
+    under ``sampling``; with ``forcing``, every step's log-probabilities are recorded into it
+    and its tokens (if any) are fed instead of chosen (no stop token ends them)."""
     given = forcing.tokens if forcing is not None else None
-    choose = current_chooser() if given is None else None  # None: the arg-max
+    choose = chooser(sampling) if given is None else None  # None: the arg-max
     answer: list[int] = []
     if given is not None:
         max_new_tokens = min(max_new_tokens, len(given))

@@ -8,14 +8,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .config import MethodSettings, check_question, exceeds_window
-from .decode import TextStream
+from .decode import Forcing, TextStream
 from .documents import Document, token_pages
 from .errors import SekvError
-from .methods import METHODS
+from .methods import METHODS, PrefillSlot
 from .models import LoadedModel
 from .prefill import Progress
 from .prompt import Context, Turn, chat_template, encode_context, encode_question
-from .sampling import Sampling, sampled
+from .sampling import Sampling
 from .sources import answer_sources, sentence_ends
 
 
@@ -55,7 +55,11 @@ def check_window(
 
 
 class Session:
-    """Prepares ``document`` for ``method`` once; :meth:`ask` answers questions from it."""
+    """Prepares ``document`` for ``method`` once; :meth:`ask` answers questions from it.
+
+    ``prefills``: a slot shared with other sessions over the same document (benchmarks), so
+    that methods prefilling its full cache do it once (:mod:`sekv_core.methods.shared_prefill`).
+    """
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class Session:
         method: str = "sekv",
         settings: MethodSettings | None = None,
         progress: Progress | None = None,
+        prefills: PrefillSlot | None = None,
     ) -> None:
         if method not in METHODS:
             raise SekvError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
@@ -72,9 +77,10 @@ class Session:
         self.template = chat_template(tokenizer)
         self.context = encode_context(tokenizer, self.template, document.text)
         self.doc_tokens = len(self.context) - self.context.doc_start
-        check_window(loaded, document, self.context, getattr(METHODS[method], "reads_books", False))
+        check_window(loaded, document, self.context, METHODS[method].reads_books)
         self.pages = token_pages(document, self.context.offsets)
-        self.method = METHODS[method](loaded, document, self.context, settings or MethodSettings())
+        settings = settings or MethodSettings()
+        self.method = METHODS[method](loaded, document, self.context, settings, prefills)
         start = time.perf_counter()
         self.method.prepare(progress)
         self.prepare_s = time.perf_counter() - start
@@ -90,9 +96,12 @@ class Session:
         stop: Sequence[str] = (),
         history: Sequence[Turn] = (),
         allow_repeats: bool = False,
+        forcing: Forcing | None = None,
     ) -> Answer:
         """Answer ``question`` (greedily, or under ``sampling``); ``on_text`` receives text
-        deltas as they are decoded. The answer ends before the first of the ``stop`` strings.
+        deltas as they are decoded. ``forcing``: feed its tokens as the answer and record each
+        step's log-probabilities into it (:class:`sekv_core.decode.Forcing`, benchmarks).
+        The answer ends before the first of the ``stop`` strings.
         ``history``: a chat's earlier (question, answer) turns, read before the question (see
         :class:`sekv_core.conversation.Conversation`, which keeps them within the window). The
         answer ends where it would repeat a sentence it already wrote, unless ``allow_repeats``
@@ -110,15 +119,14 @@ class Session:
         stream = TextStream(tokenizer, stop, allow_repeats)
         start = time.perf_counter()
         first_token_s = None
-        with sampled(sampling):
-            for token in self.method.generate(q_ids, max_new_tokens):
-                if first_token_s is None:
-                    first_token_s = time.perf_counter() - start
-                delta = stream.push(token)
-                if delta and on_text:
-                    on_text(delta)
-                if stream.stopped:
-                    break
+        for token in self.method.generate(q_ids, max_new_tokens, sampling, forcing):
+            if first_token_s is None:
+                first_token_s = time.perf_counter() - start
+            delta = stream.push(token)
+            if delta and on_text:
+                on_text(delta)
+            if stream.stopped:
+                break
         rest = stream.flush()
         if rest and on_text:
             on_text(rest)
@@ -158,8 +166,7 @@ class Session:
 
     def room(self) -> int:
         """Window tokens left after the document for the question part and the answer."""
-        position = getattr(self.method, "question_position", None)  # books: bounded positions
-        return self.loaded.spec.window - (position() if position else len(self.context))
+        return self.loaded.spec.window - self.method.question_position()
 
     def sources(self, answer: str) -> list[dict[str, Any]]:
         """The last answer's sources (:mod:`sekv_core.sources`), each with what the method did

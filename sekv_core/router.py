@@ -42,7 +42,9 @@ class Router(Protocol):
 
 
 class SketchRouter:
-    name = "sketch"
+    """The training-free router: each span's best logit estimated from its routing sketch."""
+
+    name = "training-free"
 
     def __init__(self) -> None:
         self._sketches: dict[int, tuple] = {}  # per layer, :func:`kept` native_sketch

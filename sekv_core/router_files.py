@@ -60,8 +60,7 @@ class RouterFileError(SekvError):
     def __init__(self, path: Path, problem: str) -> None:
         self.path, self.problem = path, problem
         super().__init__(
-            f"the router file {path} {problem}; delete it and train a new one with `sekv train`, "
-            "or pass --router sketch"
+            f"the router file {path} {problem}; delete it and train a new one with `sekv train`"
         )
 
 
@@ -70,7 +69,7 @@ def raw_manifest(path: Path) -> Any:
     if not path.is_file():
         what = "is a directory, not a router file" if path.is_dir() else "does not exist"
         raise SekvError(
-            f"no router file at {path} ({what}); pass auto, sketch, or a file written by "
+            f"no router file at {path} ({what}); pass auto or a file written by "
             f"`sekv train --out {path}`"
         )
     try:
@@ -187,7 +186,7 @@ def load_router(path: Path, fingerprint: str | None = None, model_id: str = "") 
         trained_for = manifest["model"].get("id", "another model")
         raise SekvError(
             f"the router {path} was trained for {trained_for}, not {model_id or 'this model'}; "
-            "train one for this model with `sekv train`, or pass --router sketch"
+            "train one for this model with `sekv train`"
         )
     shape = NetShape(**manifest["shape"])
     state = read_weights(path, shape)  # checked before the net is allocated
@@ -198,7 +197,6 @@ def load_router(path: Path, fingerprint: str | None = None, model_id: str = "") 
 
 
 SHIPPED = Path(__file__).parent / "routers"  # trained routers shipped with the package
-TRAINING_FREE = "sketch"
 
 
 def user_router_path(model_id: str, fingerprint: str) -> Path:
@@ -238,7 +236,7 @@ def auto_router(
         except RouterFileError as exc:
             skipped.append(exc)
     if warn is not None:
-        instead = f"the router {used}" if used else f"the training-free router ({TRAINING_FREE})"
+        instead = f"the router {used}" if used else "the training-free router"
         for exc in skipped:
             fix = "reinstall sekv" if exc.path.parent == SHIPPED else "delete or retrain it"
             warn(
@@ -257,11 +255,9 @@ def resolve_router(
     """The trained router ``choice`` names, or None for training-free routing.
 
     ``auto``: a router trained for this model (the user's, else the shipped one), else none,
-    skipping damaged files with a ``warn``; ``sketch``: none; anything else: a router file path
-    (refused if trained for another model or damaged).
+    skipping damaged files with a ``warn``; anything else: a router file path (refused if
+    trained for another model or damaged).
     """
-    if choice == TRAINING_FREE:
-        return None
     if choice == "auto":
         return auto_router(fingerprint, model_id, warn)
     return load_router(Path(choice).expanduser(), fingerprint, model_id)

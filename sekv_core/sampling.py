@@ -1,16 +1,14 @@
 """How the next answer token is chosen: greedy (the default, what benchmarks use), or through
 transformers' logits processors — repetition penalty, temperature, top-p — with a seed.
 
-Every method decodes through :func:`sekv_core.decode.greedy`; inside :func:`sampled` its choice
-follows the given :class:`Sampling` instead of the arg-max. The repetition penalty counts the
-answer's own tokens only (the document is where an answer copies its names from).
+Every method decodes through :func:`sekv_core.decode.decode_tokens`, which is given the answer's
+:class:`Sampling` (None: greedy). The repetition penalty counts the answer's own tokens only (the
+document is where an answer copies its names from).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+import math
 from dataclasses import dataclass
 
 import torch
@@ -34,15 +32,17 @@ class Sampling:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise SekvError(
-                f"--temperature {self.temperature} is negative; pass 0 (greedy) or more"
+                f"temperature {self.temperature} is not a finite number >= 0; pass 0 (greedy) "
+                "or more"
             )
-        if not 0 < self.top_p <= 1:
-            raise SekvError(f"--top-p {self.top_p} is not in (0, 1]; pass e.g. 0.9")
-        if self.repetition_penalty <= 0:
+        if not 0 < self.top_p <= 1:  # False for nan too
+            raise SekvError(f"top_p {self.top_p} is not in (0, 1]; pass e.g. 0.9")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise SekvError(
-                f"--repetition-penalty {self.repetition_penalty} must be above 0 (1: none)"
+                f"repetition_penalty {self.repetition_penalty} is not a finite number above 0 "
+                "(1: none)"
             )
 
     @property
@@ -84,20 +84,6 @@ class Chooser:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-_SAMPLING: ContextVar[Sampling | None] = ContextVar("sekv_sampling", default=None)
-
-
-@contextmanager
-def sampled(sampling: Sampling | None) -> Iterator[None]:
-    """Answers decoded inside choose their tokens under ``sampling`` (None: greedy)."""
-    handle = _SAMPLING.set(sampling)
-    try:
-        yield
-    finally:
-        _SAMPLING.reset(handle)
-
-
-def current_chooser() -> Chooser | None:
-    """A chooser for the answer starting now, or None for plain greedy decoding."""
-    sampling = _SAMPLING.get()
+def chooser(sampling: Sampling | None) -> Chooser | None:
+    """A chooser for one answer under ``sampling``, or None for plain greedy decoding."""
     return None if sampling is None or sampling.plain else Chooser(sampling)

@@ -11,12 +11,12 @@ from sekv_core.methods.chunkkv import ChunkKV
 from sekv_core.methods.eviction import (
     AttentionStats,
     EvictionMethod,
-    forget_prefill,
-    shared_prefill,
+    prefill_with_mass,
     window_mass,
 )
 from sekv_core.methods.full import truncate
 from sekv_core.methods.h2o import H2O
+from sekv_core.methods.shared_prefill import PrefillSlot
 from sekv_core.methods.snapkv import SnapKV
 from sekv_core.methods.streaming import StreamingLLM
 from sekv_core.prompt import chat_template, encode_context, encode_question
@@ -63,7 +63,7 @@ def test_cache_holds_exactly_the_kept_tokens(tiny_loaded, cls):
     keep = method.kept
     assert keep.shape == (spec.num_layers, spec.num_kv_heads, k)
     assert (keep.diff(dim=-1) > 0).all() and keep.min() >= 0 and keep.max() < T  # sorted, unique
-    full = shared_prefill(tiny_loaded, method.context.ids, CHUNK)
+    full = prefill_with_mass(tiny_loaded, method.context.ids, CHUNK)
     for src, kept, idx in zip(full.cache.layers, method.cache.layers, keep, strict=True):
         assert kept.keys.shape[-2] == k  # cropped back after the answer
         assert torch.equal(kept.keys[0], src.keys[0, torch.arange(spec.num_kv_heads)[:, None], idx])
@@ -88,7 +88,7 @@ def test_streaming_keeps_sinks_and_recent_window(tiny_loaded):
 def test_captured_attention_matches_eager_and_h2o_keeps_heavy_hitters(tiny_loaded):
     method, questions = setup(tiny_loaded, H2O, memory_share=0.3)
     model, spec, ids = tiny_loaded.model, tiny_loaded.spec, method.context.ids
-    full = shared_prefill(tiny_loaded, ids, CHUNK)
+    full = prefill_with_mass(tiny_loaded, ids, CHUNK)
     T = len(ids)
     ref = torch.stack([per_kv_head(p, spec.num_kv_heads) for p in eager_attention(model, ids)])
     assert torch.allclose(full.mass, ref, rtol=1e-4, atol=1e-4)  # (L, H_kv, T)
@@ -195,19 +195,36 @@ def test_session_end_to_end_and_repeated_questions(tiny_loaded, cls, tmp_path, m
     assert first.memory["resident_bytes"] == tiny_loaded.spec.kv_bytes(k, 2)
 
 
-def test_one_prefill_per_document(tiny_loaded):
-    forget_prefill()
-    calls = []
+def test_one_prefill_per_document_for_sessions_sharing_a_slot(tiny_loaded):
+    """Methods handed one PrefillSlot prefill a context once; without one each prefills on its
+    own, and nothing is kept between them (no module state)."""
     tok = tiny_loaded.tokenizer
     tpl = chat_template(tok)
     ctx = encode_context(tok, tpl, DOC)
+    T = len(ctx)
+
+    slot = PrefillSlot()
+    calls = Calls()
     for cls, ratio in ((StreamingLLM, 0.1), (H2O, 0.2), (SnapKV, 0.5)):
         settings = MethodSettings(memory_share=ratio, prefill_chunk=CHUNK)
-        cls(tiny_loaded, None, ctx, settings).prepare(lambda done, total: calls.append(done))
-    T = len(ctx)
-    assert calls == [*range(CHUNK, T, CHUNK), T, T, T]  # chunked once, then reused twice
-    first = shared_prefill(tiny_loaded, ctx.ids, CHUNK)
+        cls(tiny_loaded, None, ctx, settings, slot).prepare(calls)
+    assert calls.done == [*range(CHUNK, T, CHUNK), T, T, T]  # chunked once, then reused twice
+    first = slot.full
     other = encode_context(tok, tpl, DOC[: len(DOC) // 2])
-    second = shared_prefill(tiny_loaded, other.ids, CHUNK)
-    assert second is not first and second.length == len(other)
-    assert shared_prefill(tiny_loaded, other.ids, CHUNK) is second
+    H2O(tiny_loaded, None, other, MethodSettings(prefill_chunk=CHUNK), slot).prepare()
+    assert slot.full is not first and slot.full.length == len(other)  # the slot holds one
+    alone = Calls()
+    for cls in (StreamingLLM, H2O):
+        cls(tiny_loaded, None, ctx, MethodSettings(prefill_chunk=CHUNK)).prepare(alone)
+    assert alone.done == [*range(CHUNK, T, CHUNK), T] * 2  # no slot: each prefills
+    assert slot.full.length == len(other)  # untouched by sessions without it
+
+
+class Calls:
+    """A progress callback recording ``done`` of each call."""
+
+    def __init__(self) -> None:
+        self.done: list[int] = []
+
+    def __call__(self, done: int, total: int) -> None:
+        self.done.append(done)

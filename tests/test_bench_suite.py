@@ -277,3 +277,50 @@ def test_plain_bench_prints_help_and_the_subcommands_answer():
     assert needle.exit_code == 0 and "--budget" in needle.stdout and "--memory" not in needle.stdout
     for gone in ("--near", "--kv-bits", "--summaries", "--span-tokens", "--neighbours"):
         assert gone not in suite.stdout + needle.stdout
+
+
+def test_bench_offers_every_method_and_the_eviction_methods_prefill_once(
+    tiny_model_dirs, tmp_path, monkeypatch
+):
+    """The suite hands its sessions one PrefillSlot: the eviction methods at every memory share
+    prefill each sample once; sekv-training-free routes training-free."""
+    from sekv_core.method_names import METHOD_NAMES
+    from sekv_core.methods import eviction
+
+    suite = run("suite", "--help")
+    assert all(name in " ".join(suite.stdout.split()) for name in METHOD_NAMES)
+    prefills = []
+    real = eviction.prefill_with_mass
+
+    def counted(loaded, ids, chunk, progress=None):
+        prefills.append(len(ids))
+        return real(loaded, ids, chunk, progress)
+
+    monkeypatch.setattr(eviction, "prefill_with_mass", counted)
+    out = tmp_path / "bench"
+    result = run(
+        "suite", "--methods", "streaming,h2o,sekv-training-free", "--tasks", "needle",
+        "--lengths", "300", "--depths", "0.5", "--memory", "0.2,0.5", "--max-new-tokens", "2",
+        "--model", tiny_model_dirs["llama"], "--out", out, "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and len(prefills) == 1  # 4 eviction sessions, one prefill
+    assert {r["routing"]["router"] for r in rows if r["method"] == "sekv-training-free"} == {
+        "training-free"
+    }
+
+
+def flat(output: str) -> str:
+    """Terminal text on one line, without the error panel's frame."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
+
+
+def test_a_router_given_twice_or_to_no_method_that_uses_one_is_a_usage_error(tmp_path):
+    router = tmp_path / "r.safetensors"
+    twice = run("suite", "--router", router, "--set", f"router={router}", "--out", tmp_path)
+    assert twice.exit_code == 2 and "--router or --set router=" in flat(twice.output)
+    unused = run("suite", "--methods", "full,sekv-training-free", "--router", router)
+    assert unused.exit_code == 2 and "none of the methods uses a trained" in flat(unused.output)
+    unused = run("fidelity", "--methods", "streaming", "--router", router)
+    assert unused.exit_code == 2

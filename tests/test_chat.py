@@ -1,5 +1,8 @@
 """`sekv chat` keeps the conversation: earlier turns in the next prompt, /reset, the oldest
-turns dropped (said once) when the window fills; `--method` is a choice (tiny random models)."""
+turns dropped (said once) when the window fills; `--method` is a choice of the user's methods,
+the benchmark baselines are not among them (tiny random models)."""
+
+import re
 
 import pytest
 from transformers import AutoTokenizer
@@ -8,7 +11,7 @@ from typer.testing import CliRunner
 from sekv_cli.main import app
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
-from sekv_core.method_names import METHOD_NAMES
+from sekv_core.method_names import BENCH_METHODS, USER_METHODS
 from sekv_core.methods import METHODS
 from sekv_core.prompt import chat_template, encode_context, encode_question
 
@@ -23,9 +26,9 @@ def prompts(monkeypatch) -> dict[str, list]:
     seen = {"ids": [], "answers": []}
     full, ask = METHODS["full"].generate, Session.ask
 
-    def generate(self, question_ids, max_new_tokens):
+    def generate(self, question_ids, max_new_tokens, sampling=None, forcing=None):
         seen["ids"].append(list(question_ids))
-        yield from full(self, question_ids, max_new_tokens)
+        yield from full(self, question_ids, max_new_tokens, sampling, forcing)
 
     def recorded_ask(self, *args, **kwargs):
         answer = ask(self, *args, **kwargs)
@@ -35,6 +38,11 @@ def prompts(monkeypatch) -> dict[str, list]:
     monkeypatch.setattr(METHODS["full"], "generate", generate)
     monkeypatch.setattr(Session, "ask", recorded_ask)
     return seen
+
+
+def flat(output: str) -> str:
+    """Terminal text on one line, without the error panel's frame."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
 
 
 def chat(model_dir, doc, stdin: str, *options: str):
@@ -85,16 +93,31 @@ def test_oldest_turns_drop_said_once(tmp_path, tiny_model_dirs, prompts):
 
 
 @pytest.mark.parametrize("command", [["ask", "{doc}", "q"], ["chat", "{doc}"]])
-def test_an_unknown_method_is_a_usage_error_naming_the_choices(command, tmp_path):
+@pytest.mark.parametrize("method", ["bogus", *BENCH_METHODS])
+def test_an_unknown_or_benchmark_method_is_a_usage_error_naming_the_choices(
+    command, method, tmp_path
+):
     doc = tmp_path / "d.txt"
     doc.write_text("Some text.")
     args = [a.format(doc=doc) for a in command]
-    result = runner.invoke(app, [*args, "--method", "bogus"], terminal_width=200)
+    result = runner.invoke(app, [*args, "--method", method], terminal_width=200)
     assert result.exit_code == 2
-    assert "'bogus' is not one of" in result.output
-    assert all(f"'{name}'" in result.output for name in METHOD_NAMES)
+    assert f"'{method}' is not one of" in flat(result.output)
+    assert all(f"'{name}'" in flat(result.output) for name in USER_METHODS)
     shown = runner.invoke(app, [command[0], "--help"], terminal_width=200)
-    assert all(name in shown.output for name in METHOD_NAMES)
+    assert "sekv|full|retrieve" in shown.output
+    assert not any(name in shown.output for name in BENCH_METHODS)
+
+
+@pytest.mark.parametrize("command", [["ask", "{doc}", "q"], ["chat", "{doc}"]])
+@pytest.mark.parametrize("method", ["full", "retrieve"])
+def test_a_budget_with_a_method_that_does_not_zoom_is_a_usage_error(command, method, tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("Some text.")
+    args = [a.format(doc=doc) for a in command]
+    result = runner.invoke(app, [*args, "--method", method, "--budget", "8"])
+    assert result.exit_code == 2, result.output
+    assert f"--method sekv only; {method} does not zoom" in flat(result.output)
 
 
 def test_a_question_too_long_for_the_window_is_an_error_and_the_chat_goes_on(

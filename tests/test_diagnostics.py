@@ -91,7 +91,7 @@ def test_oracle_recall_is_measured(tiny_loaded, tmp_path):
     answer = ask_probed(session, QUESTION, 3, probe)
     routing = answer.routing
     assert 0.0 <= routing["recall_vs_oracle"] <= 1.0
-    assert routing["router"] == "sketch"  # the answer's own summary is kept beside
+    assert routing["router"] == "training-free"  # the answer's own summary is kept beside
     # the exact span attention the picks held: a share, the oracle's picks beside it
     held = routing["mass_captured"], routing["oracle_mass_captured"]
     assert all(0.0 < x <= 1.0 + 1e-5 for x in held), held

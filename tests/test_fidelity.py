@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from sekv_bench.fidelity import compare
 from sekv_cli.main import app
-from sekv_core.decode import forced
+from sekv_core.decode import Forcing
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.methods import MethodSettings
@@ -19,19 +19,19 @@ def test_forcing_a_methods_own_answer_reproduces_its_distributions(tiny_loaded, 
     doc = tmp_path / "doc.txt"
     doc.write_text(" ".join(f"Room {i} keeps item {i * 7 % 31}." for i in range(40)))
     session = Session(tiny_loaded, load_document(doc), "full", MethodSettings())
-    with forced() as free:
-        answer = session.ask("Which room keeps item 12?", 6)
+    free = Forcing()
+    answer = session.ask("Which room keeps item 12?", 6, forcing=free)
     ids = [int(lp.argmax()) for lp in free.logprobs]
     assert len(free.logprobs) in (answer.tokens_generated, answer.tokens_generated + 1)  # + stop
-    with forced(ids) as teacher:
-        session.ask("Which room keeps item 12?", 6)
+    teacher = Forcing(ids)
+    session.ask("Which room keeps item 12?", 6, forcing=teacher)
     assert len(teacher.logprobs) == len(ids)
     got = compare(torch.stack(free.logprobs), torch.stack(teacher.logprobs), ids)
     assert got["agree"] == len(ids) and got["first_miss"] is None and got["kl_sum"] < 1e-4
     # a different forced answer is fed as given: the recorded steps follow it, not the argmax
     other = [(t + 1) % tiny_loaded.model.config.vocab_size for t in ids[:3]]
-    with forced(other) as f:
-        session.ask("Which room keeps item 12?", 6)
+    f = Forcing(other)
+    session.ask("Which room keeps item 12?", 6, forcing=f)
     assert len(f.logprobs) == 3
     assert torch.allclose(f.logprobs[0], free.logprobs[0], atol=1e-5)  # same first step
     assert not torch.allclose(f.logprobs[1], free.logprobs[1], atol=1e-3)  # then it diverges

@@ -1,4 +1,4 @@
-"""Router files on disk: every damage is a clean error; ``--router auto`` skips a damaged file
+"""Router files on disk: every damage is a clean error; ``auto`` skips a damaged file
 with a warning and uses the next choice (real files, a tiny model, the CLI end to end)."""
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def test_no_router_file_names_the_choices(tmp_path, tiny, make):
     path = tmp_path / "r.safetensors"
     if make == "directory":
         path.mkdir()
-    with pytest.raises(SekvError, match="no router file at .*pass auto, sketch"):
+    with pytest.raises(SekvError, match="no router file at .*pass auto or a file"):
         resolve_router(str(path), tiny.fingerprint)
 
 
@@ -202,7 +202,7 @@ def test_auto_skips_a_damaged_user_router_and_names_the_next_choice(damaged, tin
     assert resolve_router("auto", tiny.fingerprint, tiny.model_id, warnings.append) is None
     assert len(warnings) == 1, warnings
     assert f"skipping the router file {user}" in warnings[0]
-    assert "using the training-free router (sketch) instead" in warnings[0]
+    assert "using the training-free router instead" in warnings[0]
 
 
 def test_auto_falls_through_to_the_next_router_for_the_model(tmp_path, tiny, sekv_home):
@@ -262,7 +262,7 @@ def test_ask_warns_about_a_damaged_user_router_and_answers(
     assert "Traceback" not in result.output and result.stdout.strip()
     warning = " ".join(result.stderr.split())  # Rich wraps long lines
     assert "Warning: skipping the router file" in warning and f"{damage}.safetensors" in warning
-    assert "using the training-free router (sketch) instead" in warning
+    assert "using the training-free router instead" in warning
 
 
 def test_chat_warns_about_a_damaged_user_router(tmp_path, tiny, tiny_model_dirs, sekv_home):
@@ -276,10 +276,15 @@ def test_chat_warns_about_a_damaged_user_router(tmp_path, tiny, tiny_model_dirs,
     assert "broken.safetensors" in result.stderr and "Traceback" not in result.output
 
 
-def test_ask_with_a_damaged_router_file_fails_cleanly(tmp_path, tiny, tiny_model_dirs):
+def test_a_benchmark_with_a_damaged_router_file_fails_cleanly(tmp_path, tiny, tiny_model_dirs):
+    """A router file is named in `sekv bench` only (`sekv ask` finds the model's own)."""
     path = write_router(tmp_path / "mine.safetensors", tiny)
     DAMAGES["manifest-list"][0](path)
-    result = ask(tmp_path, tiny_model_dirs["llama"], "--router", str(path))
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC)
+    doc.with_suffix(".qa.json").write_text('[{"question": "Which shelf?", "answer": "9"}]')
+    args = ["bench", "qa", str(doc), "--methods", "sekv", "--set", f"router={path}"]
+    result = runner.invoke(app, [*args, "--model", str(tiny_model_dirs["llama"])])
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: the router file "), result.stderr

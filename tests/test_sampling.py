@@ -1,11 +1,17 @@
-"""Generation controls: greedy by default, seeded sampling, repetition penalty, stop strings."""
+"""Generation controls: greedy by default, seeded sampling, repetition penalty, stop strings;
+sampling and forcing reach decoding as arguments (no hidden state)."""
+
+import ast
+import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from sekv_cli.main import app
-from sekv_core.decode import TextStream
+from sekv_core.decode import Forcing, TextStream, decode_tokens
 from sekv_core.errors import SekvError
 from sekv_core.sampling import Chooser, Sampling
 
@@ -78,20 +84,94 @@ def test_seeded_sampling_repeats_and_top_p_keeps_the_likeliest():
 
 
 @pytest.mark.parametrize(
-    "bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(repetition_penalty=0)]
+    "bad",
+    [
+        dict(temperature=-1),
+        dict(temperature=float("inf")),
+        dict(temperature=float("nan")),
+        dict(top_p=0),
+        dict(top_p=1.5),
+        dict(top_p=float("nan")),
+        dict(repetition_penalty=0),
+        dict(repetition_penalty=float("inf")),
+    ],
 )
 def test_bad_settings_are_errors(bad):
     with pytest.raises(SekvError):
         Sampling(**bad)
 
 
+class Steps:
+    """A step function over fixed logits: token ``t`` is followed by ``(t + 1) % V`` mostly."""
+
+    def __init__(self, vocab: int = 16) -> None:
+        self.vocab, self.fed = vocab, []
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.fed.append(ids[0].tolist())
+        logits = torch.zeros(1, self.vocab)
+        logits[0, (int(ids[0, -1]) + 1) % self.vocab] = 3.0
+        return logits
+
+
+def test_decode_tokens_takes_sampling_and_forcing_as_arguments():
+    greedy = list(decode_tokens(Steps(), [0], set(), 6))
+    assert greedy == [1, 2, 3, 4, 5, 6]  # no sampling: the arg-max
+    draws = [list(decode_tokens(Steps(), [0], set(), 30, Sampling(5.0, seed=3))) for _ in "ab"]
+    assert draws[0] == draws[1] != greedy[:30]  # seeded draws, away from the arg-max
+    forcing = Forcing([9, 9, 2])
+    steps = Steps()
+    assert list(decode_tokens(steps, [0], {9}, 8, Sampling(5.0), forcing)) == [9, 9, 2]
+    assert steps.fed == [[0], [9], [9]]  # fed as given (a stop token included), not drawn
+    assert len(forcing.logprobs) == 3 and forcing.logprobs[0].shape == (16,)
+    record = Forcing()  # no tokens: the method's own choices, recorded
+    assert list(decode_tokens(Steps(), [0], {3}, 8, forcing=record)) == [1, 2]
+    assert len(record.logprobs) == 3  # the stop token's step too
+
+
+def test_no_context_variables_or_module_state_in_the_engine():
+    """Sampling, forcing and shared prefills are passed as arguments, never kept on the side."""
+    root = Path(__file__).resolve().parents[1] / "sekv_core"
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        assert "contextvars" not in text and "ContextVar" not in text, path
+        tree = ast.parse(text)
+        for node in tree.body:  # module-level mutable dicts named like a cache
+            if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Dict):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                assert not any("last" in n or "cache" in n.lower() for n in names), (path, names)
+
+
+def test_session_passes_sampling_to_the_method(tiny_loaded, tmp_path):
+    """Session.ask hands its sampling and forcing to the method's generate."""
+    from sekv_core.documents import load_document
+    from sekv_core.engine import Session
+
+    doc = tmp_path / "d.md"
+    doc.write_text(DOC)
+    session = Session(tiny_loaded, load_document(doc), "full")
+    seen = []
+    generate = session.method.generate
+
+    def spy(question_ids, max_new_tokens, sampling=None, forcing=None):
+        seen.append((sampling, forcing))
+        return generate(question_ids, max_new_tokens, sampling, forcing)
+
+    session.method.generate = spy
+    chosen, forcing = Sampling(1.0, seed=1), Forcing([5, 6])
+    session.ask("Which shelf?", 4, sampling=chosen)
+    session.ask("Which shelf?", 4, forcing=forcing)
+    assert seen == [(chosen, None), (None, forcing)] and len(forcing.logprobs) == 2
+
+
 def ask(tmp_path, model, *extra):
     doc = tmp_path / "d.md"
     doc.write_text(DOC)
-    args = ["ask", str(doc), "Which shelf holds 9 jars?", "--model", str(model), "--no-sources"]
+    args = ["ask", str(doc), "Which shelf holds 9 jars?", "--model", str(model), "--json"]
     result = runner.invoke(app, [*args, "--max-new-tokens", "12", *map(str, extra)])
     assert result.exit_code == 0, result.output
-    return result.stdout.strip()
+    return json.loads(result.stdout)["answer"]
 
 
 def test_cli_generation_controls(tmp_path, tiny_model_dirs):
@@ -100,10 +180,26 @@ def test_cli_generation_controls(tmp_path, tiny_model_dirs):
     assert ask(tmp_path, model) == greedy  # the default is greedy: reproducible
     sampled = [ask(tmp_path, model, "--temperature", 1.2, "--seed", 5) for _ in range(2)]
     assert sampled[0] == sampled[1]
-    assert ask(tmp_path, model, "--repetition-penalty", 1.3)  # answers
-    assert len(greedy) > 3, greedy
-    cut = greedy[2:4]
-    stopped = ask(tmp_path, model, "--stop", cut)
-    assert greedy.startswith(stopped) and cut not in stopped
-    result = runner.invoke(app, ["ask", str(tmp_path / "d.md"), "Q?", "--top-p", "2"])
-    assert result.exit_code == 2  # a usage error, before anything loads
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--top-p", "2"], "not in (0, 1]"),
+        (["--temperature", "inf"], "not a finite number"),
+        (["--temperature", "nan"], "not a finite number"),
+        (["--temperature", "-1"], "negative"),
+        (["--temperature", "1", "--top-p", "nan"], "not a finite number"),
+        (["--seed", "3"], "--seed: it applies to sampling only"),
+        (["--top-p", "0.9"], "--top-p: it applies to sampling only"),
+        (["--temperature", "0", "--seed", "3"], "add --temperature above 0"),
+    ],
+)
+def test_sampling_options_without_sense_are_usage_errors(tmp_path, options, says):
+    """Exit 2 and why, before anything loads (no model named: none is needed to refuse)."""
+    doc = tmp_path / "d.md"
+    doc.write_text(DOC)
+    for command in (["ask", str(doc), "Q?"], ["chat", str(doc)]):
+        result = runner.invoke(app, [*command, *options], terminal_width=200)
+        assert result.exit_code == 2, result.output
+        assert says in " ".join(re.sub("[│╭╮╰╯─]", " ", result.output).split()), result.output

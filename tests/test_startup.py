@@ -80,3 +80,24 @@ def test_method_names_match_the_registry():
     from sekv_core.methods import METHODS
 
     assert METHOD_NAMES == tuple(METHODS)
+
+
+def test_users_get_three_methods_and_the_engine_asks_methods_what_method_declares():
+    """`sekv ask` offers sekv, full and retrieve; the rest are benchmark peers. What the engine
+    asks of a method is declared on Method (with a default), never probed with getattr."""
+    from pathlib import Path
+
+    from sekv_core.method_names import BENCH_METHODS, USER_METHODS
+    from sekv_core.methods import METHODS, Method
+
+    assert USER_METHODS == ("sekv", "full", "retrieve")
+    assert not set(USER_METHODS) & set(BENCH_METHODS)
+    assert {"sekv-training-free", "sekv-trained", "h2o", "snapkv"} <= set(BENCH_METHODS)
+    assert Method.reads_books is False and "question_position" in vars(Method)
+    assert {n for n, m in METHODS.items() if m.reads_books} == {
+        "sekv", "sekv-training-free", "sekv-trained", "retrieve", "truncate",
+    }  # fmt: skip
+    core = Path(__file__).resolve().parents[1] / "sekv_core"
+    for path in (core / "engine.py", *sorted((core / "methods").glob("*.py"))):
+        text = path.read_text()
+        assert "getattr(" not in text and "hasattr(" not in text, path

@@ -154,7 +154,8 @@ def test_router_file_round_trip_and_model_check(tmp_path, prepared):
     for k, v in net.state_dict().items():
         assert torch.equal(v, back.net.state_dict()[k])
     assert resolve_router(str(path), loaded.fingerprint).net is not None
-    assert resolve_router("sketch", loaded.fingerprint) is None
+    with pytest.raises(SekvError, match="no router file"):  # training-free is a method's choice
+        resolve_router("sketch", loaded.fingerprint)
     # a router trained beside a rank gate (stores before the coded offload tier) still loads
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -201,43 +202,9 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     done = runner.invoke(app, [*args, "--steps", "3"])
     assert done.exit_code == 0 and "nothing to do" in done.output
 
-    doc = tmp_path / "doc.txt"
-    doc.write_text("The keeper is named Orla. " * 30)
-    asked = runner.invoke(
-        app,
-        [
-            "ask",
-            str(doc),
-            "Who is the keeper?",
-            "--model",
-            model,
-            "--router",
-            str(out),
-            "--json",
-            "--max-new-tokens",
-            "4",
-        ],
-    )
-    assert asked.exit_code == 0, asked.output
-    assert '"router": "trained"' in asked.output
-    shown = runner.invoke(
-        app,
-        ["ask", str(doc), "Who is the keeper?", "--model", model, "--router", str(out)]
-        + ["--show-zoom", "--max-new-tokens", "2"],
-    )
-    assert shown.exit_code == 0, shown.output
-    assert "zoom: at most" in shown.output and "trained router" in shown.output
-    assert "gate > 0" not in shown.output  # the router's rule: diagnostics, with --verbose
-    shown = runner.invoke(
-        app,
-        ["ask", str(doc), "Who is the keeper?", "--model", model, "--router", str(out)]
-        + ["--show-zoom", "--verbose", "--max-new-tokens", "2"],
-    )  # a learned gate has no margin: the diagnostics name its rule
-    assert shown.exit_code == 0, shown.output
-    assert "routing: trained router" in shown.output and "gate > 0" in shown.output
-
-    # `auto`, the default of `sekv ask`, finds a router the user trained for the model; a book
-    # (a streamed, bounded memory) routes training-free, unless sekv-trained is asked for
+    # `sekv ask` routes with the router the user trained for the model (``auto``, its only
+    # choice); sekv-training-free never does; a book (a streamed, bounded memory) routes
+    # training-free unless sekv-trained is asked for
     import shutil
 
     from sekv_core.config import MethodSettings
@@ -247,16 +214,29 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
 
     (sekv_home / "routers").mkdir(parents=True, exist_ok=True)
     shutil.copy(out, sekv_home / "routers" / out.name)
-    by_default = runner.invoke(
-        app, ["ask", str(doc), "Who is the keeper?", "--model", model, "--json"]
-        + ["--max-new-tokens", "2"],
-    )  # fmt: skip
-    assert by_default.exit_code == 0 and '"router": "trained"' in by_default.output
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The keeper is named Orla. " * 30)
+    ask = ["ask", str(doc), "Who is the keeper?", "--model", model]
+    asked = runner.invoke(app, [*ask, "--json", "--max-new-tokens", "4"])
+    assert asked.exit_code == 0, asked.output
+    assert '"router": "trained"' in asked.output
+    shown = runner.invoke(app, [*ask, "--show-zoom", "--max-new-tokens", "2"])
+    assert shown.exit_code == 0, shown.output
+    assert "zoom: at most" in shown.output and "trained router" in shown.output
+    assert "gate > 0" not in shown.output  # the router's rule: diagnostics, with --verbose
+    shown = runner.invoke(app, [*ask, "--show-zoom", "--verbose", "--max-new-tokens", "2"])
+    # a learned gate has no margin: the diagnostics name its rule
+    assert shown.exit_code == 0, shown.output
+    assert "routing: trained router" in shown.output and "gate > 0" in shown.output
+    assert "learned on" not in shown.output  # the router's own spans: no warning
+
     loaded = load_model(model)
+    free = Session(loaded, load_document(doc), "sekv-training-free")
+    assert free.ask("Who is the keeper?", 2).routing["router"] == "training-free"
     book = tmp_path / "book.txt"  # beyond the tiny model's 2048-token window
     book.write_text("The keeper is named Orla. The lamp is lit at dusk. " * 220)
-    for method, routed in (("sekv", "sketch"), ("sekv-trained", "trained")):
-        session = Session(loaded, load_document(book), method, MethodSettings(router="auto"))
+    for method, routed in (("sekv", "training-free"), ("sekv-trained", "trained")):
+        session = Session(loaded, load_document(book), method)
         assert session.method.spans.bounded
         assert session.ask("Who is the keeper?", 2).routing["router"] == routed, method
 
@@ -266,24 +246,18 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
     router.manifest["routing"]["span_tokens"] = [24, 64]
     longer = tmp_path / "longer.safetensors"
     save_router(longer, router.net, router.manifest, None)
-    warned = runner.invoke(
-        app, ["ask", str(doc), "Who?", "--model", model, "--router", str(longer)]
-        + ["--max-new-tokens", "2"],
-    )  # fmt: skip
-    assert warned.exit_code == 0, warned.output
-    assert "learned on 24-64-token spans" in warned.output and "4-8 tokens" in warned.output
-    assert "learned on" not in shown.output  # the router's own spans: no warning
+    warnings: list[str] = []
+    settings = MethodSettings(router=str(longer), warn=warnings.append)
+    Session(loaded, load_document(doc), "sekv", settings).ask("Who?", 2)
+    assert any("learned on 24-64-token spans" in w and "4-8 tokens" in w for w in warnings)
 
     # a router trained for another model is refused
     router = load_router(out)
     router.manifest["model"]["fingerprint"] = "0" * 32
     foreign = tmp_path / "foreign.safetensors"
     save_router(foreign, router.net, router.manifest, None)
-    refused = runner.invoke(
-        app, ["ask", str(doc), "Who?", "--model", model, "--router", str(foreign)]
-    )
-    assert refused.exit_code == 1 and "Error:" in refused.output
-    assert "trained for" in refused.output
+    with pytest.raises(SekvError, match="trained for"):
+        Session(loaded, load_document(doc), "sekv", MethodSettings(router=str(foreign)))
 
 
 def test_sketch_spans_match_the_sketch_token_by_token(prepared):

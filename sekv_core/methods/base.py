@@ -9,22 +9,27 @@ from typing import Any, ClassVar
 import torch
 
 from ..config import MethodSettings
-from ..decode import PositionedStep
+from ..decode import Forcing, PositionedStep
 from ..documents import Document
 from ..models import LoadedModel
 from ..prefill import Progress
 from ..prompt import Context
+from ..sampling import Sampling
+from .shared_prefill import PrefillSlot
 
 
 class Method(ABC):
     """Holds a document's context memory and answers questions from it.
 
     ``prepare`` builds the memory once (prefill, or load a stored one); ``generate`` may be called
-    many times, each question starting from the same memory.
+    many times, each question starting from the same memory. ``prefills``: a slot shared with
+    other sessions over the same context (:mod:`.shared_prefill`; methods that prefill the
+    full cache may reuse it).
     """
 
     name: ClassVar[str]
     follows_memory_share: ClassVar[bool] = True  # resident memory follows ``memory_share``
+    reads_books: ClassVar[bool] = False  # answers contexts beyond the model's window
     step: PositionedStep | None = None  # the last answer's decoding step (methods that use one)
 
     @property
@@ -38,19 +43,38 @@ class Method(ABC):
         return self.step.last_position if self.step is not None else 0
 
     def __init__(
-        self, loaded: LoadedModel, document: Document, context: Context, settings: MethodSettings
+        self,
+        loaded: LoadedModel,
+        document: Document,
+        context: Context,
+        settings: MethodSettings,
+        prefills: PrefillSlot | None = None,
     ) -> None:
         self.loaded = loaded
         self.document = document
         self.context = context
         self.settings = settings
+        self.prefills = prefills
 
     @abstractmethod
     def prepare(self, progress: Progress | None = None) -> None: ...
 
     @abstractmethod
-    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
-        """Greedy answer tokens for a question appended to the context."""
+    def generate(
+        self,
+        question_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        forcing: Forcing | None = None,
+    ) -> Iterator[int]:
+        """Answer tokens for a question appended to the context: greedy, or under
+        ``sampling``; ``forcing`` feeds given tokens and records the log-probabilities
+        (:func:`sekv_core.decode.decode_tokens`)."""
+
+    def question_position(self) -> int:
+        """RoPE position of the question's first token: the window left after it is the
+        question's and the answer's (methods reading books keep it within the window)."""
+        return len(self.context)
 
     def memory(self) -> dict[str, int]:
         """resident_bytes / offloaded_bytes this method holds for the document (at most, over

@@ -31,12 +31,13 @@ from transformers import DynamicCache
 from ..attention import mixed_attention
 from ..backend import use_attention
 from ..config import DEFAULT_BUDGET, BlockSettings
-from ..decode import PositionedStep, greedy
+from ..decode import Forcing, PositionedStep, decode_tokens
 from ..errors import SekvError
 from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
 from ..router import Router
+from ..sampling import Sampling
 from ..store.format import DIGEST, manifest_digest, map_safetensors, sha256, store_key
 from ..store.load import StoreInvalid
 from ..store.write import write_atomically
@@ -227,7 +228,13 @@ class BlockRetrieval(Method):
         tokens = int((target - mem.resident_bytes()) // spec.kv_bytes(1, 2))
         return max(mem.block_size, tokens)
 
-    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+    def generate(
+        self,
+        question_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        forcing: Forcing | None = None,
+    ) -> Iterator[int]:
         model, device, memory = self.loaded.model, self.loaded.device, self.memory_store
         self.policy = policy = BlockPolicy(QuestRouter(), self.budget() // memory.block_size)
         memory.clear()
@@ -238,7 +245,8 @@ class BlockRetrieval(Method):
         )
 
         with use_attention(model, NAME, block_attention_forward):
-            yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
+            stop = stop_ids(self.loaded.tokenizer)
+            yield from decode_tokens(step, question_ids, stop, max_new_tokens, sampling, forcing)
 
     def memory(self) -> dict[str, int]:
         mem = self.memory_store

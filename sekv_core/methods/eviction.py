@@ -10,32 +10,33 @@ Statistics come from a capture attention function (registered as ``"sekv_capture
 causal attention that also adds up, per (layer, KV head), the attention probability each key
 receives (summed over the queries and the group's query heads), a few query rows at a time.
 
-The context prefill (full cache + accumulated attention) is kept in a single module-level slot
-keyed by (model fingerprint, device, dtype, context ids): every eviction method at every budget
-over one document prefills it once; a different document frees it first. Question-aware methods
-(SnapKV, ChunkKV) keep that full prefill on the side and score each question against it (one
-forward of the question over the full cache, then cropped back); their resident figure is the
-compressed cache, and the question is re-read over the compressed cache like every method's.
+The context prefill (full cache + accumulated attention) comes from the session's
+:class:`~.shared_prefill.PrefillSlot` when it is given one: every eviction method at every
+budget over one document then prefills it once (a benchmark's sessions share a slot).
+Question-aware methods (SnapKV, ChunkKV) keep that full prefill on the side and score each
+question against it (one forward of the question over the full cache, then cropped back); their
+resident figure is the compressed cache, and the question is re-read over the compressed cache
+like every method's.
 """
 
 from __future__ import annotations
 
-import hashlib
 from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
 from ..backend import use_attention
-from ..decode import PositionedStep, greedy
+from ..decode import Forcing, PositionedStep, decode_tokens
 from ..models import LoadedModel
 from ..prompt import stop_ids
+from ..sampling import Sampling
 from .base import Method, MethodSettings, Progress
 from .full import truncate
+from .shared_prefill import FullPrefill, PrefillSlot
 
 CAPTURE = "sekv_capture"
 SINK_DOC_TOKENS = 4  # document tokens after the prompt head that count as attention sinks
@@ -54,15 +55,6 @@ class AttentionStats:
 
     prefill: torch.Tensor
     window: torch.Tensor | None = None
-
-
-@dataclass
-class FullPrefill:
-    """The context's full KV cache and the attention mass its prefill accumulated."""
-
-    cache: DynamicCache
-    mass: torch.Tensor  # (L, H_kv, T) float32, CPU
-    length: int
 
 
 class _Capture:
@@ -163,27 +155,21 @@ def window_mass(loaded: LoadedModel, full: FullPrefill, question_ids: list[int])
     return capture.mass[..., : full.length].cpu()
 
 
-_last_prefill: dict[tuple[str, ...], FullPrefill] = {}  # a single slot: the last document's
-
-
-def shared_prefill(
-    loaded: LoadedModel, ids: list[int], chunk: int, progress: Progress | None = None
+def context_prefill(
+    loaded: LoadedModel,
+    ids: list[int],
+    chunk: int,
+    progress: Progress | None = None,
+    slot: PrefillSlot | None = None,
 ) -> FullPrefill:
-    """The context's :class:`FullPrefill`, reused while the same model reads the same context."""
-    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
-    key = (loaded.fingerprint, str(loaded.device), str(loaded.dtype), digest)
-    full = _last_prefill.get(key)
-    if full is None:
-        forget_prefill()  # free the previous document's cache before building this one
-        full = _last_prefill[key] = prefill_with_mass(loaded, ids, chunk, progress)
-    elif progress:
+    """The context's :class:`FullPrefill`: the one ``slot`` holds for the same model and
+    context, else a new prefill (kept in ``slot`` for the next method)."""
+    if slot is None:
+        return prefill_with_mass(loaded, ids, chunk, progress)
+    full, held = slot.get(loaded, ids, lambda: prefill_with_mass(loaded, ids, chunk, progress))
+    if held and progress:
         progress(len(ids), len(ids))
     return full
-
-
-def forget_prefill() -> None:
-    """Empty the shared prefill slot (its memory is freed once no method holds it)."""
-    _last_prefill.clear()
 
 
 @torch.inference_mode()
@@ -237,7 +223,8 @@ class EvictionMethod(Method):
 
     def prepare(self, progress: Progress | None = None) -> None:
         self.kept_tokens = kept_tokens(self.settings, len(self.context), self.sinks)
-        full = shared_prefill(self.loaded, self.context.ids, self.settings.prefill_chunk, progress)
+        chunk = self.settings.prefill_chunk
+        full = context_prefill(self.loaded, self.context.ids, chunk, progress, self.prefills)
         if self.question_aware:
             self.full = full
         else:
@@ -252,7 +239,13 @@ class EvictionMethod(Method):
         self.kept = keep
         self.cache = gather_cache(self.loaded.model.config, full.cache, keep)
 
-    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+    def generate(
+        self,
+        question_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        forcing: Forcing | None = None,
+    ) -> Iterator[int]:
         if self.question_aware:
             assert self.full is not None, "prepare() first"
             window = window_mass(self.loaded, self.full, question_ids)
@@ -264,7 +257,8 @@ class EvictionMethod(Method):
         self.step = step = PositionedStep(model, cache, start, device)
 
         try:
-            yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
+            stop = stop_ids(self.loaded.tokenizer)
+            yield from decode_tokens(step, question_ids, stop, max_new_tokens, sampling, forcing)
         finally:
             truncate(cache, self.kept_tokens)  # back to the kept context for the next question
 

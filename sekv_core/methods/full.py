@@ -14,8 +14,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from ..backend import use_attention
-from ..decode import greedy
+from ..decode import Forcing, decode_tokens
 from ..prompt import stop_ids
+from ..sampling import Sampling
 from .base import Method, Progress
 
 ATTRIBUTED = "sekv_attributed"
@@ -57,10 +58,13 @@ def answer_over(
     cache: DynamicCache,
     question_ids: list[int],
     max_new_tokens: int,
+    sampling: Sampling | None = None,
+    forcing: Forcing | None = None,
     attention: torch.Tensor | None = None,
 ):
-    """Greedy answer token ids to ``question_ids`` over a full ``cache`` (it grows with them);
-    ``attention`` (L, H_kv, T): see :func:`attributed_attention`."""
+    """Answer token ids to ``question_ids`` over a full ``cache`` (it grows with them), chosen
+    as :func:`~sekv_core.decode.decode_tokens` does; ``attention`` (L, H_kv, T): see
+    :func:`attributed_attention`."""
     model, device = loaded.model, loaded.device
     extra = {} if attention is None else {"sekv_answer": attention}
 
@@ -71,7 +75,8 @@ def answer_over(
         )
         return out.logits[:, -1].float()
 
-    yield from greedy(step, question_ids, stop_ids(loaded.tokenizer), max_new_tokens)
+    stop = stop_ids(loaded.tokenizer)
+    yield from decode_tokens(step, question_ids, stop, max_new_tokens, sampling, forcing)
 
 
 class FullKV(Method):
@@ -86,12 +91,20 @@ class FullKV(Method):
             self.loaded.model, self.context.ids, self.settings.prefill_chunk, progress
         )
 
-    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+    def generate(
+        self,
+        question_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        forcing: Forcing | None = None,
+    ) -> Iterator[int]:
         assert self.cache is not None, "prepare() first"
         truncate(self.cache, len(self.context))  # every question starts from the document alone
         if not self.settings.sources:
             self.attention = None
-            yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
+            yield from answer_over(
+                self.loaded, self.cache, question_ids, max_new_tokens, sampling, forcing
+            )
             return
         model = self.loaded.model
         spec = self.loaded.spec
@@ -100,7 +113,13 @@ class FullKV(Method):
         )
         with use_attention(model, ATTRIBUTED, attributed_attention, mask=sdpa_mask):
             yield from answer_over(
-                self.loaded, self.cache, question_ids, max_new_tokens, self.attention
+                self.loaded,
+                self.cache,
+                question_ids,
+                max_new_tokens,
+                sampling,
+                forcing,
+                self.attention,
             )
 
     def answer_attention(self) -> torch.Tensor | None:

@@ -16,13 +16,14 @@ from transformers import DynamicCache
 from .. import passages
 from ..attention import Observer, ZoomPolicy, sekv_attention
 from ..config import DEFAULT_BUDGET
-from ..decode import PositionedStep, greedy
+from ..decode import Forcing, PositionedStep, decode_tokens
 from ..documents import Document
 from ..lexical import LexicalIndex
 from ..prompt import chat_template, question_text, stop_ids
 from ..rope import Rope
 from ..router import SketchRouter, TrainedRouter
 from ..router_files import RouterFile, resolve_router
+from ..sampling import Sampling
 from ..store.ingest import open_or_build
 from ..store.load import SpanStore
 from ..zoom import SpanMemory
@@ -35,6 +36,10 @@ PREVIEW_CHARS = 80
 
 
 class SeKV(Method):
+    """SeKV as ``sekv ask`` runs it: within the model's window it routes with the trained router
+    ``settings.router`` names (``auto``: yours from ``sekv train``, else the one shipped for the
+    model), training-free where there is none; a book routes training-free."""
+
     name = "sekv"
     reads_books = True  # contexts beyond the window are streamed into a bounded store
 
@@ -45,6 +50,8 @@ class SeKV(Method):
     observer: Observer | None = None  # told of every routing decision (diagnostics)
     neutral: tuple[int, torch.Tensor] | None = None  # books: (budget, neutral_attention)
     sentence_words: LexicalIndex | None = None  # books: BM25 over the book's sentences
+    sentences: torch.Tensor | None = None  # books: (N,) sentence index of each span
+    trained: RouterFile | None = None  # the trained router in use; None: training-free
 
     def prepare(self, progress: Progress | None = None) -> None:
         self.store, self.cache_hit = open_or_build(
@@ -57,12 +64,27 @@ class SeKV(Method):
         )
         loaded = self.loaded
         self.spans = SpanMemory(self.store, Rope(loaded.model), loaded.device, loaded.dtype)
+        self.trained = self.find_trained_router()
         self.check_router_spans()
+
+    def uses_trained_router(self) -> bool:
+        """Whether a trained router found routes this answer: not for a book (a streamed,
+        bounded memory), as routers are trained on documents within the model's window."""
+        return not self.spans.bounded
+
+    def find_trained_router(self) -> RouterFile | None:
+        """The trained router ``settings.router`` names where :meth:`uses_trained_router`
+        (``auto``: the user's or the shipped one for this model, if any; a damaged file under
+        ``auto`` is skipped with a warning), else None: training-free routing."""
+        if not self.uses_trained_router():
+            return None
+        loaded, s = self.loaded, self.settings
+        return resolve_router(s.router, loaded.fingerprint, loaded.model_id, s.warn)
 
     def check_router_spans(self) -> None:
         """Warn when the trained router in use learned on other span lengths than the store's
         (it still routes, less well: span length changes what a span's scores mean)."""
-        trained = self.trained_router()
+        trained = self.trained
         learned = trained.manifest.get("routing", {}).get("span_tokens") if trained else None
         segment = self.store.manifest["settings"]["segment"]
         here = [segment["min_len"], segment["max_len"]]
@@ -70,11 +92,11 @@ class SeKV(Method):
             self.settings.warn(
                 f"the trained router learned on {learned[0]}-{learned[1]}-token spans; this "
                 f"store's spans are {here[0]}-{here[1]} tokens: routing may be worse (train a "
-                "router on these spans with `sekv train`, or use --router sketch)"
+                "router on these spans with `sekv train`)"
             )
 
     def new_policy(self) -> ZoomPolicy:
-        s, trained = self.settings, self.trained_router()
+        s, trained = self.settings, self.trained
         if trained is None:
             router, margin = SketchRouter(), s.margin
         else:  # a learned gate: absolute threshold
@@ -87,23 +109,6 @@ class SeKV(Method):
             observer=self.observer,
             attribute=s.sources,
         )
-
-    def router_choice(self) -> str:
-        """The router setting in effect. ``auto`` routes a book (a streamed, bounded memory)
-        training-free: routers are trained on documents within the model's window, and on
-        generated books the shipped one answers fewer questions than the training-free rule."""
-        choice = self.settings.router
-        return "sketch" if choice == "auto" and self.spans.bounded else choice
-
-    def trained_router(self) -> RouterFile | None:
-        """The trained router in effect (:meth:`router_choice`; ``auto``: the user's or the
-        shipped one for this model, if any), or None for training-free routing."""
-        if not hasattr(self, "_trained"):
-            loaded = self.loaded
-            self._trained = resolve_router(  # a damaged file under auto: skipped, warned
-                self.router_choice(), loaded.fingerprint, loaded.model_id, self.settings.warn
-            )
-        return self._trained
 
     def zoom_budget(self) -> int:
         """Tokens per (layer, KV head) to reconstruct: ``budget`` (default ``DEFAULT_BUDGET``),
@@ -151,7 +156,13 @@ class SeKV(Method):
             return len(self.context)
         return self.spans.n_sinks + self.max_band()
 
-    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+    def generate(
+        self,
+        question_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        forcing: Forcing | None = None,
+    ) -> Iterator[int]:
         model, device, spans = self.loaded.model, self.loaded.device, self.spans
         self.policy = policy = self.new_policy()
         spans.clear()  # a new answer: no pools, fresh counters
@@ -168,7 +179,8 @@ class SeKV(Method):
             self.step = step = PositionedStep(
                 model, local, start, device, sekv_memory=spans, sekv_policy=self.policy
             )
-            yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
+            stop = stop_ids(self.loaded.tokenizer)
+            yield from decode_tokens(step, question_ids, stop, max_new_tokens, sampling, forcing)
 
     def pin_passages(self, question_ids: list[int]) -> None:
         """Books, two-stage routing (:mod:`sekv_core.passages`): read the question once with
@@ -218,11 +230,11 @@ class SeKV(Method):
 
     def span_sentences(self) -> torch.Tensor:
         """(N,) sentence index of each span (:func:`sekv_core.passages.span_sentences`)."""
-        if getattr(self, "_sentences", None) is None:
+        if self.sentences is None:
             offsets = self.store.trace["offsets"]
             first_chars = offsets[self.spans.starts.long(), 0].numpy()
-            self._sentences = passages.span_sentences(self.document.text, first_chars)
-        return self._sentences
+            self.sentences = passages.span_sentences(self.document.text, first_chars)
+        return self.sentences
 
     def memory(self) -> dict[str, int]:
         resident = self.spans.resident_bytes()

@@ -21,8 +21,9 @@ from transformers import DynamicCache
 
 from ..attention import mixed_attention
 from ..backend import use_attention
-from ..decode import PositionedStep, greedy
+from ..decode import Forcing, PositionedStep, decode_tokens
 from ..prompt import stop_ids
+from ..sampling import Sampling
 from ..segment import SPAN
 from ..summary import STORE_DTYPE, gather_spans, summarize
 from ..zoom import SpanMemory
@@ -103,14 +104,24 @@ class StaticSemantic(SeKV):
         super().prepare(progress)
         self.summary_k, self.summary_v = store_summaries(self.spans, self.store.trace)
 
-    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+    def uses_trained_router(self) -> bool:
+        return False  # nothing is routed: every span is read as its summary
+
+    def generate(
+        self,
+        question_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        forcing: Forcing | None = None,
+    ) -> Iterator[int]:
         model, device = self.loaded.model, self.loaded.device
         self.answered = True
         local = DynamicCache(config=model.config)
         start = len(self.context)  # local tokens continue after the document's positions
         self.step = step = PositionedStep(model, local, start, device, sekv_static=self)
         with use_attention(model, NAME, static_attention_forward):
-            yield from greedy(step, question_ids, stop_ids(self.loaded.tokenizer), max_new_tokens)
+            stop = stop_ids(self.loaded.tokenizer)
+            yield from decode_tokens(step, question_ids, stop, max_new_tokens, sampling, forcing)
 
     def read_tensors(self) -> list[torch.Tensor]:
         """What attention reads every step: sinks + anchors K/V, summaries, span lengths."""

@@ -19,8 +19,10 @@ from typing import Any
 
 from transformers import DynamicCache
 
+from ..decode import Forcing
 from ..lexical import LexicalIndex
 from ..prompt import chat_template, encode_context, question_text
+from ..sampling import Sampling
 from .base import Method, Progress
 from .full import answer_over, prefill_cache, truncate
 
@@ -75,10 +77,18 @@ class Truncate(WindowMethod):
         cut = offsets[end - 1][1] if 0 < end <= len(offsets) else 0
         self.read(self.document.text[:cut], progress)
 
-    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+    def generate(
+        self,
+        question_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        forcing: Forcing | None = None,
+    ) -> Iterator[int]:
         assert self.cache is not None, "prepare() first"
         truncate(self.cache, self.held_tokens)  # every question starts from the kept text
-        yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
+        yield from answer_over(
+            self.loaded, self.cache, question_ids, max_new_tokens, sampling, forcing
+        )
 
     def routing(self) -> dict[str, Any]:
         return {"kept_tokens": self.held_tokens - self.context.doc_start}
@@ -113,10 +123,18 @@ class Retrieve(WindowMethod):
                 left -= size
         return sorted(chosen)
 
-    def generate(self, question_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+    def generate(
+        self,
+        question_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        forcing: Forcing | None = None,
+    ) -> Iterator[int]:
         self.chosen = self.select(question_text(self.loaded.tokenizer, self.template, question_ids))
         self.read("\n\n".join(self.texts[i] for i in self.chosen))
-        yield from answer_over(self.loaded, self.cache, question_ids, max_new_tokens)
+        yield from answer_over(
+            self.loaded, self.cache, question_ids, max_new_tokens, sampling, forcing
+        )
 
     def routing(self) -> dict[str, Any]:
         return {"passages": len(self.passages), "retrieved": len(self.chosen)}
