@@ -8,14 +8,14 @@ out of ``stores/``, which holds only stores and their work folders.
 A killed writer leaves folders beside the stores (:func:`clean_leftovers` removes them at the
 next build):
 
-- ``.tmp-<key>-*`` — a store being written (:func:`sekv_core.format.write_atomically`), which
+- ``.tmp-<key>-*`` — a store being written (:func:`sekv_core.store.write.write_atomically`), which
   records its writer's pid and host in ``.writer`` (:func:`mark_writer`): removed once that
   process is gone;
 - ``.trash-<key>-<pid>`` — a replaced store being deleted: removed once that process is gone;
-- ``.partial-<key>`` — a streamed build's checkpoints (:mod:`sekv_core.stream`), removed once no
+- ``.partial-<key>`` — a streamed build's checkpoints (:mod:`sekv_core.store.stream`), removed once no
   process holds its locks, unless a rerun can still resume it: its checkpoint is intact and its
   store is not built yet, for at most PARTIAL_KEEP_S (the build of ``<key>`` itself resumes it
-  or starts over, as :class:`~sekv_core.stream.StreamBuilder` decides).
+  or starts over, as :class:`~sekv_core.store.stream.StreamBuilder` decides).
 
 Where ``fcntl`` is missing (Windows) locks are no-ops.
 """
@@ -116,7 +116,7 @@ def _age(path: Path) -> float:
 def clean_leftovers(stores: Path, building: Path, state_version: int) -> list[Path]:
     """Remove what dead writers left in ``stores`` (see the module docstring); the work folder
     of ``building`` (the store this process is about to build) is left to its builder, and
-    checkpoints of another ``state_version`` (:data:`sekv_core.parts.STATE_VERSION`) are never
+    checkpoints of another ``state_version`` (:data:`STATE_VERSION`) are never
     resumed. Returns what was removed."""
     removed = []
     with suppress(FileNotFoundError):

@@ -261,7 +261,7 @@ class StreamBuilder:
         return True
 
     def _spans(self, final: bool, limit: int) -> tuple[list, list[int], int] | None:
-        """:func:`~sekv_core.parts.part_spans` of the waiting tokens up to ``limit``."""
+        """:func:`~sekv_core.store.parts.part_spans` of the waiting tokens up to ``limit``."""
         seg, sinks = self.segment, self.layout.sinks
         return part_spans(self.state, final, limit, seg, sinks, self.doc_start, self.store.anchors)
 
