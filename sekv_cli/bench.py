@@ -101,9 +101,15 @@ BUDGET_HELP = "Zoom budget: tokens reconstructed per layer and KV head (sekv)."
 
 def with_router(router: str, methods: list[str], sets: list[str]) -> list[str]:
     """The --set assignments with ``router=`` from --router (``auto``: the default, nothing to
-    add); a usage error where --set names the router too or no method uses one."""
+    add); a usage error where it names no file, --set names the router too or no method uses
+    one."""
     if router == "auto":
         return sets
+    if not Path(router).expanduser().is_file():
+        raise typer.BadParameter(
+            f"no router file at {router}; pass auto or a file written by `sekv train`",
+            param_hint="--router",
+        )
     if any(a.partition("=")[0].strip() == "router" for a in sets):
         raise typer.BadParameter(
             "give the router once: --router or --set router=", param_hint="--set"

@@ -317,7 +317,10 @@ def flat(output: str) -> str:
 
 
 def test_a_router_given_twice_or_to_no_method_that_uses_one_is_a_usage_error(tmp_path):
+    missing = run("suite", "--router", "sketch")  # training-free: the method sekv-training-free
+    assert missing.exit_code == 2 and "no router file at sketch" in flat(missing.output)
     router = tmp_path / "r.safetensors"
+    router.write_bytes(b"")
     twice = run("suite", "--router", router, "--set", f"router={router}", "--out", tmp_path)
     assert twice.exit_code == 2 and "--router or --set router=" in flat(twice.output)
     unused = run("suite", "--methods", "full,sekv-training-free", "--router", router)
