@@ -165,7 +165,7 @@ def vartrack(rng: random.Random, depth: float) -> tuple[Placed, Question]:
     value, other_value = codes(rng, 2)
     facts = chain(asked, value, spread(depth, VARTRACK_HOPS))
     facts += chain(other, other_value, sorted(rng.random() for _ in other))
-    # measured on the default model: of several phrasings only this one gets chains named
+    # the phrasing under which the default model names a chain's variables (docs/design.md)
     question = f"List the names of every VAR whose value is {value}."
     return facts, Question(question, tuple(asked), "all")
 

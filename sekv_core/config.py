@@ -20,8 +20,8 @@ from typing import Any
 from .errors import SekvError
 from .store.specs import check_code
 
-# documents of more tokens are refused unless asked for (--max-tokens): a streamed ingest reads
-# ~100-200 tokens/s on a CPU, so a million tokens is hours of work and GBs of store
+# documents of more tokens are refused unless asked for (--max-tokens): on a CPU a streamed
+# ingest of a million tokens is hours of work and GBs of store
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked

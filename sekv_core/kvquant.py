@@ -4,7 +4,7 @@ anchors) between decoding steps.
 Each row (one token's key or value for one KV head) keeps int8 codes and one fp16 scale, its
 largest magnitude / 127: D + 2 bytes instead of 2·D in fp16. Attention reads the rows back in
 the model dtype, one layer at a time. The rounding error of a value is at most half a step,
-``scale / 2``; with every span zoomed, answers follow full KV's as closely as with fp16 rows.
+``scale / 2`` (why 8 bits: docs/design.md).
 :class:`Rows` also holds fp16 rows (16 bits): the streamed ingest attends to what it stores at
 that precision.
 """

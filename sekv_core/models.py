@@ -125,8 +125,9 @@ def default_model_dir() -> Path:
 def converted_default(gguf: Path) -> Path | None:
     """The default model dequantised once into safetensors under $SEKV_HOME/models.
 
-    Reading the GGUF dequantises 272 tensors (~20 s on 2 cores); the converted copy loads in
-    under a second. Falls back to the GGUF file's directory if the copy cannot be written.
+    Reading the GGUF dequantises every tensor at each load; the converted copy is read as it
+    is (load times: docs/design.md). Falls back to the GGUF file's directory if the copy cannot
+    be written.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

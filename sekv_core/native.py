@@ -3,12 +3,12 @@
 On a CPU a SeKV decode step's cost is the count of small tensor ops per layer, not their
 arithmetic: scoring and picking the spans, placing new ones in the zoom pool, reading and
 decoding their records, rotating their keys, the memory entries attention reads and the
-trace come to some 300 ops per layer and token as torch code, each several microseconds. In C
-each step is one call (:mod:`sekv_core.kernels`). The library is built with the system's C
-compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per source, compiler and kind
-of CPU; without a compiler, or for tensors on a GPU, the tensor code runs instead. Both make
-the same decisions and the same rows (the router's scores agree to float rounding: their
-products sum in another order), as ``tests/test_native.py`` checks step by step.
+trace come to some 300 ops per layer and token as torch code, each paying a call's overhead.
+In C each step is one call (:mod:`sekv_core.kernels`; figures: docs/design.md). The library is
+built with the system's C compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per
+source, compiler and kind of CPU; without a compiler, or for tensors on a GPU, the tensor code
+runs instead. Both make the same decisions and the same rows (the router's scores agree to float
+rounding: their products sum in another order), as ``tests/test_native.py`` checks step by step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Rotary position embedding helpers: keys are compressed *before* RoPE and rotated at use.
 
 RoPE rotates each key by an angle proportional to its position, which spreads a span's keys over
-more directions: pre-RoPE keys of a span are far more compressible (lower rank at the same error).
-The store keeps span bases of pre-RoPE keys; reconstruction rotates them back to their positions
-with the model's own rotary tables (``model.model.rotary_emb``), so attention sees the same
-post-RoPE keys as the full cache. Llama / Mistral / Qwen2 / Qwen3 use the rotate-half convention.
+more directions, so the store codes span keys pre-RoPE; reconstruction rotates them back to their
+positions with the model's own rotary tables (``model.model.rotary_emb``), so attention sees the
+same post-RoPE keys as the full cache. Llama / Mistral / Qwen2 / Qwen3 use the rotate-half
+convention.
 """
 
 from __future__ import annotations

@@ -6,13 +6,13 @@ Every context token gets exactly one role:
   always kept at full resolution (attention sinks);
 - **anchor**: a boundary token whose surprisal is a peak (H > mu + alpha * sigma), kept at full
   resolution; at most ``anchor_cap`` of the document tokens;
-- **span**: the runs of tokens between boundaries; each span is compressed (summary + low-rank
-  basis).
+- **span**: the runs of tokens between boundaries; a span's tokens are coded into the offload
+  tier and sketched for routing, and zoomed (decoded) as a whole.
 
-Raw peaks are far too dense to compress (on the default model at alpha = 1, 16% of tokens exceed
-the threshold, 5 tokens apart), so boundaries are thinned: a peak opens a new span only if the
-current span already holds ``min_len`` tokens; a span reaching ``max_len`` is cut at its
-highest-surprisal token in the last half (or at ``max_len``).
+Raw peaks lie a few tokens apart, too close to make spans of, so boundaries are thinned: a peak
+opens a new span only if the current span already holds ``min_len`` tokens; a span reaching
+``max_len`` is cut at its highest-surprisal token in the last half (or at ``max_len``). Why
+these lengths: docs/design.md.
 """
 
 from __future__ import annotations

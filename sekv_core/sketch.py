@@ -191,7 +191,7 @@ def column_major(rows: torch.Tensor) -> torch.Tensor:
     """``rows`` (..., S, C) as the same values stored with S contiguous: (..., C, S) in memory,
     seen as (..., S, C); no copy when they already are. Element-wise ops keep that layout, so
     :func:`code_products` multiplies by the rows' transpose reading contiguous memory (the
-    routing step's largest read, about a third faster than row-major rows on a CPU)."""
+    routing step's largest read)."""
     return rows.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 

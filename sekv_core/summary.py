@@ -53,8 +53,8 @@ def summarize(
 
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """Run a block on one intra-op thread: batches of small eigendecompositions are up to 100x
-    slower with several (the batch loop and LAPACK compete for the cores), worst on a busy CPU."""
+    """Run a block on one intra-op thread: with several, the batch loop of small
+    eigendecompositions and LAPACK compete for the cores (see docs/design.md)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

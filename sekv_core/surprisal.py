@@ -4,9 +4,9 @@ The output projection over the whole vocabulary is the largest product of a stor
 model's own prefill needs the last token's logits only). Where the device multiplies bfloat16
 natively (CUDA, CPUs with AVX-512 BF16 or AMX), the log-normaliser comes from bfloat16 logits
 with the ``REFINE`` largest of each row recomputed in float32 (they carry almost all of the
-normaliser's mass), and the realised token's logit is computed in float32: within a few
-hundredths of a nat of the float32 result at about a third of its cost on such a CPU.
-Elsewhere every logit is float32.
+normaliser's mass), and the realised token's logit is computed in float32: close to the
+float32 result at a fraction of its cost (figures: docs/design.md). Elsewhere every logit is
+float32.
 """
 
 from __future__ import annotations
