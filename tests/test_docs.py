@@ -23,7 +23,7 @@ GRID_HEADER = "| method | memory target | correct of 34 |"
 GRID_ROWS = {
     "full KV": ("docs/bench/results.jsonl", "full"),
     "SeKV, trained router": ("docs/bench/grid-sekv/results.jsonl", "sekv-trained"),
-    "SeKV, training-free router": ("docs/bench/grid-sekv/results.jsonl", "sekv"),
+    "SeKV, training-free router": ("docs/bench/grid-sekv/results.jsonl", "sekv-training-free"),
     "SnapKV": ("docs/bench/results.jsonl", "snapkv"),
     "ChunkKV": ("docs/bench/results.jsonl", "chunkkv"),
 }
