@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING
 from .prompt import Turn
 
 if TYPE_CHECKING:
+    from .api import Library
     from .engine import Answer, Session
     from .sampling import Sampling
 
 
 class Conversation:
-    """The turns of one chat over ``session``'s document, oldest first."""
+    """The turns of one chat over ``session``'s document (or a library's documents: each
+    question goes where it routes), oldest first."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session | Library) -> None:
         self.session = session
         self.turns: list[Turn] = []
         self.dropped = 0  # turns the last question dropped to fit the window
@@ -49,7 +51,7 @@ class Conversation:
     def fitting(self, question: str, max_new_tokens: int) -> list[Turn]:
         """The newest turns whose question part, with ``question`` and ``max_new_tokens`` of
         answer, fits the window (none, if even the question alone does not)."""
-        room, turns = self.session.room(), list(self.turns)
+        room, turns = self.session.room(question), list(self.turns)
         while turns and len(self.session.question_ids(question, turns)) + max_new_tokens > room:
             turns.pop(0)
         return turns

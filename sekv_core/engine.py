@@ -164,8 +164,10 @@ class Session:
         """The question part of the prompt: ``history``'s turns, then ``question``."""
         return encode_question(self.loaded.tokenizer, self.template, question, history)
 
-    def room(self) -> int:
-        """Window tokens left after the document for the question part and the answer."""
+    def room(self, question: str = "") -> int:
+        """Window tokens left after the document for the question part and the answer (the
+        same for every ``question``; a collection's depends on where it routes it:
+        :meth:`sekv_core.api.Library.room`)."""
         return self.loaded.spec.window - self.method.question_position()
 
     def sources(self, answer: str) -> list[dict[str, Any]]:

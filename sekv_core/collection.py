@@ -1,0 +1,172 @@
+"""A selection of documents: the files and folders a user names, read.
+
+A folder is walked recursively for .pdf, .txt and .md files, in name order. Hidden entries
+(names starting with ``.``) are left out; a folder reached twice (a symlink loop, or two links
+to one folder) is walked once; a file reached twice (named and inside a named folder, hard or
+symbolic links) is read once. FIFOs, devices and sockets are never opened.
+
+A file named alone is read as it always was: a document that cannot be read is an error. In a
+collection (a folder, or several paths) such a document is one warning and skipped; the
+selection keeps what was skipped and why. No document at all is an error. No torch here: the
+CLI reads the selection before it loads a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import MAX_TOKENS
+from .documents import SUPPORTED_SUFFIXES, Document, load_document
+from .errors import SekvError
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A document of a collection that was not read: its path and the one-line reason."""
+
+    path: Path
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": str(self.path), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The documents read, in order, and those skipped. ``collection``: a folder or several
+    paths were named (answers name each source's file); False: one file named alone."""
+
+    documents: list[Document]
+    skipped: list[Skipped]
+    collection: bool
+
+
+def is_collection(paths: Sequence[str | Path]) -> bool:
+    """Whether ``paths`` name a collection: several paths, or a folder."""
+    return len(paths) != 1 or Path(paths[0]).is_dir()
+
+
+def select_documents(
+    paths: Sequence[str | Path],
+    max_tokens: int | None = MAX_TOKENS,
+    warn: Callable[[str], None] | None = None,
+) -> Selection:
+    """Read the documents ``paths`` name (files and folders; see the module's docstring).
+
+    ``max_tokens``: a file too big for that many tokens is refused before it is read
+    (:func:`sekv_core.documents.load_document`). ``warn`` is told of each skipped document.
+    Raises SekvError for a single file that cannot be read, and when nothing can be read.
+    """
+    if not paths:
+        raise SekvError("no documents named; pass a file, several files or a folder")
+    if not is_collection(paths):
+        return Selection([load_document(paths[0], max_tokens)], [], collection=False)
+    files, skipped = document_files(paths)
+    documents = []
+    for path in files:
+        try:
+            documents.append(load_document(path, max_tokens))
+        except SekvError as exc:
+            skipped.append(Skipped(path, str(exc)))
+    skipped.sort(key=lambda s: str(s.path))
+    if warn:
+        for s in skipped:
+            warn(f"skipped: {s.reason}")
+    if not documents:
+        named = ", ".join(f"'{p}'" for p in paths[:3]) + (", …" if len(paths) > 3 else "")
+        if skipped:
+            raise SekvError(f"none of the {len(skipped)} documents in {named} could be read")
+        kinds = ", ".join(SUPPORTED_SUFFIXES)
+        raise SekvError(f"no documents in {named}: no {kinds} files found")
+    return Selection(documents, skipped, collection=True)
+
+
+def document_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[Skipped]]:
+    """The files a collection's ``paths`` name, each once, and those that cannot be documents.
+
+    A path named is taken whatever its suffix (reading it says what is wrong); inside a folder
+    only supported suffixes count, and one of them that is not a regular file is skipped.
+    """
+    files: list[Path] = []
+    skipped: list[Skipped] = []
+    seen_files: set[tuple[int, int]] = set()
+    seen_dirs: set[tuple[int, int]] = set()
+
+    def add(path: Path, st: os.stat_result) -> None:
+        key = (st.st_dev, st.st_ino)
+        if key not in seen_files:
+            seen_files.add(key)
+            files.append(path)
+
+    for named in map(Path, paths):
+        try:
+            st = os.stat(named)
+        except OSError:
+            files.append(named)  # missing or a dangling link: reading it says which
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            _walk(named, seen_dirs, add, skipped)
+        else:
+            add(named, st)
+    return files, skipped
+
+
+def _walk(
+    root: Path,
+    seen: set[tuple[int, int]],
+    add: Callable[[Path, os.stat_result], None],
+    skipped: list[Skipped],
+) -> None:
+    """Depth first, in name order: the supported files under ``root`` to ``add``, folders
+    already ``seen`` (by device and inode) not walked again."""
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            skipped.append(Skipped(folder, f"cannot read '{folder}': {exc.strerror or exc}"))
+            continue
+        folders = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            supported = path.suffix.lower() in SUPPORTED_SUFFIXES
+            try:
+                st = os.stat(path)  # through links: a loop or a dangling one raises
+            except OSError as exc:
+                if supported:
+                    skipped.append(Skipped(path, f"cannot read '{path}': {exc.strerror or exc}"))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                folders.append(path)
+            elif supported and stat.S_ISREG(st.st_mode):
+                add(path, st)
+            elif supported:
+                skipped.append(Skipped(path, f"cannot read '{path}': not a regular file"))
+        stack.extend(reversed(folders))  # the first folder by name is walked first
+
+
+def joined_document(documents: Sequence[Document]) -> Document:
+    """``documents`` as one: their texts in order, a blank line between, each page of each
+    a page of the whole (what a method reading the whole collection at once is given)."""
+    texts, starts, at = [], [], 0
+    for doc in documents:
+        starts += [at + s for s in doc.page_starts]
+        texts.append(doc.text)
+        at += len(doc.text) + 2
+    text = "\n\n".join(texts)
+    digest = hashlib.sha256("\0".join(d.sha256 for d in documents).encode()).hexdigest()
+    root = Path(os.path.commonpath([d.path.resolve() for d in documents]))
+    return Document(root, digest, text, tuple(starts), "md")

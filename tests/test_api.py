@@ -1,0 +1,205 @@
+"""The Python API over a collection of tiny documents: routing across stores, citations by file,
+a damaged document skipped, an edited file read again (only it), nothing read again between
+questions; the README's example as written (tiny random models)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import sekv_core.api as api
+import sekv_core.store.ingest as ingest
+from sekv_core.api import Library, open_documents
+from sekv_core.config import MethodSettings
+from sekv_core.conversation import Conversation
+from sekv_core.documents import load_document
+from sekv_core.engine import Session
+from sekv_core.errors import SekvError
+from sekv_core.models import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = {
+    "lighthouse.md": "The keeper of the lighthouse is named Orla. She polishes the great lamp "
+    "every evening and logs each passing ship in a blue book. ",
+    "mill.txt": "The mill grinds corn and barley. The miller, Tomasz, sells flour at the market "
+    "on Fridays. The water wheel turns all year. ",
+    "reports/harbour.md": "The harbour board counted forty boats at the north pier in spring. "
+    "Its budget was 42 thousand crowns. ",
+}
+KEEPER = "What is the name of the keeper of the lighthouse?"
+MILLER = "Who is the miller who sells flour?"
+HARBOUR = "How many boats did the harbour board count at the pier?"
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dirs):
+    return load_model(str(tiny_model_dirs["llama"]), device="cpu")
+
+
+def write(folder: Path, damaged: bool = True) -> Path:
+    for name, text in TEXTS.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text * 4)
+    if damaged:
+        (folder / "broken.txt").write_bytes(b"\x00\x01\x02 not text" * 10)
+    return folder
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list[str]:
+    """The names of the documents whose stores get built (a document read by the model)."""
+    built: list[str] = []
+    for name in ("build_store", "build_streamed"):
+        real = getattr(ingest, name)
+
+        def counted(path, loaded, document, *args, real=real, **kwargs):
+            built.append(document.path.name)
+            return real(path, loaded, document, *args, **kwargs)
+
+        monkeypatch.setattr(ingest, name, counted)
+    return built
+
+
+def test_a_question_goes_to_its_document_and_cites_it_by_file(tmp_path, loaded, builds):
+    docs = write(tmp_path / "docs")
+    told: list[str] = []
+    library = open_documents(docs, loaded, settings=MethodSettings(warn=told.append))
+    assert [Path(d["path"]).name for d in library.documents()] == [
+        "lighthouse.md", "mill.txt", "harbour.md",
+    ]  # fmt: skip
+    assert [s.path.name for s in library.skipped] == ["broken.txt"]
+    assert told == [f"skipped: {library.skipped[0].reason}"] and "binary" in told[0]
+    assert sorted(builds) == ["harbour.md", "lighthouse.md", "mill.txt"]
+    assert not any(d["held"] for d in library.documents())  # no store loaded to open it
+
+    answer = library.ask(KEEPER, max_new_tokens=6)
+    lighthouse = str(docs / "lighthouse.md")
+    assert answer.document["path"] == lighthouse
+    assert answer.routing["documents"][0]["path"] == lighthouse
+    assert answer.routing["documents"][0]["score"] > answer.routing["documents"][1]["score"]
+    assert answer.sources and {s["path"] for s in answer.sources} == {lighthouse}
+    assert all(s["page"] == 1 for s in answer.sources)
+    assert [d["held"] for d in library.documents()] == [True, False, False]
+    mem = answer.memory
+    assert mem["held_resident_bytes"] == mem["resident_bytes"]  # one store held: this one's
+    rows = library.documents()
+    assert mem["collection_resident_bytes"] == sum(r["memory"]["resident_bytes"] for r in rows)
+    assert mem["collection_full_kv_bytes"] == sum(r["memory"]["full_kv_bytes"] for r in rows)
+    assert {"route_s", "first_token_s", "total_s"} <= answer.timings.keys()
+
+    answer = library.ask(HARBOUR, max_new_tokens=6)
+    assert answer.document["path"] == str(docs / "reports" / "harbour.md")
+    assert {s["path"] for s in answer.sources} <= {answer.document["path"]}
+    assert [d["held"] for d in library.documents()] == [True, False, True]
+    assert len(builds) == 3  # nothing built while answering
+
+
+def test_asking_again_reads_nothing_again(tmp_path, loaded, monkeypatch):
+    docs = write(tmp_path / "docs", damaged=False)
+    library = open_documents(docs, loaded)
+    first = library.ask(MILLER, max_new_tokens=6)
+    shutil.rmtree(docs)  # the documents are gone: nothing may need them again
+    loads: list[str] = []
+    real = ingest.load_store
+    monkeypatch.setattr(ingest, "load_store", lambda path, *a: loads.append(path) or real(path, *a))
+    again = library.ask(MILLER, max_new_tokens=6)
+    assert again.answer == first.answer and again.sources == first.sources
+    assert loads == [] and again.timings["prepare_s"] == 0
+    other = library.ask(KEEPER, max_new_tokens=6)  # a document not asked yet: its store loads
+    assert Path(other.document["path"]).name == "lighthouse.md" and len(loads) == 1
+
+
+def test_an_edited_document_is_read_again_and_only_it(tmp_path, loaded, builds):
+    docs = write(tmp_path / "docs", damaged=False)
+    open_documents(docs, loaded)
+    assert len(builds) == 3
+    (docs / "mill.txt").write_text(TEXTS["mill.txt"] * 3 + "The miller retired in May. ")
+    (docs / "new.md").write_text("A new note: the ferry leaves at noon. " * 6)
+    progress: list[api.IngestProgress] = []
+    library = open_documents(docs, loaded, progress=progress.append)
+    assert builds[3:] == ["mill.txt", "new.md"]
+    assert {p.name for p in progress} == {"mill.txt", "new.md", ""}
+    assert all(p.documents == 2 for p in progress) and progress[-1].documents_done == 2
+    assert progress[-1].tokens_done == progress[-1].tokens > 0
+    hits = {Path(d["path"]).name: d["store"]["cache_hit"] for d in library.documents()}
+    assert hits == {"lighthouse.md": True, "mill.txt": False, "new.md": False, "harbour.md": True}
+
+
+def test_keep_bounds_the_stores_held(tmp_path, loaded):
+    docs = write(tmp_path / "docs", damaged=False)
+    library = open_documents(docs, loaded, keep=1)
+    library.ask(KEEPER, max_new_tokens=4)
+    answer = library.ask(MILLER, max_new_tokens=4)
+    assert [d["held"] for d in library.documents()] == [False, True, False]
+    assert library.memory()["resident_bytes"] == answer.memory["resident_bytes"]
+    assert library.memory()["resident_all_bytes"] > answer.memory["resident_tier_bytes"]
+
+
+def test_one_file_is_answered_as_its_session_answers(tmp_path, loaded):
+    doc = write(tmp_path / "docs", damaged=False) / "lighthouse.md"
+    alone = open_documents(doc, loaded).ask(KEEPER, max_new_tokens=6)
+    session = Session(loaded, load_document(doc), "sekv").ask(KEEPER, max_new_tokens=6)
+    assert alone.answer == session.answer and alone.document == session.document
+    assert [{k: v for k, v in s.items() if k != "path"} for s in alone.sources] == session.sources
+    assert all(s["path"] == str(doc) for s in alone.sources)
+    assert "documents" not in alone.routing and "route_s" not in alone.timings
+    assert set(alone.memory) == set(session.memory)
+    with pytest.raises(SekvError, match="binary"):
+        open_documents(write(tmp_path / "more") / "broken.txt", loaded)
+
+
+def test_full_routes_and_retrieve_reads_the_whole_collection(tmp_path, loaded):
+    docs = write(tmp_path / "docs", damaged=False)
+    full = open_documents(docs, loaded, method="full").ask(MILLER, max_new_tokens=4)
+    assert full.method == "full" and Path(full.document["path"]).name == "mill.txt"
+    assert full.memory["resident_bytes"] == full.memory["full_kv_bytes"]
+    library = open_documents(docs, loaded, method="retrieve")
+    whole = library.ask(MILLER, max_new_tokens=4)
+    assert whole.method == "retrieve" and whole.document["path"] == str(docs)
+    assert whole.document["tokens"] >= sum(d["tokens"] for d in library.documents())
+    assert all(d["store"] is None for d in library.documents())
+
+
+def test_a_chat_over_a_collection_follows_each_question(tmp_path, loaded):
+    docs = write(tmp_path / "docs", damaged=False)
+    chat = Conversation(open_documents(docs, loaded))
+    first = chat.ask(KEEPER, max_new_tokens=4)
+    second = chat.ask(MILLER, max_new_tokens=4)
+    follow_up = chat.ask("And then?", max_new_tokens=4)  # no word of any document
+    paths = [Path(a.document["path"]).name for a in (first, second, follow_up)]
+    assert paths == ["lighthouse.md", "mill.txt", "mill.txt"]
+    assert len(chat.turns) == 3
+
+
+def test_documents_over_max_tokens_are_skipped_unless_stored(tmp_path, loaded):
+    docs = write(tmp_path / "docs", damaged=False)
+    told: list[str] = []
+    settings = MethodSettings(warn=told.append)
+    with pytest.raises(SekvError, match="none of the 3 documents could be read"):
+        open_documents(docs, loaded, settings=settings, max_tokens=60)
+    assert len(told) == 3 and all("more than --max-tokens 60 allows" in t for t in told)
+    open_documents(docs, loaded)  # every store built: nothing left to refuse
+    assert open_documents(docs, loaded, max_tokens=60).skipped == []
+
+
+def test_the_readme_example_runs_as_written(loaded, monkeypatch, capsys):
+    code = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert code, "README shows the Python API in a python block"
+    monkeypatch.setattr(api, "load_model", lambda name=None: loaded)  # the tiny model stands in
+    monkeypatch.chdir(ROOT)
+    names: dict = {}
+    exec(compile(code.group(1), "README.md", "exec"), names)
+    assert names["answer"].document["path"].startswith("sample_docs/")
+    assert capsys.readouterr().out
+
+
+def test_a_library_is_plain_data_and_a_class(tmp_path, loaded):
+    library = open_documents(write(tmp_path / "docs", damaged=False), loaded)
+    assert isinstance(library, Library) and library.collection
+    assert set(library.memory()) == {
+        "documents", "tokens", "resident_bytes", "resident_all_bytes", "full_kv_bytes",
+    }  # fmt: skip

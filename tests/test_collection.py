@@ -1,0 +1,135 @@
+"""Selections of documents (files and folders, walked safely) and the collection's router."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sekv_core.collection import document_files, joined_document, select_documents
+from sekv_core.collection_router import CollectionRouter, PassageIndex
+from sekv_core.documents import load_document
+from sekv_core.errors import SekvError
+
+FIFOS = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+
+
+def tree(root: Path) -> Path:
+    """docs/: a.txt, b.md, notes.docx (not a document), .hidden.md, sub/c.txt, sub/deeper/d.md,
+    a link back to docs/ (a loop) and a link to a.txt (read once)."""
+    docs = root / "docs"
+    (docs / "sub" / "deeper").mkdir(parents=True)
+    (docs / "a.txt").write_text("Alpha text about the harbour.")
+    (docs / "b.md").write_text("# Bravo\n\nThe mill grinds corn.")
+    (docs / "notes.docx").write_text("not a document here")
+    (docs / ".hidden.md").write_text("hidden")
+    (docs / "sub" / "c.txt").write_text("Charlie reads the tide gauges.")
+    (docs / "sub" / "deeper" / "d.md").write_text("Delta keeps the lantern room.")
+    (docs / "sub" / "loop").symlink_to(docs, target_is_directory=True)
+    (docs / "sub" / "again.txt").symlink_to(docs / "a.txt")
+    return docs
+
+
+def names(paths) -> list[str]:
+    return [p.name for p in paths]
+
+
+def test_a_folder_is_walked_in_name_order_each_file_once_loops_not_followed(tmp_path):
+    docs = tree(tmp_path)
+    files, skipped = document_files([docs])
+    assert names(files) == ["a.txt", "b.md", "c.txt", "d.md"]
+    assert skipped == []
+    files, _ = document_files([docs / "sub" / "c.txt", docs])  # named first, then walked
+    assert names(files) == ["c.txt", "a.txt", "b.md", "d.md"]
+
+
+@FIFOS
+def test_special_and_dangling_files_in_a_folder_are_skipped_without_being_opened(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "ok.txt").write_text("Fine text.")
+    os.mkfifo(docs / "pipe.txt")  # opening it for reading would block
+    (docs / "gone.md").symlink_to(docs / "missing.md")
+    (docs / "self.md").symlink_to(docs / "self.md")
+    os.mkfifo(docs / "pipe.log")  # not a document's suffix: not even mentioned
+    files, skipped = document_files([docs])
+    assert names(files) == ["ok.txt"]
+    reasons = {s.path.name: s.reason for s in skipped}
+    assert set(reasons) == {"pipe.txt", "gone.md", "self.md"}
+    assert "not a regular file" in reasons["pipe.txt"]
+
+
+def test_a_file_named_alone_fails_as_before_and_in_a_collection_is_skipped(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\x00\x01binary")
+    good = tmp_path / "good.md"
+    good.write_text("Good text.")
+    with pytest.raises(SekvError, match="binary"):
+        select_documents([bad])
+    told = []
+    selection = select_documents([good, bad, tmp_path / "missing.pdf"], warn=told.append)
+    assert selection.collection and names(d.path for d in selection.documents) == ["good.md"]
+    assert names(s.path for s in selection.skipped) == ["bad.txt", "missing.pdf"]
+    assert len(told) == 2 and all(t.startswith("skipped: cannot read '") for t in told)
+    alone = select_documents([good])
+    assert not alone.collection and alone.documents[0].text == "Good text."
+
+
+def test_a_folder_of_one_document_is_a_collection(tmp_path):
+    (tmp_path / "only.txt").write_text("Just one.")
+    assert select_documents([tmp_path]).collection
+
+
+def test_an_empty_selection_is_an_error(tmp_path):
+    with pytest.raises(SekvError, match=r"no documents in .*no \.pdf, \.txt, \.md files"):
+        select_documents([tmp_path])
+    (tmp_path / "empty.md").write_text("   ")
+    with pytest.raises(SekvError, match="none of the 1 documents"):
+        select_documents([tmp_path])
+    with pytest.raises(SekvError, match="no documents named"):
+        select_documents([])
+
+
+def test_the_joined_document_keeps_every_page(tmp_path):
+    (tmp_path / "a.txt").write_text("First.")
+    (tmp_path / "b.txt").write_text("Second.")
+    docs = [load_document(tmp_path / n) for n in ("a.txt", "b.txt")]
+    joined = joined_document(docs)
+    assert joined.text == "First.\n\nSecond." and joined.page_starts == (0, 8)
+    assert joined.path == tmp_path and len(joined.sha256) == 64
+
+
+def offsets(text: str) -> list[tuple[int, int]]:
+    """Word-level 'tokens': each word's characters."""
+    import re
+
+    return [m.span() for m in re.finditer(r"\S+", text)]
+
+
+def test_the_router_ranks_the_document_holding_the_question_words_first():
+    texts = [
+        "The mill grinds corn every morning. The miller sells flour.",
+        "The keeper of the lighthouse is named Orla. She polishes the lamp.",
+        "The harbour board counts boats at the pier.",
+    ]
+    router = CollectionRouter()
+    for text in texts:
+        router.add(text, offsets(text))
+    ranked = router.rank("Who keeps the lighthouse? What is the keeper named?")
+    assert [r.index for r in ranked][0] == 1 and ranked[0].score > 0
+    a, b = ranked[0].chars
+    assert "Orla" in texts[1][a:b]
+    assert all(r.score == 0 for r in router.rank("zebra xylophone"))  # no shared word: 0
+
+
+def test_passages_added_later_score_as_if_indexed_at_once():
+    texts = ["red apples grow here", "green pears grow there", "red wine and red apples"]
+    once, later = PassageIndex(), PassageIndex()
+    once.add(texts)
+    later.add(texts[:1])
+    later.add(texts[1:])
+    assert list(once.scores("red apples")) == pytest.approx(list(later.scores("red apples")))
+    two = PassageIndex()
+    two.add(["the harbour", "the mill"])  # a word in half the passages still counts
+    assert two.scores("harbour")[0] > 0 == two.scores("harbour")[1]
