@@ -1,4 +1,4 @@
-"""`sekv ask`: answer one question about a document."""
+"""`sekv ask`: answer one question about a document or a collection of them."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from .common import (
     check_writable,
     err,
     handle_errors,
-    open_session,
     print_json,
     stream_text,
     warn,
@@ -37,12 +36,13 @@ from .generation import (
     check_sampling,
     sampling,
 )
+from .library import PATHS_ARGUMENT, open_library
 from .render import print_sources, print_zoom
 
 
 @handle_errors
 def ask(
-    file: Path = typer.Argument(..., help="Document to read: .pdf, .txt or .md."),
+    paths: list[Path] = PATHS_ARGUMENT,
     question: str = typer.Argument(..., help="The question to answer."),
     model: str | None = MODEL_OPTION,
     method: MethodName = METHOD_OPTION,
@@ -71,8 +71,8 @@ def ask(
     threads: int | None = THREADS_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
 ) -> None:
-    """Answer QUESTION about FILE with a local LLM; the answer streams to stdout, then the
-    passages it drew on, with pages."""
+    """Answer QUESTION about the documents at PATH... with a local LLM; the answer streams to
+    stdout, then the passages it drew on, with pages (and files, for a collection)."""
     start = time.perf_counter()
     check_budget(method, budget)
     check_sampling(temperature, top_p, seed)
@@ -84,8 +84,8 @@ def ask(
         check_writable(html_out)
     n_threads = resolve_threads(threads)
     settings = MethodSettings(budget=budget, warn=warn)
-    session, load_s = open_session(file, model, method, settings, n_threads, question, max_tokens)
-    result = session.ask(
+    library, load_s = open_library(paths, model, method, settings, n_threads, question, max_tokens)
+    result = library.ask(
         question,
         max_new_tokens,
         on_text=None if json_out else stream_text,
@@ -100,12 +100,14 @@ def ask(
     if html_out is not None:
         from .html_answer import render_answer_html  # torch: loaded by now
 
-        page = render_answer_html(result, session.document, session.context, question)
+        session = library.answered
+        documents = library.documents() if library.collection else None
+        page = render_answer_html(result, session.document, session.context, question, documents)
         write_text_atomically(html_out, page)
         err.print(Text(f"wrote {html_out}"))
     if json_out:
-        print_json(result.to_json())
+        print_json(library.to_json(result))
         return
-    print_sources(result)
+    print_sources(result, with_files=library.collection)
     if show_zoom:
         print_zoom(result, verbose)

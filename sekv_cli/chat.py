@@ -27,7 +27,6 @@ from .common import (
     check_budget,
     err,
     handle_errors,
-    open_session,
     stream_text,
     warn,
 )
@@ -38,6 +37,7 @@ from .generation import (
     check_sampling,
     sampling,
 )
+from .library import PATHS_ARGUMENT, open_library
 from .render import print_sources, print_zoom
 
 HELP = """Earlier questions and answers are read again before each new question;
@@ -53,7 +53,7 @@ Commands:
 
 @handle_errors
 def chat(
-    file: Path = typer.Argument(..., help="Document to talk about: .pdf, .txt or .md."),
+    paths: list[Path] = PATHS_ARGUMENT,
     model: str | None = MODEL_OPTION,
     method: MethodName = METHOD_OPTION,
     budget: int | None = BUDGET_OPTION,
@@ -64,16 +64,15 @@ def chat(
     max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
-    """Ask many questions about FILE; each is answered from the stored memory, no re-reading,
-    after the conversation so far (/reset forgets it)."""
+    """Ask many questions about the documents at PATH...; each is answered from the stored
+    memory, no re-reading, after the conversation so far (/reset forgets it)."""
     check_budget(method, budget)
     check_sampling(temperature, top_p, seed)
     settings = MethodSettings(budget=budget, warn=warn)
-    session, _ = open_session(
-        file, model, method, settings, resolve_threads(threads), max_tokens=max_tokens
+    library, _ = open_library(
+        paths, model, method, settings, resolve_threads(threads), max_tokens=max_tokens
     )
-    document = session.document
-    conversation = Conversation(session)
+    conversation = Conversation(library)
     told_dropping = False  # said once per chat
     chosen = sampling(temperature, top_p, seed)
     interactive = sys.stdin.isatty()
@@ -81,11 +80,12 @@ def chat(
         keep_history()
     show_zoom = False
     last = None  # the last answer
+    rows = library.documents()
+    name = Path(rows[0]["path"]).name if len(rows) == 1 else f"{len(rows)} documents"
+    tokens = sum(r["tokens"] for r in rows)
     err.print(
-        Text(document.path.name, style="bold")
-        + Text(
-            f": {session.doc_tokens:,} tokens, method {method}. Ask a question; /help for commands."
-        )
+        Text(name, style="bold")
+        + Text(f": {tokens:,} tokens, method {method}. Ask a question; /help for commands.")
     )
     while True:
         try:
@@ -108,7 +108,7 @@ def chat(
                 err.print("conversation cleared: the next question is read alone")
             elif cmd == "/sources":
                 if last is not None and last.sources:
-                    print_sources(last)
+                    print_sources(last, library.collection)
                 else:
                     err.print("no sources yet: ask a question first")
             elif cmd == "/zoom":
@@ -117,7 +117,7 @@ def chat(
             elif cmd == "/budget" and method != "sekv":
                 err.print(f"/budget applies to --method sekv only; {method} does not zoom")
             elif cmd == "/budget" and arg.strip().isdigit() and int(arg) > 0:
-                session.method.settings.budget = int(arg)
+                library.settings.budget = int(arg)  # every document's session reads it
                 err.print(f"budget {int(arg)} tokens")
             else:
                 err.print(Text(f"unknown or malformed command {line!r}; /help lists them"))
@@ -134,7 +134,7 @@ def chat(
         if conversation.dropped and not told_dropping:
             told_dropping = True
             warn("earlier turns no longer fit the window; dropping the oldest (/reset clears)")
-        print_sources(last)
+        print_sources(last, library.collection)
         if show_zoom:
             print_zoom(last)
 

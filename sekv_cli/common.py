@@ -33,7 +33,6 @@ from sekv_core.config import (
     MAX_TOKENS,
     MethodSettings,
     StoreSettings,
-    check_question,
 )
 from sekv_core.errors import SekvError
 from sekv_core.method_names import USER_METHODS
@@ -214,43 +213,6 @@ def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKE
             warn=warn,
         )
     return loaded, document, context, store, hit, time.perf_counter() - start
-
-
-def open_session(
-    file,
-    model: str | None,
-    method: str,
-    settings,
-    threads: int,
-    question: str | None = None,
-    max_tokens: int = MAX_TOKENS,
-):
-    """Load document and model, prepare the session for ``method`` (progress on stderr).
-
-    A ``question`` given and ``$SEKV_HOME`` are checked once the document is read, before the
-    model loads; the document's tokens before anything is prefilled.
-    Returns (session, seconds spent loading document and model).
-    """
-    import time
-
-    from sekv_core.documents import load_document
-
-    start = time.perf_counter()
-    document = load_document(file, max_tokens)
-    if question is not None:
-        check_question(question)
-    check_home()
-    from sekv_core.engine import Session  # torch: only once the input is known to be usable
-    from sekv_core.prompt import chat_template, encode_context
-
-    loaded = load_model_quietly(model, threads)
-    if len(document.text.encode()) > max_tokens:  # else too few bytes: a token holds one at least
-        context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
-        check_document_tokens(loaded, document, context, max_tokens, settings.store)
-    load_s = time.perf_counter() - start
-    with prefill_progress(f"Reading {document.path.name}") as progress:
-        session = Session(loaded, document, method, settings, progress)
-    return session, load_s
 
 
 def check_home() -> None:

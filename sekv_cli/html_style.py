@@ -114,6 +114,8 @@ ol.sources li:target{background:#fffbeb}
 .quote::before{content:"\\201c"}.quote::after{content:"\\201d"}
 .zoomfacts{font-size:12px;color:#4338ca;margin-top:2px}
 .none{color:var(--mute);font-style:italic}
+.file{font-size:12px;color:var(--mute);word-break:break-all}
+td.path{word-break:break-all}
 mark.src{background:#fde68a;color:inherit;border-radius:3px;padding:1px 0;
  box-shadow:0 0 0 1px #f59e0b;-webkit-box-decoration-break:clone;box-decoration-break:clone}
 mark.src:target{box-shadow:0 0 0 2px #d97706;background:#fcd34d}

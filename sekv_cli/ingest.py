@@ -1,14 +1,16 @@
-"""`sekv ingest`: build (or find) a document's span store."""
+"""`sekv ingest`: build (or find) the span store of a document, or of each of a collection's."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
-import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from sekv_core.collection import is_collection
+from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
 
 from .common import (
@@ -19,21 +21,27 @@ from .common import (
     handle_errors,
     open_store,
     print_json,
+    warn,
 )
+from .library import PATHS_ARGUMENT, open_library
 from .words import human_bytes
 
 
 @handle_errors
 def ingest(
-    file: Path = typer.Argument(..., help="Document to ingest: .pdf, .txt or .md."),
+    paths: list[Path] = PATHS_ARGUMENT,
     model: str | None = MODEL_OPTION,
     json_out: bool = JSON_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
 ) -> None:
-    """Read FILE once and save its SeKV span store; later questions start from it."""
+    """Read each document at PATH... once and save its SeKV span store; later questions start
+    from it (an unchanged document's store is found, not read again)."""
     n_threads = resolve_threads(threads)
-    _, document, context, store, hit, seconds = open_store(file, model, n_threads, max_tokens)
+    if is_collection(paths):
+        ingest_collection(paths, model, json_out, max_tokens, n_threads)
+        return
+    _, document, context, store, hit, seconds = open_store(paths[0], model, n_threads, max_tokens)
     m = store.manifest
     b, stats = m["bytes"], m["stats"]
     full = b["full_kv_fp16"]
@@ -116,3 +124,49 @@ def ingest(
     for k, v in rows:
         table.add_row(Text(k, style="bold"), Text(v))  # paths are text, not markup
     Console().print(table)
+
+
+def ingest_collection(
+    paths: list[Path], model: str | None, json_out: bool, max_tokens: int, threads: int
+) -> None:
+    """Every document's store found or built (progress over them all on stderr); one row
+    each, or with --json: ``documents[]``, ``skipped[]`` and the memory ``in_all``."""
+    start = time.perf_counter()
+    settings = MethodSettings(warn=warn)
+    library, _ = open_library(
+        paths, model, "sekv", settings, threads, max_tokens=max_tokens, verb="Ingesting"
+    )
+    rows = library.documents()
+    data = {
+        "documents": rows,
+        "skipped": [s.to_json() for s in library.skipped],
+        "model": library.loaded.model_id,
+        "in_all": library.memory(),
+        "timings": {"total_s": round(time.perf_counter() - start, 4), "threads": threads},
+    }
+    if json_out:
+        print_json(data)
+        return
+    table = Table(box=None)
+    for column in ("document", "tokens", "pages", "store", "resident", "on disk"):
+        table.add_column(column, justify="left" if column in ("document", "store") else "right")
+    for row in rows:
+        store, mem = row["store"], row["memory"]
+        table.add_row(
+            Text(row["path"]),  # paths are text, not markup
+            f"{row['tokens']:,}",
+            str(row["pages"]),
+            "cache hit" if store["cache_hit"] else "built",
+            human_bytes(mem["resident_bytes"]),
+            human_bytes(mem["store_bytes"]),
+        )
+    Console().print(table)
+    in_all = data["in_all"]
+    Console().print(
+        Text(
+            f"{in_all['documents']} documents, {in_all['tokens']:,} tokens: resident "
+            f"{human_bytes(in_all['resident_all_bytes'])} if every store were held at once "
+            f"(an answer holds the stores it is routed to), full KV "
+            f"{human_bytes(in_all['full_kv_bytes'])}; {data['timings']['total_s']:.1f} s"
+        )
+    )

@@ -32,22 +32,25 @@ def emphasised(text: str, words: list[str], style: str = "bold") -> Text:
     return rich
 
 
-def source_line(n: int, source: dict[str, Any]) -> Text:
-    """``[1] p. 5  "…quote…"`` with the words it shares with the answer in bold."""
-    line = Text(f"[{n}] p. {source['page']}  ", style="cyan")
+def source_line(n: int, source: dict[str, Any], with_file: bool = False) -> Text:
+    """``[1] p. 5  "…quote…"`` with the words it shares with the answer in bold (``with_file``:
+    ``[1] notes/a.pdf p. 5  "…"``, for a collection's answer)."""
+    where = f"{source['path']} p. {source['page']}" if with_file else f"p. {source['page']}"
+    line = Text(f"[{n}] {where}  ", style="cyan")
     line.append('"')
     line.append_text(emphasised(source["text"], source.get("matched", [])))
     line.append('"')
     return line
 
 
-def print_sources(result: Answer) -> None:
-    """The answer's sources, best first (nothing for methods that do not record them)."""
+def print_sources(result: Answer, with_files: bool = False) -> None:
+    """The answer's sources, best first (nothing for methods that do not record them);
+    ``with_files``: each with its file."""
     if not result.sources:
         return
     out.print(Text("Sources", style="bold"))
     for n, source in enumerate(result.sources, 1):
-        out.print(source_line(n, source))
+        out.print(source_line(n, source, with_files))
 
 
 def print_zoom(result: Answer, verbose: bool = False) -> None:
@@ -72,8 +75,25 @@ def print_zoom(result: Answer, verbose: bool = False) -> None:
         f"memory: resident {human_bytes(mem['resident_bytes'])} (incl. zoom peak), offloaded "
         f"{human_bytes(mem['offloaded_bytes'])} (host), full KV {human_bytes(mem['full_kv_bytes'])}"
     )
+    if ranked := result.routing.get("documents"):
+        print_routed(ranked, mem)
     if verbose:
         print_diagnostics(result)
+
+
+def print_routed(ranked: list[dict[str, Any]], mem: dict[str, int]) -> None:
+    """A collection's answer: the documents its words ranked first (BM25 of their best
+    passage), and the resident memory of the stores held against that of all."""
+    line = Text("documents: ")
+    for i, row in enumerate(ranked):
+        line.append(f"{', ' if i else ''}{row['path']} {row['score']:.1f}")
+    out.print(line)
+    if "held_resident_bytes" in mem:
+        out.print(
+            f"stores held: resident {human_bytes(mem['held_resident_bytes'])}; every document's "
+            f"at once {human_bytes(mem['collection_resident_bytes'])}, full KV of all "
+            f"{human_bytes(mem['collection_full_kv_bytes'])}"
+        )
 
 
 def print_diagnostics(result: Answer) -> None:

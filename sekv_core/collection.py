@@ -81,8 +81,8 @@ def select_documents(
         named = ", ".join(f"'{p}'" for p in paths[:3]) + (", …" if len(paths) > 3 else "")
         if skipped:
             raise SekvError(f"none of the {len(skipped)} documents in {named} could be read")
-        kinds = ", ".join(SUPPORTED_SUFFIXES)
-        raise SekvError(f"no documents in {named}: no {kinds} files found")
+        where = "that directory" if len(paths) == 1 else "those directories"
+        raise SekvError(f"no documents in {named}: no .pdf, .txt or .md file in {where}")
     return Selection(documents, skipped, collection=True)
 
 

@@ -12,6 +12,8 @@ each word's weight is computed when a question is ranked, so a document added la
 as if it had been there from the start. Its idf is Lucene's, ``log(1 + (N - n + 0.5) / (n +
 0.5))``, above 0 for every word: a score above 0 means the passage holds a word of the question,
 however small the collection (Okapi's idf is 0 or below for a word in half of the passages).
+Function words (:data:`STOPWORDS`) are not indexed: in a small collection they are rare enough
+to outweigh the words a question is about.
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ from .methods.window import cut_passages
 
 ROUTED = 5  # documents an answer's routing lists
 K1, B = 1.5, 0.75  # BM25's term-frequency saturation and length normalisation (rank_bm25's)
+STOPWORDS = frozenset(
+    "a an and are as at be been being but by can could did do does for from had has have he her "
+    "him his how i if in into is it its me my no nor not of on or our she so than that the their "
+    "them then there these they this those to us was we were what when where which who whom why "
+    "will with would you your".split()
+)
+
+
+def terms(text: str) -> list[str]:
+    """The words BM25 counts: lower-cased, function words left out."""
+    return [w for w in words(text) if w not in STOPWORDS]
 
 
 class PassageIndex:
@@ -42,10 +55,10 @@ class PassageIndex:
     def add(self, texts: Sequence[str]) -> None:
         """Index ``texts`` as the next passages."""
         for text in texts:
-            terms = words(text)
+            counted = terms(text)
             pid = len(self.lengths)
-            self.lengths.append(len(terms))
-            for word, count in Counter(terms).items():
+            self.lengths.append(len(counted))
+            for word, count in Counter(counted).items():
                 ids, counts = self.postings.setdefault(word, ([], []))
                 ids.append(pid)
                 counts.append(count)
@@ -58,7 +71,7 @@ class PassageIndex:
             return out
         lengths = np.asarray(self.lengths, dtype=np.float64)
         norm = K1 * (1 - B + B * lengths / max(lengths.mean(), 1e-9))  # (P,)
-        for word in dict.fromkeys(words(question)):
+        for word in dict.fromkeys(terms(question)):
             if word not in self.postings:
                 continue
             ids, counts = (np.asarray(x) for x in self.postings[word])

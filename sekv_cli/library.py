@@ -1,0 +1,124 @@
+"""Opening documents for `ask`, `chat` and `ingest`: the selection read and checked before the
+model loads, then a :class:`sekv_core.api.Library` with its progress on stderr (documents done
+and left, tokens, ETA) and a summary of what was skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from sekv_core.collection import select_documents
+from sekv_core.config import MAX_TOKENS, MethodSettings, check_question
+
+from . import common
+from .eta import Eta, ProgressLog
+
+if TYPE_CHECKING:
+    from sekv_core.api import IngestProgress, Library
+
+PATHS_ARGUMENT = typer.Argument(
+    ...,
+    help="A document (.pdf, .txt or .md), several, or a folder (read recursively).",
+    metavar="PATH...",
+    show_default=False,
+)
+
+
+def open_library(
+    paths: list[Path],
+    model: str | None,
+    method: str,
+    settings: MethodSettings,
+    threads: int,
+    question: str | None = None,
+    max_tokens: int = MAX_TOKENS,
+    verb: str = "Reading",
+) -> tuple[Library, float]:
+    """Read the documents ``paths`` name (an unreadable one of a collection: a warning), check
+    ``question`` and ``$SEKV_HOME``, load the model, then open the library for ``method``
+    (progress on stderr, labelled ``verb``). Returns (library, seconds spent reading documents
+    and loading the model)."""
+    start = time.perf_counter()
+    selection = select_documents(paths, max_tokens, common.warn)
+    if question is not None:
+        check_question(question)
+    common.check_home()
+    from sekv_core.api import Library  # torch: only once the input is known to be usable
+
+    loaded = common.load_model_quietly(model, threads)
+    load_s = time.perf_counter() - start
+    alone = None if selection.collection else selection.documents[0].path.name
+    with library_progress(verb, alone) as progress:
+        library = Library(loaded, selection, method, settings, progress, max_tokens)
+    if library.collection:
+        say_opened(library, len(selection.documents) + len(selection.skipped))
+    return library, load_s
+
+
+def say_opened(library: Library, named: int) -> None:
+    """One stderr line: documents, tokens, stores built now and found; how many skipped."""
+    rows = library.documents()
+    tokens = sum(r["tokens"] for r in rows)
+    line = f"{len(rows)} document{'s' if len(rows) != 1 else ''}, {tokens:,} tokens"
+    stores = [r["store"] for r in rows if r["store"] is not None]
+    if stores:
+        built = sum(not s["cache_hit"] for s in stores)
+        line += f" ({built} read now, {len(stores) - built} from their stores)"
+    if library.skipped:
+        line += f"; {len(library.skipped)} of {named} skipped (unreadable, see above)"
+    common.err.print(Text(line), soft_wrap=True)
+
+
+@contextmanager
+def library_progress(
+    verb: str, alone: str | None = None
+) -> Iterator[Callable[[IngestProgress], None]]:
+    """Progress of a library's ingest on stderr: a bar with the document being read, documents
+    done and left, tokens of all, elapsed and ETA; plain log lines where stderr is not a
+    terminal. The file ``alone`` named shows ``verb alone`` as a single file always has
+    (:func:`sekv_cli.common.prefill_progress`)."""
+    if alone is not None:
+        with common.prefill_progress(f"{verb} {alone}") as update:
+            yield lambda p: update(p.tokens_done, p.tokens)
+        return
+    eta = Eta()
+
+    def label(p: IngestProgress) -> str:
+        left = p.documents - p.documents_done
+        return f"{verb} {p.name} ({p.documents_done} of {p.documents} done, {left} left)"
+
+    if not common.err.is_terminal:
+        log = ProgressLog(verb, lambda line: common.err.print(Text(line), soft_wrap=True))
+
+        def update_log(p: IngestProgress) -> None:
+            log.label = label(p)
+            log.update(p.tokens_done, p.tokens)
+
+        yield update_log
+        return
+    with Progress(
+        TextColumn("{task.description}", markup=False),  # file names are text
+        BarColumn(),
+        common.TokenCount(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        common.EtaColumn(),
+        console=common.err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(verb, total=None, eta=None)
+
+        def update_bar(p: IngestProgress) -> None:
+            left = eta.update(p.tokens_done, p.tokens)
+            done, total = p.tokens_done, p.tokens
+            bar.update(task, description=label(p), completed=done, total=total, eta=left)
+
+        yield update_bar
