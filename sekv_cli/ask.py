@@ -81,7 +81,7 @@ def ask(
             "it adds the router's scores to --show-zoom; pass both", param_hint="-v/--verbose"
         )
     if html_out is not None:
-        check_writable(html_out)
+        check_writable(html_out, paths)
     n_threads = resolve_threads(threads)
     settings = MethodSettings(budget=budget, warn=warn)
     library, load_s = open_library(paths, model, method, settings, n_threads, question, max_tokens)

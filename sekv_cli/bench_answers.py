@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from sekv_core.config import DEFAULT_BUDGET, MethodSettings
 from sekv_core.threads import resolve_threads
@@ -32,6 +31,7 @@ from .common import (
     print_json,
 )
 from .render import print_rows
+from .terminal import console
 
 
 @bench_app.command("needle")
@@ -70,7 +70,7 @@ def needle_bench(
         print_json({"needle": rows, "summary": summary, "budget": budget})
         return
     print_rows(f"needle grid, budget {budget}", rows)
-    Console().print(summary)
+    console().print(summary)
 
 
 @bench_app.command("qa")

@@ -39,6 +39,7 @@ from .generation import (
 )
 from .library import PATHS_ARGUMENT, open_library
 from .render import print_sources, print_zoom
+from .terminal import printable
 
 HELP = """Earlier questions and answers are read again before each new question;
 the oldest drop when they no longer fit the model's window.
@@ -96,7 +97,7 @@ def chat(
         if not line:
             continue
         if not interactive:  # piped: the transcript shows what was asked
-            sys.stdout.write(f"> {line}\n")
+            sys.stdout.write(f"> {printable(line)}\n")
         if line.startswith("/"):
             cmd, _, arg = line.partition(" ")
             if cmd in ("/quit", "/exit"):

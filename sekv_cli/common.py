@@ -1,7 +1,8 @@
 """Shared CLI plumbing: the stderr console, error handling, cheap checks, model loading with a
 spinner, prefill progress.
 
-Text from documents, files and the user reaches the terminal as Rich ``Text``, never as markup.
+Text from documents, files and the user reaches the terminal as Rich ``Text``, never as markup,
+and with its control characters escaped (:mod:`sekv_cli.terminal`).
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     Progress,
@@ -40,9 +40,17 @@ from sekv_core.paths import sekv_home
 from sekv_core.threads import THREADS_ENV, apply_threads, default_threads
 
 from .eta import Eta, ProgressLog, clock_time
+from .terminal import (
+    OutputClosed,
+    OutputFailed,
+    console,
+    drop_output,
+    guarded_stdout,
+    printable,
+)
 
-err = Console(stderr=True)
-log = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)  # plain text lines
+err = console(stderr=True)
+log = console(stderr=True, markup=False, highlight=False, soft_wrap=True)  # plain text lines
 HELP_SETTINGS = {"help_option_names": ["--help", "-h"]}  # Typer context_settings: -h too
 
 MODEL_OPTION = typer.Option(
@@ -84,21 +92,33 @@ MAX_TOKENS_OPTION = typer.Option(
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+PIPE_CLOSED_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a reader that left early
+
+
 def fail(message: str) -> None:
-    """Print ``Error: message`` on stderr and exit 1."""
-    typer.echo(f"Error: {message}", err=True)
+    """Print ``Error: message`` on stderr (one line, control characters escaped) and exit 1."""
+    typer.echo(f"Error: {printable(message, newlines=False)}", err=True)
     raise typer.Exit(1)
 
 
 def handle_errors(fn: F) -> F:
-    """Turn SekvError (and Ctrl-C) into a one-line error and an exit code."""
+    """Turn SekvError (and Ctrl-C) into a one-line error and an exit code. Standard output is
+    guarded while the command runs: a full one (``> /dev/full``) is one error line, a closed
+    pipe (``| head -1``) ends the command quietly with exit code 141."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with guarded_stdout():
+                return fn(*args, **kwargs)
         except SekvError as exc:
             fail(str(exc))
+        except OutputClosed:
+            drop_output()
+            raise typer.Exit(PIPE_CLOSED_EXIT) from None
+        except OutputFailed as exc:
+            drop_output()
+            fail(f"cannot write to standard output: {exc.reason}")
         except KeyboardInterrupt:
             typer.echo("Interrupted.", err=True)
             raise typer.Exit(130) from None
@@ -116,7 +136,7 @@ def check_budget(method: str, budget: int | None) -> None:
 
 def warn(message: str) -> None:
     """``Warning: message`` on stderr, the message as plain text, one line however long."""
-    err.print(Text("Warning: ", style="yellow") + Text(message), soft_wrap=True)
+    err.print(Text("Warning: ", style="yellow") + Text(printable(message, False)), soft_wrap=True)
 
 
 def load_model_quietly(name: str | None, threads: int):
@@ -243,13 +263,27 @@ def check_document_tokens(loaded, document, context, max_tokens: int, store_sett
 
 
 def stream_text(delta: str) -> None:
-    """Write an answer's text as it is decoded."""
-    sys.stdout.write(delta)
+    """Write an answer's text as it is decoded (control characters escaped)."""
+    sys.stdout.write(printable(delta))
     sys.stdout.flush()
 
 
-def check_writable(path: Path) -> None:
-    """Fail before the (slow) model work if ``path`` cannot be written."""
+def check_writable(path: Path, inputs: Sequence[Path] = ()) -> None:
+    """Fail before the (slow) model work if ``path`` cannot be written, or is one of the
+    ``inputs`` (the same file by any name: a hard link or a symlink to it) or a document inside
+    a folder among them: no command writes over what it reads."""
+    for given in inputs:
+        if given.is_dir() and _document_inside(path, given):
+            raise SekvError(
+                f"cannot write '{path}': it is a document of the input folder '{given}'; "
+                "pass a file name outside it"
+            )
+        if _same_file(path, given):
+            link = "" if path.resolve() == given.resolve() else " (the same file by a link)"
+            raise SekvError(
+                f"cannot write '{path}': it is the input document '{given}'{link}; "
+                "pass another file name"
+            )
     if path.is_dir():
         raise SekvError(f"cannot write '{path}': it is a directory; pass a file name")
     parent = path.parent
@@ -257,6 +291,22 @@ def check_writable(path: Path) -> None:
         raise SekvError(f"cannot write '{path}': no such directory '{parent}'")
     if not os.access(parent, os.W_OK):
         raise SekvError(f"cannot write '{path}': permission denied")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is missing: a new file is no input
+        return False
+
+
+def _document_inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is an existing document (.pdf, .txt, .md) somewhere under ``folder``."""
+    from sekv_core.documents import SUPPORTED_SUFFIXES
+
+    if not path.is_file() or path.suffix.lower() not in SUPPORTED_SUFFIXES:
+        return False
+    return path.resolve().is_relative_to(folder.resolve())
 
 
 def write_text_atomically(path: Path, content: str) -> None:

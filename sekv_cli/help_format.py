@@ -1,14 +1,24 @@
-"""How options read in `--help`: a flag (an option that takes no value) shows no type.
+"""How options read in `--help`: a flag (an option that takes no value) shows no type, and
+nothing is cut at 80 columns.
 
 Typer (0.29) prints a type beside every option, ``<bool>`` beside flags such as ``--json`` or
 ``--help``, which reads as if the flag took a value. :func:`flags_without_types` makes flags show
 none; every other option keeps its type (``<int>``, ``OUT``, choices).
+
+Its options table also cuts what does not fit with an ellipsis: an option's name in a narrow
+terminal (``--repetition-pena…``), a long word of the help (a path, a default list).
+:func:`nothing_cut` keeps names and types whole and folds a long word of the help onto the next
+line.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
+from rich.table import Table
+from rich.text import Text
+from typer import rich_utils
 from typer.core import TyperOption
 
 
@@ -23,6 +33,45 @@ def flags_without_types() -> None:
 
     display_type_rich.sekv_flags = True  # type: ignore[attr-defined]
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+class WholeNamesTable(Table):
+    """Typer's options and commands tables: the names (every column but the last two) are never
+    wrapped or cut; the type (an options table's last but one) and the help (the last) fold
+    a word too long for them."""
+
+    sekv_whole_names = True
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        super().add_row(*renderables, **kwargs)
+        for column in self.columns[:-2]:
+            column.no_wrap = True
+        for column in self.columns[-2:]:
+            column.overflow = "fold"
+
+
+def help_text_folds(get_help: Any) -> Any:
+    """Typer's ``_get_parameter_help`` with its text items folding long words (a path, a
+    default list) instead of cutting them."""
+
+    def folding(*args: Any, **kwargs: Any) -> Any:
+        columns = get_help(*args, **kwargs)
+        for item in getattr(columns, "renderables", []):
+            if isinstance(item, Text):
+                item.overflow = "fold"
+        return columns
+
+    folding.sekv_folds = True  # type: ignore[attr-defined]
+    return folding
+
+
+def nothing_cut() -> None:
+    """Option names and types whole, long help words folded, in every command's help
+    (idempotent)."""
+    if not getattr(rich_utils.Table, "sekv_whole_names", False):
+        rich_utils.Table = WholeNamesTable  # type: ignore[misc]
+    if not getattr(rich_utils._get_parameter_help, "sekv_folds", False):
+        rich_utils._get_parameter_help = help_text_folds(rich_utils._get_parameter_help)
 
 
 def sekv_version() -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -24,6 +23,7 @@ from .common import (
     warn,
 )
 from .library import PATHS_ARGUMENT, open_library
+from .terminal import console
 from .words import human_bytes
 
 
@@ -123,7 +123,7 @@ def ingest(
         )
     for k, v in rows:
         table.add_row(Text(k, style="bold"), Text(v))  # paths are text, not markup
-    Console().print(table)
+    console().print(table)
 
 
 def ingest_collection(
@@ -160,9 +160,9 @@ def ingest_collection(
             human_bytes(mem["resident_bytes"]),
             human_bytes(mem["store_bytes"]),
         )
-    Console().print(table)
+    console().print(table)
     in_all = data["in_all"]
-    Console().print(
+    console().print(
         Text(
             f"{in_all['documents']} documents, {in_all['tokens']:,} tokens: resident "
             f"{human_bytes(in_all['resident_all_bytes'])} if every store were held at once "

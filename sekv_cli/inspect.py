@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -25,6 +24,7 @@ from .common import (
 )
 from .html_report import render_html, scale_top
 from .html_style import INK, SCALE
+from .terminal import console
 from .words import human_bytes
 
 TEXT_LIMIT = 4000  # document tokens shown on the terminal; the table always lists every span
@@ -49,7 +49,7 @@ def inspect(
 ) -> None:
     """Show FILE's span segmentation: text coloured by surprisal, spans, anchors, bytes."""
     if html_out is not None:
-        check_writable(html_out)
+        check_writable(html_out, [file])
     loaded, document, _, store, _, _ = open_store(file, model, resolve_threads(threads), max_tokens)
     from sekv_core.report import build_report  # torch: loaded by now
 
@@ -60,7 +60,7 @@ def inspect(
     if json_out:
         print_json(report)
         return
-    out = Console()
+    out = console()
     out.print(_header(report), highlight=False)
     if html_out is None:
         out.print(_text(report, plain=out.color_system is None))

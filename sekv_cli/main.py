@@ -8,13 +8,14 @@ from .ask import ask
 from .bench_answers import bench_app  # every bench command registered
 from .chat import chat
 from .common import HELP_SETTINGS
-from .help_format import flags_without_types, sekv_version
+from .help_format import flags_without_types, nothing_cut, sekv_version
 from .ingest import ingest
 from .inspect import inspect
 from .stores import stores_app
 from .train import train
 
 flags_without_types()
+nothing_cut()
 app = typer.Typer(
     help="Ask questions about long documents with a local LLM and a resolution-adaptive KV cache.",
     no_args_is_help=True,

@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from .terminal import console
 from .words import human_bytes, zoom_words
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["print_rows", "print_sources", "print_zoom"]
 
-out = Console(highlight=False, soft_wrap=True)  # lines the terminal wraps, pipes keep whole
+out = console(highlight=False, soft_wrap=True)  # lines the terminal wraps, pipes keep whole
 SHOWN = 8  # spans listed by --verbose (all are in --json)
 
 
@@ -99,30 +100,13 @@ def print_routed(ranked: list[dict[str, Any]], mem: dict[str, int]) -> None:
 def print_diagnostics(result: Answer) -> None:
     """The router's view: spans by the attention they received, scores against thresholds."""
     if result.zoom:
-        table = Table(title="Zoomed spans, by the attention they received", expand=True)
-        for col, justify in [
-            ("span", "right"),
-            ("page", "right"),
-            ("tokens", "left"),
-            ("attention", "right"),
-            ("layers", "right"),
-            ("layer-heads", "right"),
-            ("best score / threshold", "left"),
-        ]:
-            table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        table.add_column("preview", min_width=30, ratio=1)
-        for z in result.zoom[:SHOWN]:
-            table.add_row(
-                str(z["span"]),
-                str(z.get("page", "")),
-                f"{z['start']}–{z['end']}",
-                f"{z['attention']:.1%}",
-                str(z["layers"]),
-                str(z["heads"]),
-                f"{z['score']:.1f} / {z['threshold']:.1f}",
-                Text(z.get("preview", "")),
-            )
-        out.print(table)
+        shown = result.zoom[:SHOWN]
+        beside = out.width >= FIGURES_WIDTH + PREVIEW_MIN
+        out.print(zoom_table(shown, beside))
+        if not beside:  # a narrow terminal: each preview on a line of its own
+            for z in shown:
+                line = Text(f"span {z['span']}: ", style="cyan", no_wrap=True, overflow="ellipsis")
+                out.print(line + Text(z.get("preview", "")), no_wrap=True, overflow="ellipsis")
         if len(result.zoom) > SHOWN:
             out.print(Text(f"… and {len(result.zoom) - SHOWN} more zoomed spans (--json)", "dim"))
     if result.routing:
@@ -135,6 +119,48 @@ def print_diagnostics(result: Answer) -> None:
             f"{rule}; {r['reconstructions']:,} span reconstructions, zoom rate "
             f"{r['zoom_rate']:.1%}"
         )
+
+
+PREVIEW_MIN = 16  # columns a preview keeps beside the figures; narrower: previews below
+FIGURES_WIDTH = 54  # the figures' columns as printed, padding included
+
+
+def zoom_table(zoom: list[dict[str, Any]], beside: bool = True) -> Table:
+    """The zoomed spans, one line each: span, page, token range, attention, layers and
+    layer-heads that zoomed it, best score / threshold and, ``beside`` them, a preview of its
+    text cut to the width left."""
+    table = Table(
+        title="Zoomed spans, by the attention they received",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+        expand=True,
+    )
+    for col, justify in [
+        ("span", "right"),
+        ("page", "right"),
+        ("tokens", "left"),
+        ("attn", "right"),
+        ("layers", "right"),
+        ("heads", "right"),
+        ("score/thr", "left"),
+    ]:
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    if beside:
+        table.add_column("preview", ratio=1, min_width=PREVIEW_MIN, no_wrap=True)
+    for z in zoom:
+        preview = Text(z.get("preview", ""), no_wrap=True, overflow="ellipsis")
+        table.add_row(
+            str(z["span"]),
+            str(z.get("page", "")),
+            f"{z['start']}–{z['end']}",
+            f"{z['attention']:.1%}",
+            str(z["layers"]),
+            str(z["heads"]),
+            f"{z['score']:.1f}/{z['threshold']:.1f}",
+            *([preview] if beside else []),
+        )
+    return table
 
 
 def print_rows(title: str, rows: list[dict]) -> None:

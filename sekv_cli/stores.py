@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -14,6 +13,7 @@ from sekv_core.store import shelf
 from sekv_core.store.shelf import Removal, StoreEntry
 
 from .common import HELP_SETTINGS, JSON_OPTION, fail, handle_errors, print_json, warn
+from .terminal import console
 from .words import human_bytes
 
 stores_app = typer.Typer(
@@ -26,38 +26,66 @@ stores_app = typer.Typer(
 @stores_app.command("list")
 @handle_errors
 def list_(json_out: bool = JSON_OPTION) -> None:
-    """List every store: document, model, tokens, size on disk, last use, path (the documents'
-    full paths: --json); also an interrupted ingest a rerun resumes, and what a killed process
-    left (`sekv stores prune` removes the latter)."""
+    """List every store: document, model, tokens, size on disk, last use, key (`sekv stores rm
+    KEY` takes it; full paths: --json); also an interrupted ingest a rerun resumes, and what a
+    killed process left (`sekv stores prune` removes the latter). One line per store at any
+    width: names are cut with an ellipsis rather than wrapped."""
     entries = shelf.list_stores()
     total = sum(e.bytes for e in entries)
     if json_out:
         print_json({"stores": [e.to_dict() for e in entries], "bytes": total})
         return
-    console = Console()
+    screen = console()
     if not entries:
-        console.print(Text(f"No stores in {shelf.shelf_dir()}."))
+        screen.print(Text(f"No stores in {shelf.shelf_dir()}."))
         return
+    models = {e.model for e in entries if e.model}
+    screen.print(store_table(entries, show_model=len(models) > 1))
+    work = sum(e.is_work for e in entries)
+    more = f" and {work} interrupted or leftover work folder{'s' * (work != 1)}" if work else ""
+    line = f"{len(entries) - work} stores{more}, {human_bytes(total)}, in {shelf.shelf_dir()}"
+    if len(models) == 1:
+        line += f"; model {next(iter(models))}"
+    screen.print(Text(line, style="dim"), soft_wrap=True)
+
+
+KEY_SHOWN = 16  # characters of a store's key listed, more where needed to tell keys apart
+
+
+def store_table(entries: list[StoreEntry], show_model: bool) -> Table:
+    """One row per store. Document and model names give way to the width (cut with an
+    ellipsis); numbers, ages and keys are never cut."""
     table = Table(box=None, header_style="bold")
-    for name in ("document", "model", "tokens", "size", "last used", "path"):
+    table.add_column("document", ratio=3, min_width=8)
+    if show_model:
+        table.add_column("model", ratio=2, min_width=8)
+    for name in ("tokens", "size", "last used", "key"):
         right = name in ("tokens", "size")
-        table.add_column(name, justify="right" if right else "left", overflow="fold")
+        table.add_column(name, justify="right" if right else "left", no_wrap=True)
+    width = shown_key_length([e.key for e in entries])
     now = time.time()
     for e in entries:
+        name = Text(Path(e.document).name if e.document else "–", no_wrap=True, overflow="ellipsis")
+        name.append(MARKS.get(e.kind, ""), style="dim")
+        model = [Text(e.model or "–", no_wrap=True, overflow="ellipsis")] if show_model else []
         table.add_row(
-            Text(Path(e.document).name if e.document else "–")
-            + Text(MARKS.get(e.kind, ""), style="dim"),
-            Text(e.model or "–"),
+            name,
+            *model,
             Text("–" if e.tokens is None else f"{e.tokens:,}"),
             Text(human_bytes(e.bytes)),
             Text(ago(now - e.last_used)),
-            Text(str(e.path)),
-        )  # names and paths are text, never markup
-    console.print(table)
-    work = sum(e.is_work for e in entries)
-    more = f" and {work} interrupted or leftover work folder{'s' * (work != 1)}" if work else ""
-    line = f"{len(entries) - work} stores{more}, {human_bytes(total)}"
-    console.print(Text(line, style="dim"))
+            Text(e.key[:width]),
+        )  # names and keys are text, never markup
+    return table
+
+
+def shown_key_length(keys: list[str]) -> int:
+    """The shortest length, at least ``KEY_SHOWN``, at which ``keys`` all differ (a prefix that
+    `sekv stores rm` matches to one store)."""
+    for n in range(KEY_SHOWN, max(map(len, keys), default=0) + 1):
+        if len({k[:n] for k in keys}) == len(set(keys)):
+            return n
+    return max(map(len, keys), default=KEY_SHOWN)
 
 
 @stores_app.command("rm")
@@ -117,15 +145,15 @@ def report(done: Removal, json_out: bool, dry_run: bool = False) -> None:
             }
         )
     else:
-        console = Console(soft_wrap=True)  # one line per store, however long
+        screen = console(soft_wrap=True)  # one line per store, however long
         verb = "Would remove" if dry_run else "Removed"
         for e in done.removed:
-            console.print(Text(f"{verb} {e.key} ({describe(e)}, {human_bytes(e.bytes)})"))
+            screen.print(Text(f"{verb} {e.key} ({describe(e)}, {human_bytes(e.bytes)})"))
         if not done.removed and not done.busy:
-            console.print(Text("Nothing to remove."))
+            screen.print(Text("Nothing to remove."))
         elif done.removed:
             n = len(done.removed)
-            console.print(Text(f"{verb} {n} store{'s' * (n != 1)}, {human_bytes(done.bytes)}."))
+            screen.print(Text(f"{verb} {n} store{'s' * (n != 1)}, {human_bytes(done.bytes)}."))
     for e in done.busy:
         warn(f"kept {e.key} ({describe(e)}): it is being built")
 

@@ -1,0 +1,264 @@
+"""What the CLI writes, against hostile input and a hostile terminal: never over its input,
+never a document's escape sequences raw, a full or closed stdout, 80 columns (tiny random
+models, real files)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from rich.text import Text
+from typer.testing import CliRunner
+
+import sekv_cli.common as common
+from sekv_cli.main import app
+from sekv_cli.render import zoom_table
+from sekv_cli.terminal import console, printable
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "1000"}
+RED = "The keeper is \x1b[31mRed Rosa\x1b[0m, and the bell rings \x07 twice.\x1b]0;owned\x07"
+
+
+def run(*args, input: str | None = None, env=WIDE):
+    return runner.invoke(app, [str(a) for a in args], input=input, env=env)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if any command gets as far as loading a model."""
+    monkeypatch.setattr(common, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert result.stdout == ""
+    return lines[0]
+
+
+# --- 1. no command writes over its input ---
+
+
+@pytest.fixture
+def doc(tmp_path) -> Path:
+    path = tmp_path / "v.md"
+    path.write_text("# Station\n\nThe station dog is called Biscuit.\n")
+    return path
+
+
+def outputs_that_are_the_input(doc: Path) -> dict[str, Path]:
+    hard = doc.with_name("hard.md")
+    os.link(doc, hard)
+    soft = doc.with_name("soft.html")
+    soft.symlink_to(doc)
+    return {"same path": doc, "hard link": hard, "symlink": soft}
+
+
+@pytest.mark.parametrize("command", ["ask", "inspect"])
+def test_html_over_the_input_is_refused_and_nothing_written(command, doc, no_model):
+    before = doc.read_bytes()
+    for how, out in outputs_that_are_the_input(doc).items():
+        args = [doc, "What is the dog called?"] if command == "ask" else [doc]
+        line = one_error_line(run(command, *args, "--html", out))
+        assert "is the input document" in line and str(out) in line, how
+        assert doc.read_bytes() == before and out.read_bytes() == before, how
+    assert not list(doc.parent.glob(".*.tmp"))
+
+
+def test_html_over_a_document_of_the_folder_asked_is_refused(doc, no_model):
+    line = one_error_line(run("ask", doc.parent, "What is the dog called?", "--html", doc))
+    assert "a document of the input folder" in line
+
+
+def test_train_out_over_a_file_that_is_no_router_writes_nothing(doc, tiny_model_dirs):
+    before = doc.read_bytes()
+    result = run("train", "--model", tiny_model_dirs["llama"], "--steps", "1", "--out", doc)
+    assert result.exit_code == 1 and result.stderr.startswith("Error: ")
+    assert doc.read_bytes() == before
+
+
+# --- 2. a document's control characters never reach the terminal raw ---
+
+
+def test_printable_escapes_controls_and_keeps_text():
+    assert printable("a\x1b[31mb\tc\nd\x9b\u202e") == "a\\x1b[31mb\tc\nd\\x9b\\u202e"
+    assert printable("one\ntwo", newlines=False) == "one\\x0atwo"
+    assert printable("Grüße – ok") == "Grüße – ok"
+
+
+def test_consoles_escape_what_they_print_inside_tables_too():
+    buffer = io.StringIO()
+    screen = console(file=buffer, width=80, force_terminal=True)
+    screen.print(Text(RED, style="bold"))
+    screen.print(zoom_table([zoom_row(RED)]))
+    shown = buffer.getvalue()
+    assert "\x1b[31m" not in shown and "\x07" not in shown and "\x1b]0;" not in shown
+    assert "\\x1b[31mRed Rosa" in shown
+    assert "\x1b[1m" in shown  # the console's own styles are kept
+
+
+def test_streamed_answer_text_is_escaped(capsys):
+    common.stream_text("is \x1b[31mRed\x1b[0m")
+    assert capsys.readouterr().out == "is \\x1b[31mRed\\x1b[0m"
+
+
+def test_an_error_naming_a_file_is_one_escaped_line(tmp_path, no_model):
+    line = one_error_line(run("ask", tmp_path / "a\x1b[2Jb\nc.md", "q"))
+    assert "a\\x1b[2Jb\\x0ac.md" in line
+
+
+@pytest.fixture
+def red_doc(tmp_path) -> Path:
+    path = tmp_path / "a.txt"
+    path.write_text(RED + "\n" + "The lamp is lit at dusk. " * 20)
+    return path
+
+
+def test_inspect_shows_escape_sequences_escaped_and_json_exact(red_doc, tiny_model_dirs):
+    model = tiny_model_dirs["llama"]
+    shown = run("inspect", red_doc, "--model", model)
+    assert shown.exit_code == 0, shown.output
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    text = re.sub("[│«»]", "", shown.stdout)  # without the span marks and anchor brackets
+    assert "The keeper is \\x1b[31mRed Rosa\\x1b[0m" in text
+    data = json.loads(run("inspect", red_doc, "--model", model, "--json").stdout)
+    assert "".join(t["text"] for t in data["tokens"][data["document"]["doc_start"] :]).startswith(
+        RED
+    )
+
+
+def test_ask_and_chat_sources_show_escape_sequences_escaped(red_doc, tiny_model_dirs):
+    model = tiny_model_dirs["llama"]
+    for result in (
+        run("ask", red_doc, "Who is the keeper?", "--model", model, "--max-new-tokens", "8",
+            "--show-zoom", "-v"),
+        run("chat", red_doc, "--model", model, "--max-new-tokens", "8",
+            input="Who is \x1b[31mthe keeper?\n/sources\n/quit\n"),
+    ):  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout, result.stdout
+        assert "\x1b" not in result.stderr
+
+
+# --- 5. a full or closed standard output ---
+
+
+def writes_then_fails(exc: OSError):
+    @common.handle_errors
+    def command() -> None:
+        sys.stdout.write("answer\n")
+        sys.stdout.flush()
+
+    class Failing(io.StringIO):
+        def write(self, text: str) -> int:
+            raise exc
+
+    return command, Failing()
+
+
+@pytest.mark.parametrize(
+    "exc, code, stderr",
+    [
+        (OSError(28, "No space left on device"), 1,
+         "Error: cannot write to standard output: No space left on device\n"),
+        (BrokenPipeError(32, "Broken pipe"), 141, ""),
+    ],
+    ids=["full", "closed"],
+)  # fmt: skip
+def test_a_full_stdout_is_one_error_a_closed_one_quiet(exc, code, stderr, monkeypatch, capfd):
+    command, failing = writes_then_fails(exc)
+    monkeypatch.setattr(sys, "stdout", failing)
+    with pytest.raises(typer.Exit) as exit_:
+        command()
+    assert exit_.value.exit_code == code
+    assert capfd.readouterr().err == stderr
+
+
+def sekv(args: list[str], stdout, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SEKV_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "sekv_cli", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_dev_full_and_a_closed_pipe_as_processes(sekv_home):
+    with open("/dev/full", "w") as full:
+        for args in (["stores", "list"], ["stores", "list", "--json"]):
+            proc = sekv(args, full, sekv_home)
+            assert proc.returncode == 1, proc.stderr
+            assert proc.stderr == (
+                "Error: cannot write to standard output: No space left on device\n"
+            )
+    read, write = os.pipe()
+    os.close(read)  # the reader left before anything was written
+    with os.fdopen(write, "w") as closed:
+        proc = sekv(["stores", "list"], closed, sekv_home)
+    assert proc.returncode == 141 and proc.stderr == ""
+
+
+# --- 12. readable at 80 columns ---
+
+
+def commands(command, path=()):
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from commands(sub, (*path, name))
+
+
+def test_help_at_80_columns_cuts_no_option_name_and_no_word():
+    for path, command in commands(typer.main.get_command(app)):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        shown = result.stdout
+        assert max(len(line) for line in shown.splitlines()) <= 80
+        written = " ".join(
+            [command.help or ""] + [p.help or "" for p in getattr(command, "params", [])]
+        )
+        assert shown.count("…") <= written.count("…"), (path, shown)  # none added by a cut
+        for param in getattr(command, "params", []):
+            for name in [*param.opts, *param.secondary_opts]:
+                if name.startswith("--"):
+                    assert name in shown, (path, name)
+
+
+def zoom_row(preview: str) -> dict:
+    return dict(span=208, page=12, start=12290, end=12360, attention=0.014, layers=30,
+                heads=86, score=11.4, threshold=0.0, preview=preview)  # fmt: skip
+
+
+def test_zoom_previews_keep_their_width_at_80_columns():
+    buffer = io.StringIO()
+    console(file=buffer, width=80).print(zoom_table([zoom_row("tower stands on the western")]))
+    rows = [line for line in buffer.getvalue().splitlines() if "12290" in line]
+    assert len(rows) == 1 and "tower stands on" in rows[0] and len(rows[0]) <= 80
+
+
+def test_stores_list_is_one_line_per_store_at_80_columns(doc, tiny_model_dirs, sekv_home):
+    long_name = doc.with_name("a document with a rather long name for the list.md")
+    long_name.write_text(doc.read_text())
+    for path in (doc, long_name):
+        assert run("ingest", path, "--model", tiny_model_dirs["llama"]).exit_code == 0
+    result = run("stores", "list", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    keys = [s["key"] for s in json.loads(run("stores", "list", "--json").stdout)["stores"]]
+    assert len(lines) == 1 + len(keys) + 1  # header, one line per store, total
+    assert all(len(line) <= 80 for line in lines[:-1])
+    for key in keys:  # the key shown is a prefix `stores rm` takes
+        shown = next(line.split()[-1] for line in lines[1:-1] if key.startswith(line.split()[-1]))
+        assert len(shown) >= 16
