@@ -101,7 +101,11 @@ class TextStream:
     An answer also ends where it starts to repeat itself (unless ``allow_repeats``): a sentence that
     is one it already wrote, word for word, is not shown and ends the answer (greedy decoding
     that repeats a sentence has entered a loop). While the sentence being written could still
-    become such a repeat, it is held back.
+    become such a repeat, it is held back. A loop inside a sentence ends it too: tokens that
+    repeat a unit of at most ``LOOP_PERIOD`` tokens back to back (``BREAKER-BREAKER-…``, ``a
+    19-year-old, a 19-year-old, …``) for ``LOOP_TOKENS`` tokens and ``LOOP_REPEATS`` units are
+    cut after the first unit (:func:`token_loop`); the copies after it are held back while
+    they could become such a loop, and shown once the repetition stops short of one.
     """
 
     def __init__(self, tokenizer, stop: Sequence[str] = (), allow_repeats: bool = False) -> None:
@@ -124,8 +128,18 @@ class TextStream:
         repeat_at, repeat_hold = (None, 0) if self.allow_repeats else repeated_sentence(text)
         if repeat_at is not None:
             text, self.stopped = text[:repeat_at].rstrip(), True
+        loop_hold = 0
+        if not self.allow_repeats and not self.stopped:
+            first_unit, looping = token_loop(self.ids)
+            if first_unit is not None:
+                kept = len(self.tokenizer.decode(self.ids[:first_unit], skip_special_tokens=True))
+                kept = max(kept, self.shown)  # what is shown stays shown
+                if looping:
+                    text, self.stopped = text[: word_end(text, kept)].rstrip(), True
+                else:
+                    loop_hold = max(len(text) - kept, 0)
         self.text = text
-        hold = 0 if self.stopped else max(self._held(text), repeat_hold)
+        hold = 0 if self.stopped else max(self._held(text), repeat_hold, loop_hold)
         return self._hand_out(len(text) - hold)
 
     def flush(self) -> str:
@@ -147,6 +161,45 @@ class TextStream:
         delta = self.text[self.shown : upto] if upto > self.shown else ""
         self.shown = max(self.shown, upto)
         return delta
+
+
+LOOP_PERIOD = 32  # the longest unit (tokens) a token loop repeats
+LOOP_TOKENS = 48  # a loop: its units cover at least this many tokens…
+LOOP_REPEATS = 3  # …in at least this many units
+LOOP_HOLD = 4  # a repeat of this many tokens (or a whole unit) may start a loop: held back
+
+
+def token_loop(ids: Sequence[int]) -> tuple[int | None, bool]:
+    """The longest run at the end of ``ids`` that repeats the tokens ``p`` before it
+    (``p`` ≤ ``LOOP_PERIOD``, the smallest such ``p`` for a run of that length): where the
+    first unit of that repetition ends (an index into ``ids``; None when the run is shorter
+    than ``LOOP_HOLD`` and than a unit), and whether it is a loop (units covering
+    ``LOOP_TOKENS`` tokens and ``LOOP_REPEATS`` units at least)."""
+    n = len(ids)
+    best_run, best_period = 0, 0
+    for period in range(1, min(LOOP_PERIOD, n - 1) + 1):
+        run = 0
+        while run < n - period and ids[n - 1 - run] == ids[n - 1 - run - period]:
+            run += 1
+        if run > best_run:
+            best_run, best_period = run, period
+    if best_run < min(LOOP_HOLD, best_period):
+        return None, False
+    covered = best_run + best_period
+    looping = covered >= LOOP_TOKENS and covered >= LOOP_REPEATS * best_period
+    return n - best_run, looping
+
+
+WORD_END = re.compile(r"\S*?(?:\s|$)")
+
+
+def word_end(text: str, at: int, reach: int = 16) -> int:
+    """``at``, or where the word ``at`` falls inside ends (its next white space, within
+    ``reach`` characters): a loop's first unit can end inside a word."""
+    if at == 0 or at >= len(text) or text[at - 1].isspace() or text[at].isspace():
+        return at
+    end = WORD_END.match(text, at).end()  # type: ignore[union-attr]
+    return end if end - at <= reach else at
 
 
 SENTENCE = re.compile(r".*?(?:[.!?]+(?=\s)|\n)")  # one sentence and its end mark

@@ -66,6 +66,57 @@ def test_an_answer_ends_where_it_starts_repeating_a_sentence():
     assert stream.text == "## Part 1.2\nNo.\nNo."
 
 
+class Pieces:
+    """A tokenizer over a list of text pieces (id = index)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+
+    def ids(self, *pieces: str) -> list[int]:
+        for piece in pieces:
+            if piece not in self.pieces:
+                self.pieces.append(piece)
+        return [self.pieces.index(piece) for piece in pieces]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def stream_tokens(tokenizer: Pieces, ids: list[int]) -> tuple[list[str], TextStream]:
+    stream, deltas = TextStream(tokenizer), []
+    for token in ids:
+        deltas.append(stream.push(token))
+        if stream.stopped:
+            break
+    deltas.append(stream.flush())
+    return deltas, stream
+
+
+def test_a_token_loop_inside_a_sentence_ends_the_answer_after_its_first_unit():
+    tok = Pieces()
+    head = tok.ids("The", " keeper", " is", " 18", "-year", "-old", ",")
+    unit = tok.ids(" a", " 1", "9", "-year", "-old", ",")
+    deltas, stream = stream_tokens(tok, head + unit * 21)  # 133 tokens, as greedy decoding did
+    assert stream.stopped and len(stream.ids) < 60
+    assert stream.text == "The keeper is 18-year-old, a 19-year-old,"
+    assert "".join(deltas) == stream.text  # the copies after the first were never shown
+    breaker = tok.ids("BRE", "AKER", "-")
+    deltas, stream = stream_tokens(tok, tok.ids("Shout") + breaker * 40)
+    assert stream.stopped and stream.text in ("ShoutBREAKER-", "ShoutBREAKER-BREAKER")
+    assert "".join(deltas) == stream.text
+
+
+def test_a_repetition_short_of_a_loop_is_shown_whole():
+    tok = Pieces()
+    word = tok.ids(" BRE", "AKER", "-")
+    ids = tok.ids("The", " code", " is") + word * 8 + tok.ids(" and", " that", " is", " all", ".")
+    deltas, stream = stream_tokens(tok, ids)
+    assert not stream.stopped and "".join(deltas) == tok.decode(ids)
+    assert deltas[3 + 6] == ""  # held back while the copies could become a loop
+    stream = TextStream(tok, allow_repeats=True)  # the benchmarks' forced answers
+    assert "".join(stream.push(t) for t in word * 20) == tok.decode(word * 20)
+
+
 def test_greedy_is_the_arg_max_and_the_penalty_demotes_used_tokens():
     logits = torch.tensor([[0.0, 3.0, 2.9, 1.0]])
     assert Chooser(Sampling(repetition_penalty=1.0))(logits, [1]) == 1
