@@ -205,10 +205,14 @@ def ratios(row: dict[str, Any]) -> dict[str, float | None]:
         "build_pair_max": max(builds) if builds else None,
         "load_over_prefill": ratio(s["load_s"], f["prefill_s"]),
         "process_wall": None,
+        "process_first_token": None,
         "build_rss_over_prefill_rss": None,
     }
     if p is not None:
         out["process_wall"] = ratio(p["ask_sekv"]["wall_s"], p["ask_full"]["wall_s"])
+        out["process_first_token"] = ratio(
+            p["ask_sekv"]["first_token_after_start_s"], p["ask_full"]["first_token_after_start_s"]
+        )
         out["build_rss_over_prefill_rss"] = ratio(
             p["build"]["peak_rss_bytes"], p["ask_full"]["peak_rss_bytes"]
         )
@@ -341,6 +345,7 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
                 "prefill / build / load s": f"{seconds(f['prefill_s'])} / "
                 f"{seconds(s['build_s'])} / {seconds(s['load_s'])}",
                 "build ×": times(q["build_over_prefill"]) + spread(q, "build"),
+                "ask 1st token s full / sekv": process_first_tokens(r.get("processes")),
                 "ask wall ×": times(q["process_wall"]),
                 "peak RSS ×": times(q["build_rss_over_prefill_rss"]),
             }
@@ -352,6 +357,15 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
                 f"({times(q['device_peak'])})"
             )
     return shown
+
+
+def process_first_tokens(runs: dict[str, Any] | None) -> str:
+    """`sekv ask`'s first answer token after the process started, full KV / SeKV (a stored
+    document): "–" without the child processes."""
+    if runs is None:
+        return "–"
+    full, sekv = (runs[k]["first_token_after_start_s"] for k in ("ask_full", "ask_sekv"))
+    return f"{seconds(full)} / {seconds(sekv)}"
 
 
 def routers(result: dict[str, Any]) -> str:
@@ -381,6 +395,8 @@ def markdown(result: dict[str, Any]) -> str:
         "prefill + first token; SeKV: the store loaded from disk + first token). Build: "
         f"SeKV's first session on the document (an empty store home) vs full KV's prefill, "
         f"median of {BUILD_PAIRS} each, alternately. "
+        "Ask 1st token: `sekv ask`'s first answer token after the process started (interpreter "
+        "start-up, imports, the model and, for SeKV, its stored document loaded). "
         "Ask wall: `sekv ask` as a whole process on a cached store vs `sekv ask --method "
         "full`. Peak RSS: `sekv ingest` vs `sekv ask --method full` (its prefill).",
         "",

@@ -170,10 +170,13 @@ def process_runs(
 
 
 def answer_run(run: dict[str, Any]) -> dict[str, Any]:
-    """What a child `sekv ask --json` run reports: wall, peak RSS, tokens, its own timings."""
+    """What a child `sekv ask --json` run reports: wall, peak RSS, tokens, its first token's
+    time after the process started (interpreter start-up, imports, model and store loads
+    included), its own timings."""
     data = run["json"]
     return {
         "wall_s": run["wall_s"],
+        "first_token_after_start_s": data["timings"].get("first_token_after_start_s"),
         "peak_rss_bytes": run["peak_rss_bytes"],
         "tokens_generated": data["tokens_generated"],
         "cache_hit": data["store"].get("cache_hit"),

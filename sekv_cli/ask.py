@@ -19,6 +19,7 @@ from .common import (
     METHOD_OPTION,
     MODEL_OPTION,
     THREADS_OPTION,
+    FirstText,
     MethodName,
     check_budget,
     check_writable,
@@ -85,14 +86,16 @@ def ask(
     n_threads = resolve_threads(threads)
     settings = MethodSettings(budget=budget, warn=warn)
     library, load_s = open_library(paths, model, method, settings, n_threads, question, max_tokens)
+    first = FirstText(None if json_out else stream_text)  # the first token's time
     result = library.ask(
         question,
         max_new_tokens,
-        on_text=None if json_out else stream_text,
+        on_text=first,
         sampling=sampling(temperature, top_p, seed),
     )
     result.timings["load_s"] = round(load_s, 4)
     result.timings["threads"] = n_threads
+    result.timings["first_token_after_start_s"] = first.after_start  # interpreter start-up too
     result.timings["total_s"] = round(time.perf_counter() - start, 4)
     if not json_out:
         sys.stdout.write("\n")  # the streamed answer's line ends before anything else

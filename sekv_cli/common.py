@@ -140,12 +140,21 @@ def warn(message: str) -> None:
 
 
 def load_model_quietly(name: str | None, threads: int):
-    """Set torch's CPU threads, then load the model with a spinner on stderr."""
+    """Set torch's CPU threads, then load the model with a spinner on stderr. Slow work it
+    tells of (the default model's first conversion) shows in the spinner, or as a plain line
+    where stderr is not a terminal."""
     from sekv_core.models import load_model
 
     apply_threads(threads)
-    with err.status(Text(f"Loading {name or 'the default model'}…")):
-        return load_model(name)
+    with err.status(Text(f"Loading {name or 'the default model'}…")) as status:
+
+        def notice(message: str) -> None:
+            if err.is_terminal:
+                status.update(Text(f"{message}…"))
+            else:
+                err.print(Text(f"{message}…"), soft_wrap=True)
+
+        return load_model(name, notice=notice)
 
 
 class TokenCount(ProgressColumn):
@@ -260,6 +269,34 @@ def check_document_tokens(loaded, document, context, max_tokens: int, store_sett
     tokens = len(context) - context.doc_start
     if tokens > max_tokens and not store_path(loaded, document, context, store_settings).exists():
         check_tokens(document, tokens, max_tokens)
+
+
+def seconds_since_start() -> float | None:
+    """Seconds since this process started, interpreter start-up included (Linux: from
+    /proc, to a clock tick; None where that cannot be read)."""
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22: starttime
+        return max(uptime - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class FirstText:
+    """An ``on_text`` for an answer: hands each delta to ``show`` (None: nowhere) and notes,
+    in ``after_start``, how long after the process started the first one came."""
+
+    def __init__(self, show: Callable[[str], None] | None) -> None:
+        self.show = show
+        self.after_start: float | None = None
+
+    def __call__(self, delta: str) -> None:
+        if self.after_start is None:
+            since = seconds_since_start()
+            self.after_start = None if since is None else round(since, 3)
+        if self.show is not None:
+            self.show(delta)
 
 
 def stream_text(delta: str) -> None:

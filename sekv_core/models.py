@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -122,20 +123,36 @@ def default_model_dir() -> Path:
     return path
 
 
-def converted_default(gguf: Path) -> Path | None:
-    """The default model dequantised once into safetensors under $SEKV_HOME/models.
+CONVERTED_LAYOUT = "v2"  # the converted copy's layout: tied weights under the embedding's name
+
+Notice = Callable[[str], None]
+"""Told, in a sentence, of slow work about to start (the default model's conversion)."""
+
+
+def converted_default(gguf: Path, notice: Notice | None = None) -> Path | None:
+    """The default model dequantised once into safetensors under $SEKV_HOME/models
+    (``notice`` is told before: it takes a while).
 
     Reading the GGUF dequantises every tensor at each load; the converted copy is read as it
-    is (load times: docs/design.md). Falls back to the GGUF file's directory if the copy cannot
-    be written.
+    is (load times: docs/design.md). Its tied embedding is saved under
+    ``model.embed_tokens.weight``, the name transformers loads it by (saved as
+    ``lm_head.weight``, transformers would first initialise both tensors at random). Copies in
+    an older layout are removed. Falls back to the GGUF file's directory if the copy cannot be
+    written.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = sekv_home() / "models" / f"{DEFAULT_MODEL}-{file_fingerprint(gguf)}"
+    stem = f"{DEFAULT_MODEL}-{file_fingerprint(gguf)}"
+    target = sekv_home() / "models" / f"{stem}-{CONVERTED_LAYOUT}"
     if (target / "model.safetensors").is_file():
         return target
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
+    if notice:
+        notice(
+            "Converting the default model for its first use (once, 20-40 s); the copy is kept "
+            f"in {target.parent}"
+        )
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
@@ -148,14 +165,32 @@ def converted_default(gguf: Path) -> Path | None:
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"))  # the last file: marks completeness
+        save_file(  # the last file: marks completeness
+            untied_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"}
+        )
         os.replace(tmp, target)
     except OSError:  # read-only home, or another process won the race
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "model.safetensors").is_file():
             return None
+    for older in target.parent.glob(f"{stem}*"):  # the same model in an older layout
+        if older != target and not older.name.startswith("."):
+            shutil.rmtree(older, ignore_errors=True)
     return target
+
+
+def untied_state(model: Any) -> dict[str, torch.Tensor]:
+    """``model``'s tensors, each stored once: a tensor shared by several names (tied input
+    and output embeddings) under the first name the state dict gives it."""
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor.contiguous()
+    return tensors
 
 
 def _quiet_transformers() -> None:
@@ -190,17 +225,20 @@ class ModelSource:
     gguf_file: str | None = None
 
 
-def load_model(name: str | None = None, device: str | None = None) -> LoadedModel:
+def load_model(
+    name: str | None = None, device: str | None = None, notice: Notice | None = None
+) -> LoadedModel:
     """Load ``name`` (None: the embedded default; a local directory; or a hub id).
 
     Hub ids are looked up in the local cache first, so offline mode works with a warm cache;
     ``HF_HUB_OFFLINE=1`` forbids the network entirely. Every failure is a one-line SekvError
-    saying what is wrong with ``name`` and what to pass instead.
+    saying what is wrong with ``name`` and what to pass instead. ``notice`` is told of slow
+    work before it starts (the default model's first conversion).
     """
     from transformers import AutoConfig, AutoTokenizer
 
     _quiet_transformers()
-    src = locate(name)
+    src = locate(name, notice)
     kwargs: dict[str, Any] = {"gguf_file": src.gguf_file} if src.gguf_file else {}
     config = _read(src, "its config", AutoConfig.from_pretrained, **kwargs)
     check_family(src.what, getattr(config, "model_type", None))
@@ -236,10 +274,10 @@ def load_weights(src: ModelSource, device: str, **kwargs: Any) -> Any:
     return model
 
 
-def locate(name: str | None) -> ModelSource:
+def locate(name: str | None, notice: Notice | None = None) -> ModelSource:
     """The directory ``name`` loads from, its layout checked (SekvError saying what is wrong)."""
     if name is None:
-        return default_source()
+        return default_source(notice)
     path = Path(name).expanduser()
     if path.is_dir():
         return local_source(f"--model {name!r}", path.resolve(), str(path.resolve()))
@@ -250,12 +288,12 @@ def locate(name: str | None) -> ModelSource:
     return local_source(f"--model {name!r}", hub_snapshot(name), name)
 
 
-def default_source() -> ModelSource:
+def default_source(notice: Notice | None = None) -> ModelSource:
     """The embedded default: its converted safetensors copy, else the GGUF in the wheel."""
     what, fix = "the default model", f"reinstall it: {INSTALL_DEFAULT}"
     gguf = default_model_dir() / DEFAULT_GGUF
     try:
-        converted = converted_default(gguf)
+        converted = converted_default(gguf, notice)
     except Exception as exc:  # a damaged GGUF: transformers/gguf raise many types
         raise SekvError(f"cannot load {what} ({one_line(exc)}); {fix}") from None
     if converted is None:

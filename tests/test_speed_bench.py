@@ -54,3 +54,22 @@ def test_speed_bench_measures_both_methods_per_size(tiny_model_dirs, tmp_path, s
 def test_forced_tokens_have_the_asked_length_and_ratios_skip_missing(tiny_loaded):
     assert len(forced_tokens(tiny_loaded.tokenizer, 100)) == 100
     assert ratio(1.0, 4.0) == 0.25 and ratio(None, 2.0) is None and ratio(1.0, 0) is None
+
+
+def test_speed_bench_reports_asks_first_token_after_the_process_started(
+    tiny_model_dirs, tmp_path, sekv_home
+):
+    out = tmp_path / "speed"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "speed", "--sizes", "300", "--tokens", "4", "--repeats", "1", "--threads",
+         "1", "--model", str(tiny_model_dirs["llama"]), "--out", str(out), "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["rows"][0]
+    for run in ("ask_sekv", "ask_full"):
+        asked = row["processes"][run]
+        assert 0 < asked["first_token_after_start_s"] < asked["wall_s"], asked
+        assert asked["first_token_after_start_s"] > asked["timings"]["first_token_s"]
+    assert row["ratios"]["process_first_token"] > 0
+    assert "| ask 1st token s full / sekv |" in (out / "results.md").read_text()
