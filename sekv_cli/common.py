@@ -39,7 +39,7 @@ from sekv_core.method_names import USER_METHODS
 from sekv_core.paths import sekv_home
 from sekv_core.threads import THREADS_ENV, apply_threads, default_threads
 
-from .eta import Eta, ProgressLog, clock_time
+from .eta import Eta, ProgressLog, counted, eta_text
 from .terminal import (
     OutputClosed,
     OutputFailed,
@@ -158,30 +158,57 @@ def load_model_quietly(name: str | None, threads: int):
 
 
 class TokenCount(ProgressColumn):
-    """done/total tokens, tokens per second over the last half minute."""
+    """done/total tokens, tokens per second over the last half minute (the task's ``unit``
+    field, if any, names what is counted instead: ``characters`` while tokenizing)."""
 
     def render(self, task: Task) -> Text:
-        total = f"{task.total:,.0f}" if task.total is not None else "?"
-        speed = f"{task.speed:,.0f} tok/s" if task.speed else "– tok/s"
-        return Text(f"{task.completed:,.0f}/{total} tokens  {speed}", style="progress.data.speed")
+        unit = task.fields.get("unit", "tokens")
+        if unit == "characters":
+            speed = f"{task.speed / 1e6:,.1f}M/s" if task.speed else "–/s"
+        else:
+            speed = f"{task.speed:,.0f} tok/s" if task.speed else "– tok/s"
+        shown = counted(task.completed, task.total, unit)
+        return Text(f"{shown}  {speed}", style="progress.data.speed")
 
 
 class EtaColumn(ProgressColumn):
-    """Time left as :class:`sekv_cli.eta.Eta` fits it (the task's ``eta`` field)."""
+    """Time left as :class:`sekv_cli.eta.Eta` fits it (the task's ``eta`` field; ``≥`` before
+    it where the ``eta_at_least`` field says it is a lower bound)."""
 
     def render(self, task: Task) -> Text:
         left = task.fields.get("eta")
-        return Text("-:--:--" if left is None else clock_time(left), style="progress.remaining")
+        shown = (
+            "-:--:--" if left is None else eta_text(left, task.fields.get("eta_at_least", False))
+        )
+        return Text(shown, style="progress.remaining")
+
+
+TOKENIZING = "characters"  # the unit of progress while a document is tokenised
+ANNOUNCED_TOKENS = 1 << 14  # a prefill this long takes minutes: its log says so when it starts
 
 
 @contextmanager
-def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+def prefill_progress(label: str) -> Iterator[Callable[..., None]]:
     """A Rich progress bar on stderr (tokens, tokens/s, elapsed, ETA); yields
-    progress(done, total). A first call past 0 (a resumed ingest) does not count as speed.
-    When stderr is not a terminal, periodic plain log lines instead (:class:`ProgressLog`)."""
+    progress(done, total, unit="tokens"). A first call past 0 (a resumed ingest) does not count
+    as speed. Calls in ``TOKENIZING`` units (a long document being tokenised, before its
+    tokens are read) show as ``label (tokenizing)`` with their own speed and ETA. When stderr
+    is not a terminal, periodic plain log lines instead (:class:`ProgressLog`), the first at
+    once while tokenizing or for ``ANNOUNCED_TOKENS`` tokens or more."""
     if not err.is_terminal:
-        log = ProgressLog(label, lambda line: err.print(Text(line), soft_wrap=True))
-        yield log.update
+        logs: dict[str, ProgressLog] = {}
+
+        def update_log(done: int, total: int, unit: str = "tokens") -> None:
+            if unit not in logs:
+                logs[unit] = ProgressLog(
+                    f"{label} (tokenizing)" if unit == TOKENIZING else label,
+                    lambda line: err.print(Text(line), soft_wrap=True),
+                    unit=unit,
+                    announce=unit == TOKENIZING or total >= ANNOUNCED_TOKENS,
+                )
+            logs[unit].update(done, total)
+
+        yield update_log
         return
     with Progress(
         TextColumn("{task.description}", markup=False),  # file names are text
@@ -194,17 +221,21 @@ def prefill_progress(label: str) -> Iterator[Callable[[int, int], None]]:
         transient=True,
     ) as bar:
         task = bar.add_task(label, total=None, eta=None)
-        first = True
+        shown = None  # the unit the bar counts now
         eta = Eta()
 
-        def update(done: int, total: int) -> None:
-            nonlocal first
+        def update(done: int, total: int, unit: str = "tokens") -> None:
+            nonlocal shown, eta
+            if unit != shown:  # a new count: start the speed estimate here
+                eta = Eta()
             left = eta.update(done, total)  # a resumed ingest: timed from its first update
-            if first:  # start the speed estimate here, whatever was done before
-                bar.reset(task, total=total, completed=done, eta=left)
-                first = False
+            facts = {"eta": left, "eta_at_least": eta.at_least, "unit": unit}
+            if unit != shown:  # whatever was done before does not count as speed
+                name = f"{label} (tokenizing)" if unit == TOKENIZING else label
+                bar.reset(task, total=total, completed=done, description=name, **facts)
+                shown = unit
             else:
-                bar.update(task, completed=done, total=total, eta=left)
+                bar.update(task, completed=done, total=total, **facts)
 
         yield update
 
@@ -223,17 +254,23 @@ def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKE
     from sekv_core.documents import load_document
 
     start = time.perf_counter()
-    document = load_document(file, max_tokens)
+    with reading_notice([Path(file)]):
+        document = load_document(file, max_tokens)
     check_home()
     from sekv_core.engine import check_window  # torch: only once the input is known to be usable
     from sekv_core.prompt import chat_template, encode_context
     from sekv_core.store.ingest import open_or_build
 
     loaded = load_model_quietly(model, threads)
-    context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
-    check_document_tokens(loaded, document, context, max_tokens, StoreSettings())
-    check_window(loaded, document, context, books=True)  # books are streamed
     with prefill_progress(f"Ingesting {document.path.name}") as progress:
+        context = encode_context(
+            loaded.tokenizer,
+            chat_template(loaded.tokenizer),
+            document.text,
+            lambda done, total: progress(done, total, TOKENIZING),
+        )
+        check_document_tokens(loaded, document, context, max_tokens, StoreSettings())
+        check_window(loaded, document, context, books=True)  # books are streamed
         store, hit = open_or_build(
             loaded,
             document,
@@ -242,6 +279,35 @@ def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKE
             warn=warn,
         )
     return loaded, document, context, store, hit, time.perf_counter() - start
+
+
+READING_NOTICE_S = 1.0  # reading files that takes longer than this is said on stderr
+
+
+@contextmanager
+def reading_notice(paths: Sequence[Path]) -> Iterator[None]:
+    """While the block reads ``paths``: if it is still at it after ``READING_NOTICE_S``, one
+    stderr line says so, naming the files (and sizes) given (nothing for a quick read, or one
+    refused at once)."""
+    import threading
+
+    def say() -> None:
+        named = []
+        for path in paths:
+            try:
+                size = f" ({path.stat().st_size / 2**20:,.1f} MiB)" if path.is_file() else ""
+            except OSError:
+                size = ""
+            named.append(f"{path.name}{size}")
+        err.print(Text(f"Reading {', '.join(named)}…"), soft_wrap=True)
+
+    timer = threading.Timer(READING_NOTICE_S, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def check_home() -> None:

@@ -5,7 +5,9 @@ A chunk of a book routes against every span stored so far, so later chunks take 
 constant-speed estimate (tokens left / recent tokens per second) promises too little. The cost
 per token is fitted as ``a + b * x`` over the position ``x`` in the document (least squares,
 each interval weighted by its tokens, ``b`` at least 0), and the time left is its integral from
-what is done to the end.
+what is done to the end. Fitted over less than ``TRUSTED_SHARE`` of the work, the growth is not
+carried to the end (the first chunks of a book would foretell years): the estimate is then the
+time left at today's cost per token, a lower bound (``at_least``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Callable
 
 MIN_INTERVALS = 3  # intervals measured before an estimate is given
+TRUSTED_SHARE = 0.05  # share of the work done before the cost's growth is carried to the end
 
 
 class Eta:
@@ -24,6 +27,7 @@ class Eta:
         self.last: tuple[int, float] | None = None
         self.intervals: list[tuple[float, float, int]] = []  # (mid position, s/token, tokens)
         self.remaining: float | None = None
+        self.at_least = False  # ``remaining`` is a lower bound (too little done to say more)
 
     def update(self, done: int, total: int) -> float | None:
         now = self.clock()
@@ -46,6 +50,9 @@ class Eta:
         sxy = sum(n * (x - mx) * (y - my) for x, y, n in self.intervals)
         b = max(sxy / sxx, 0.0) if sxx > 0 else 0.0
         a = my - b * mx
+        self.at_least = b > 0 and done < TRUSTED_SHARE * total
+        if self.at_least:  # today's cost per token for all that is left
+            return max((a + b * done) * (total - done), 0.0)
         left = a * (total - done) + b * (total**2 - done**2) / 2
         return max(left, 0.0)
 
@@ -59,17 +66,24 @@ class ProgressLog:
 
     ``update(done, total)`` calls ``write`` with ``label: done/total tokens (p%), elapsed, ETA``
     at each tenth of the work and every ``LOG_EVERY_S`` seconds, never within ``LOG_GAP_S`` of
-    the last line: work done in a few seconds prints nothing.
+    the last line: work done in a few seconds prints nothing, unless ``announce``: then the
+    first update prints a line at once. ``unit`` names what is counted (``tokens``,
+    ``characters``).
     """
 
     def __init__(
-        self, label: str, write: Callable[[str], None], clock: Callable[[], float] = time.monotonic
+        self,
+        label: str,
+        write: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        unit: str = "tokens",
+        announce: bool = False,
     ) -> None:
-        self.label, self.write, self.clock = label, write, clock
+        self.label, self.write, self.clock, self.unit = label, write, clock, unit
         self.eta = Eta(clock)
         self.start = self.last = clock()
         self.tenth = 0  # tenths of the work done at the last line (or at the first update)
-        self.first = True
+        self.first, self.announce = True, announce
 
     def update(self, done: int, total: int) -> None:
         left = self.eta.update(done, total)
@@ -77,21 +91,39 @@ class ProgressLog:
         tenth = 10 * done // total if total > 0 else 0
         if self.first:  # a resumed ingest: what was done before is not news
             self.first, self.tenth = False, tenth
+            if self.announce:
+                self.write(f"{self.label}: {counted(done, total, self.unit)}…")
             return
         since = now - self.last
         if since < LOG_GAP_S or (tenth <= self.tenth and since < LOG_EVERY_S):
             return
         self.last, self.tenth = now, tenth
         share = f" ({done / total:.0%})" if total > 0 else ""
-        eta = "" if left is None else f", ETA {clock_time(left)}"
+        eta = "" if left is None else f", ETA {eta_text(left, self.eta.at_least)}"
         self.write(
-            f"{self.label}: {done:,}/{total:,} tokens{share}, {clock_time(now - self.start)}"
-            f" elapsed{eta}"
+            f"{self.label}: {counted(done, total, self.unit)}{share}, "
+            f"{clock_time(now - self.start)} elapsed{eta}"
         )
 
 
+def counted(done: float, total: float | None, unit: str = "tokens") -> str:
+    """``1,234/5,678 tokens``; characters in millions (``12.3M/57.2M characters``)."""
+    if unit == "characters":
+        whole = "?" if total is None else f"{total / 1e6:.1f}M"
+        return f"{done / 1e6:.1f}M/{whole} characters"
+    return f"{done:,.0f}/{'?' if total is None else f'{total:,.0f}'} {unit}"
+
+
+def eta_text(seconds: float, at_least: bool = False) -> str:
+    """Time left as :func:`clock_time`, ``≥`` before a lower bound."""
+    return f"≥ {clock_time(seconds)}" if at_least else clock_time(seconds)
+
+
 def clock_time(seconds: float) -> str:
-    """``h:mm:ss``."""
+    """``h:mm:ss``; ``Nd hh:mm:ss`` from a day on."""
     m, s = divmod(int(round(seconds)), 60)
     h, m = divmod(m, 60)
+    if h >= 24:
+        d, h = divmod(h, 24)
+        return f"{d}d {h:02d}:{m:02d}:{s:02d}"
     return f"{h}:{m:02d}:{s:02d}"

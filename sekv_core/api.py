@@ -55,6 +55,7 @@ class IngestProgress:
     documents: int
     tokens_done: int
     tokens: int
+    unit: str = "tokens"  # "characters": a long document being tokenised (its tokens unknown)
 
 
 Progress = Callable[[IngestProgress], None]
@@ -128,7 +129,7 @@ class Library:
         self.keep = max(1, keep)
         self.template = chat_template(loaded.tokenizer)
         self.stored = issubclass(METHODS[method], SeKV)  # answers from span stores
-        self.entries = self._read(selection.documents, max_tokens)
+        self.entries = self._read(selection.documents, max_tokens, progress)
         self.sessions: OrderedDict[int, Session] = OrderedDict()  # least recently used first
         self.router: CollectionRouter | None = None
         self.joined: Session | None = None  # a collection's retrieve: one session over all
@@ -254,12 +255,22 @@ class Library:
             out["in_all"] = self.memory()
         return out
 
-    def _read(self, documents: list[Document], max_tokens: int | None) -> list[Entry]:
+    def _read(
+        self, documents: list[Document], max_tokens: int | None, progress: Progress | None = None
+    ) -> list[Entry]:
         """Tokenise every document; one over ``max_tokens`` without a store is refused (in a
-        collection: skipped with a warning)."""
+        collection: skipped with a warning). A file named alone reports the characters
+        tokenised to ``progress`` (``unit`` ``characters``) when it is long."""
         entries = []
         for document in documents:
-            context = encode_context(self.loaded.tokenizer, self.template, document.text)
+            told = None
+            if progress is not None and not self.collection:
+                name = document.path.name
+
+                def told(done: int, total: int, name: str = name) -> None:
+                    progress(IngestProgress(name, 0, 1, done, total, "characters"))
+
+            context = encode_context(self.loaded.tokenizer, self.template, document.text, told)
             entry = Entry(document, context)
             try:
                 if not self._stored_already(entry):
@@ -334,7 +345,9 @@ class Library:
             if progress:
                 progress(IngestProgress(name, 0, 1, done, total))
 
-        session = Session(self.loaded, entry.document, self.method, self.settings, report)
+        session = Session(
+            self.loaded, entry.document, self.method, self.settings, report, context=entry.context
+        )
         if isinstance(session.method, SeKV) and entry.bytes is None:  # built or found just now
             entry.store, entry.cache_hit = session.method.store.path, session.method.cache_hit
             entry.bytes = session.method.store.bytes

@@ -37,10 +37,17 @@ PDF_BYTES_PER_TOKEN = 256
 
 _HEADER_MAX_CHARS = 100  # running headers/footers are short lines
 
-_SPACES = re.compile(r"[ \t\f\v\u00a0]+")
+# a run of spaces and tabs that is not a single space (those stay as they are)
+_SPACES = re.compile(r"[\t\f\v\u00a0][ \t\f\v\u00a0]*| [ \t\f\v\u00a0]+")
 _TRAILING_SPACE = re.compile(r" +\n")
-_HYPHEN_BREAK = re.compile(r"(?<=[^\W\d_])-\n(?=[a-z])")
+_HYPHEN_BREAK = re.compile(r"-\n(?=[a-z])")  # joined where a letter precedes it
+_LETTER = re.compile(r"[^\W\d_]")
 _MANY_NEWLINES = re.compile(r"\n{3,}")
+# where a long text is cut to be tidied piece by piece: after a line end that has a character
+# other than white space or a hyphen before it and one other than white space after it (no
+# pattern above matches across such a place)
+_PIECE_CUT = re.compile(r"(?<=[^\s-])\n(?=\S)")
+NORMALISE_PIECE = 1 << 20  # characters tidied at a time (a Ctrl-C waits for one piece at most)
 _DIGITS = re.compile(r"\d+")
 
 
@@ -282,13 +289,38 @@ def _short(exc: Exception) -> str:
 
 
 def _normalise(text: str) -> str:
-    """Tidy whitespace, join words hyphenated across line ends, keep paragraphs."""
+    """Tidy whitespace, join words hyphenated across line ends, keep paragraphs. A long text
+    is tidied in pieces of about ``NORMALISE_PIECE`` characters, cut where no rule applies
+    across the cut (the same text as in one go)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
+    pieces, start = [], 0
+    while len(text) - start > NORMALISE_PIECE:
+        cut = _PIECE_CUT.search(text, start + NORMALISE_PIECE)
+        if cut is None:
+            break
+        pieces.append(_tidy(text[start : cut.end()]))
+        start = cut.end()
+    pieces.append(_tidy(text[start:]))
+    return "".join(pieces).strip()
+
+
+def _tidy(text: str) -> str:
     text = _SPACES.sub(" ", text)  # runs of spaces/tabs -> one space
-    text = _TRAILING_SPACE.sub("\n", text)
-    text = _HYPHEN_BREAK.sub("", text)
-    text = _MANY_NEWLINES.sub("\n\n", text)
-    return text.strip()
+    if " \n" in text:
+        text = _TRAILING_SPACE.sub("\n", text)
+    text = _join_hyphenated(text)
+    return _MANY_NEWLINES.sub("\n\n", text)
+
+
+def _join_hyphenated(text: str) -> str:
+    """Remove ``-\n`` between a letter and a lower-case letter (a word broken at a line end)."""
+    out, last = [], 0
+    for m in _HYPHEN_BREAK.finditer(text):
+        if m.start() > 0 and _LETTER.match(text, m.start() - 1):
+            out.append(text[last : m.start()])
+            last = m.end()
+    out.append(text[last:])
+    return "".join(out)
 
 
 def _line_key(line: str) -> str:

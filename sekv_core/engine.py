@@ -59,6 +59,8 @@ class Session:
 
     ``prefills``: a slot shared with other sessions over the same document (benchmarks), so
     that methods prefilling its full cache do it once (:mod:`sekv_core.methods.shared_prefill`).
+    ``context``: the document's tokens when the caller has them (:func:`encode_context` of it
+    under the model's chat template), else they are found here.
     """
 
     def __init__(
@@ -69,13 +71,16 @@ class Session:
         settings: MethodSettings | None = None,
         progress: Progress | None = None,
         prefills: PrefillSlot | None = None,
+        context: Context | None = None,
     ) -> None:
         if method not in METHODS:
             raise SekvError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         self.loaded, self.document = loaded, document
         tokenizer = loaded.tokenizer
         self.template = chat_template(tokenizer)
-        self.context = encode_context(tokenizer, self.template, document.text)
+        if context is None:
+            context = encode_context(tokenizer, self.template, document.text)
+        self.context = context
         self.doc_tokens = len(self.context) - self.context.doc_start
         check_window(loaded, document, self.context, METHODS[method].reads_books)
         self.pages = token_pages(document, self.context.offsets)

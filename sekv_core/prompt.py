@@ -10,9 +10,11 @@ offsets so tokens map back to pages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .errors import SekvError
 
@@ -38,12 +40,13 @@ class Context:
     """Token ids of the prompt up to the end of the document.
 
     ``ids[doc_start:]`` are the document's tokens; ``offsets[i]`` is the (start, end) character
-    range of document token ``i`` in the document text.
+    range of document token ``i`` in the document text (an array (T_doc, 2) from
+    :func:`encode_context`; any sequence of pairs will do).
     """
 
     ids: list[int]
     doc_start: int
-    offsets: list[tuple[int, int]]
+    offsets: Sequence[tuple[int, int]] | np.ndarray
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -91,15 +94,118 @@ def _cut(text: str) -> Template:
     return Template(head, middle, tail)
 
 
-def encode_context(tokenizer: Any, template: Template, document_text: str) -> Context:
-    """Tokenise template head + document, keeping document character offsets."""
+Progress = Callable[[int, int], None]
+"""progress(characters tokenised, characters in all)."""
+
+
+def encode_context(
+    tokenizer: Any, template: Template, document_text: str, progress: Progress | None = None
+) -> Context:
+    """Tokenise template head + document, keeping document character offsets.
+
+    The document is tokenised piece by piece (:func:`encode_text`): the tokens are those of the
+    whole text, in memory bounded by a piece; ``progress`` is told after each piece of a
+    document longer than one.
+    """
     head = tokenizer(template.head, add_special_tokens=False)["input_ids"]
     if tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", False):
         if not head or head[0] != tokenizer.bos_token_id:
             head = [tokenizer.bos_token_id, *head]
-    enc = tokenizer(document_text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
-    return Context(ids=list(head) + list(enc["input_ids"]), doc_start=len(head), offsets=offsets)
+    ids, offsets = encode_text(tokenizer, document_text, progress)
+    return Context(ids=list(head) + ids, doc_start=len(head), offsets=offsets)
+
+
+PIECE_CHARS = 1 << 18  # characters tokenised at a time
+OVERLAP_CHARS = 1 << 10  # a piece's last characters, read again at the start of the next
+
+
+def encode_text(
+    tokenizer: Any, text: str, progress: Progress | None = None, piece: int = PIECE_CHARS
+) -> tuple[list[int], np.ndarray]:
+    """Token ids of ``text`` and each token's (start, end) character offsets (T, 2), as the
+    tokenizer gives them for the whole text, found ``piece`` characters at a time.
+
+    A piece's tokens are kept up to ``OVERLAP_CHARS`` before its end (a cut may fall inside a
+    word); the next piece starts a little before that, at one of those tokens, and its tokens
+    take over where both pieces agree on the tokens up to the kept end: from there on the
+    whole text's tokenization is the same. Where the two never agree (a word longer than the
+    overlap), the piece is read again twice as long.
+    """
+    n = len(text)
+    ids: list[int] = []
+    starts: list[np.ndarray] = []
+    done, size = 0, max(piece, 4 * OVERLAP_CHARS)  # text[:done] is tokenised
+    carried = None  # the next piece's tokens from ``done`` on, and where it ends, read already
+    while done < n:
+        if carried is not None:
+            piece_ids, piece_offsets, end = carried
+            carried = None
+        else:
+            end = min(n, done + size)
+            piece_ids, piece_offsets = _encode(tokenizer, text, done, end)
+        if end == n:
+            ids += piece_ids
+            starts.append(piece_offsets)
+            done = n
+        else:
+            kept = int(np.searchsorted(piece_offsets[:, 1], end - OVERLAP_CHARS, side="right"))
+            first = max(int(np.searchsorted(piece_offsets[:, 0], end - 2 * OVERLAP_CHARS)), 1)
+            if first >= kept:  # too few tokens in the overlap to agree on: a longer piece
+                size *= 2
+                continue
+            nxt = int(piece_offsets[first, 0])
+            next_end = min(n, nxt + size)
+            next_ids, next_offsets = _encode(tokenizer, text, nxt, next_end)
+            at = _agreement(piece_ids, piece_offsets, first, kept, next_ids, next_offsets)
+            if at is None:
+                size *= 2
+                continue
+            mine, theirs = at
+            ids += piece_ids[:mine]
+            starts.append(piece_offsets[:mine])
+            done = int(piece_offsets[mine, 0])
+            carried = (next_ids[theirs:], next_offsets[theirs:], next_end)
+            size = max(piece, 4 * OVERLAP_CHARS)
+        if progress is not None and n > piece:
+            progress(done, n)
+    dtype = np.int32 if n < 2**31 else np.int64
+    offsets = np.concatenate(starts).astype(dtype) if starts else np.zeros((0, 2), dtype)
+    return ids, offsets.reshape(-1, 2)
+
+
+def _encode(tokenizer: Any, text: str, start: int, end: int) -> tuple[list[int], np.ndarray]:
+    """The tokens of ``text[start:end]``: ids, and offsets (T, 2) into ``text``."""
+    enc = tokenizer(text[start:end], add_special_tokens=False, return_offsets_mapping=True)
+    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2) + start
+    return list(enc["input_ids"]), offsets
+
+
+def _agreement(
+    ids: list[int],
+    offsets: np.ndarray,
+    first: int,
+    kept: int,
+    next_ids: list[int],
+    next_offsets: np.ndarray,
+) -> tuple[int, int] | None:
+    """The first token ``t`` of ``ids[first:kept]`` from which the next piece's tokens are the
+    same (ids and offsets) up to ``kept``: (t, its index in the next piece); None if none.
+    Only a token that begins a character can be one (the bytes of one character may be
+    several tokens with the same offsets)."""
+    index: dict[int, int] = {}
+    for i, s in enumerate(next_offsets[:, 0].tolist()):
+        index.setdefault(s, i)  # the first token at each offset
+    for t in range(first, kept):
+        if offsets[t, 0] == offsets[t - 1, 0]:
+            continue
+        i = index.get(int(offsets[t, 0]))
+        if i is None or i + kept - t > len(next_ids):
+            continue
+        if next_ids[i : i + kept - t] == ids[t:kept] and np.array_equal(
+            next_offsets[i : i + kept - t], offsets[t:kept]
+        ):
+            return t, i
+    return None
 
 
 def encode_question(

@@ -262,3 +262,31 @@ def test_stores_list_is_one_line_per_store_at_80_columns(doc, tiny_model_dirs, s
     for key in keys:  # the key shown is a prefix `stores rm` takes
         shown = next(line.split()[-1] for line in lines[1:-1] if key.startswith(line.split()[-1]))
         assert len(shown) >= 16
+
+
+# --- 7. a long document: progress from the first second, in plain lines off a terminal ---
+
+
+def test_a_long_document_says_it_is_read_and_tokenised_before_anything_else(
+    tmp_path, tiny_model_dirs, monkeypatch
+):
+    doc = tmp_path / "long.txt"
+    doc.write_text("The keeper is named Orla and the lamp is lit at dusk. " * 12_000)  # 660K chars
+    monkeypatch.setattr(common, "READING_NOTICE_S", 0.0)  # reading takes less here
+    for command in (["ingest", doc], ["ask", doc, "Who is the keeper?"]):
+        result = run(*command, "--model", tiny_model_dirs["llama"], "--max-tokens", "41250")
+        lines = result.stderr.splitlines()
+        assert lines[0] == "Reading long.txt (0.6 MiB)…", lines
+        assert "long.txt (tokenizing): 0.3M/0.6M characters…" in lines[1], lines
+        assert result.exit_code == 1 and lines[-1].startswith("Error: ")  # too many tokens
+
+
+def test_the_ingest_log_starts_at_once_for_a_long_document(monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(common, "err", console(file=buffer, width=80))  # not a terminal
+    with common.prefill_progress("Ingesting book.txt") as progress:
+        progress(0, 1000)  # short: nothing yet
+    assert buffer.getvalue() == ""
+    with common.prefill_progress("Ingesting book.txt") as progress:
+        progress(0, 14_000_000)
+    assert buffer.getvalue() == "Ingesting book.txt: 0/14,000,000 tokens…\n"

@@ -269,3 +269,29 @@ def test_check_tokens_says_how_to_go_ahead(tmp_path: Path) -> None:
         f"'{doc}' is 1,234,567 tokens, more than --max-tokens 1,000,000 allows; to read it "
         "anyway, pass --max-tokens 1234567"
     )
+
+
+def _tidy_in_one_go(text: str) -> str:
+    """The normalisation rules applied to the whole text at once (the reference)."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = re.sub(r"[ \t\f\v\u00a0]+", " ", text)
+    text = re.sub(r" +\n", "\n", text)
+    text = re.sub(r"(?<=[^\W\d_])-\n(?=[a-z])", "", text)
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+def test_long_text_is_tidied_in_pieces_to_the_same_text(monkeypatch) -> None:
+    """A long text is tidied piece by piece (a Ctrl-C waits for one piece at most), cut where
+    no rule applies across the cut: the result is the whole text's."""
+    import random
+
+    import sekv_core.documents as documents
+
+    parts = ["ab", "Zé", "12", "_", "-", " ", "  ", "\t", "\n", "\n\n\n", "\r\n", " \n", "-\n"]
+    parts += ["x-\ny", "\u00a0", ".", "\f", "Über"]
+    rng = random.Random(0)
+    for piece in (5, 17, 64, 1 << 20):
+        monkeypatch.setattr(documents, "NORMALISE_PIECE", piece)
+        for _ in range(60):
+            text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 800)))
+            assert documents._normalise(text) == _tidy_in_one_go(text), (piece, text)

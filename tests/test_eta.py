@@ -49,3 +49,24 @@ def test_constant_cost_is_estimated_exactly_and_a_resumed_ingest_counts_from_its
     assert said == pytest.approx((total - done) * 0.004, rel=1e-6)
     assert all(r[1] is None for r in rows[:2])  # too few intervals to say anything yet
     assert rows[-1][1] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_growth_fitted_on_the_first_chunks_of_a_book_is_not_carried_to_its_end():
+    """Early in a long ingest the time left is today's cost per token for all that is left,
+    a lower bound shown as such, not the growth of a few chunks carried over millions of
+    tokens (years)."""
+    from sekv_cli.eta import TRUSTED_SHARE, clock_time, eta_text
+
+    total = 14_000_000
+    cost = lambda x: 0.005 * (1 + x / 2000)  # noqa: E731  noisy early chunks: steep growth
+    rows = []
+    for done, said, _times in run(total, cost):
+        rows.append((done, said))
+        if done > 6 * CHUNK:
+            break
+    done, said = rows[-1]
+    assert said is not None and said < 100 * 24 * 3600  # not years
+    assert said == pytest.approx(cost(done) * (total - done), rel=0.2)  # today's cost
+    assert done < TRUSTED_SHARE * total
+    assert eta_text(said, True).startswith("≥ ") and "d " in clock_time(said)
+    assert clock_time(90061) == "1d 01:01:01" and clock_time(3599) == "0:59:59"

@@ -107,3 +107,90 @@ def test_a_template_that_would_change_the_head_is_refused(tiny_model_dirs):
     tpl = chat_template(tok)
     with pytest.raises(SekvError, match="before the document"):
         encode_question(tok, tpl, "Where?", HISTORY)
+
+
+def whole_text_tokens(tok, text: str):
+    import numpy as np
+
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), np.asarray(enc["offset_mapping"]).reshape(-1, 2)
+
+
+def piece_texts(seed: int = 0) -> list[str]:
+    """Texts whose pieces end inside words, runs of white space, numbers, multi-byte
+    characters and special tokens."""
+    import random
+
+    rng = random.Random(seed)
+    parts = list("abcdefgh ") + ["  ", "\n", "\n\n", "Über", "1234", "--", " \t", "é", "😀"]
+    parts += ["<|im_end|>", "日本語", "'s", "...", "      ", "The keeper is named Orla. "]
+    texts = ["".join(rng.choice(parts) for _ in range(rng.randint(50, 3000))) for _ in range(25)]
+    return texts + ["x" * 3000 + " " * 2000 + "y" * 1000, "word " * 2000]
+
+
+@pytest.mark.parametrize("overlap, piece", [(8, 32), (16, 100), (64, 257), (1024, 4096)])
+def test_piecewise_tokenization_is_the_whole_texts(tiny_model_dirs, monkeypatch, overlap, piece):
+    import numpy as np
+
+    from sekv_core import prompt
+    from sekv_core.documents import load_document
+
+    monkeypatch.setattr(prompt, "OVERLAP_CHARS", overlap)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    samples = [load_document(f"sample_docs/{n}").text for n in ("lighthouse.md", "handbook.pdf")]
+    for text in samples + piece_texts():
+        ids, offsets = prompt.encode_text(tok, text, piece=piece)
+        want_ids, want_offsets = whole_text_tokens(tok, text)
+        assert ids == want_ids and np.array_equal(offsets, want_offsets), text[:60]
+
+
+@pytest.mark.integration
+def test_piecewise_tokenization_is_the_whole_texts_with_the_default_model(
+    default_model, monkeypatch
+):
+    import numpy as np
+
+    from sekv_core import prompt
+    from sekv_core.documents import load_document
+
+    tok = default_model.tokenizer
+    samples = [load_document(f"sample_docs/{n}").text for n in ("lighthouse.md", "handbook.pdf")]
+    for overlap, piece in ((8, 40), (1024, 4096)):
+        monkeypatch.setattr(prompt, "OVERLAP_CHARS", overlap)
+        for text in samples + piece_texts(1):
+            ids, offsets = prompt.encode_text(tok, text, piece=piece)
+            want_ids, want_offsets = whole_text_tokens(tok, text)
+            assert ids == want_ids and np.array_equal(offsets, want_offsets), text[:60]
+
+
+def test_a_long_document_is_tokenised_in_bounded_pieces_with_progress(tiny_model_dirs):
+    """The tokenizer never sees much more than a piece; progress comes after each piece (a
+    Ctrl-C raised there stops the work at once)."""
+    from sekv_core import prompt
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dirs["llama"])
+    seen = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, text, **kwargs):
+            seen.append(len(text))
+            return tok(text, **kwargs)
+
+    text = "The keeper is named Orla and the lamp is lit at dusk. " * 40_000  # 2.2M characters
+    told = []
+    ctx = encode_context(Recording(), chat_template(tok), text, lambda d, t: told.append((d, t)))
+    assert max(seen) <= prompt.PIECE_CHARS
+    assert len(told) >= len(text) // prompt.PIECE_CHARS and told[-1] == (len(text), len(text))
+    assert all(a[0] < b[0] for a, b in zip(told, told[1:], strict=False))
+    assert ctx.offsets[-1][1] == len(text) and len(ctx.offsets) == len(ctx) - ctx.doc_start
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+
+    seen.clear()
+    with pytest.raises(KeyboardInterrupt):
+        encode_context(Recording(), chat_template(tok), text, stop)
+    assert sum(seen) < 3 * prompt.PIECE_CHARS  # stopped after the first piece
