@@ -1,4 +1,4 @@
-"""`sekv bench needle|qa|books|sources`: how well methods answer, side by side.
+"""`sekv bench needle|qa|books|sources|folder`: how well methods answer, side by side.
 
 The commands register on :data:`sekv_cli.bench.bench_app`; :mod:`sekv_cli.main` takes the app
 from here, so that every bench command is on it.
@@ -145,6 +145,58 @@ def books_bench(
     )
     if json_out:
         print_json({"books": rows})
+        return
+    typer.echo((out / "results.md").read_text(), nl=False)
+
+
+@bench_app.command("folder")
+@handle_errors
+def folder_bench(
+    documents: int = typer.Option(50, "--documents", min=2, help="Reports in the collection."),
+    tokens: int = typer.Option(
+        300_000, "--tokens", min=100, help="Tokens of the whole collection, shared evenly."
+    ),
+    facts: int | None = typer.Option(
+        None, "--facts", min=1, help="Reports holding a planted fact (default: a quarter)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated collection."),
+    max_new_tokens: int = typer.Option(32, min=1, help="Longest answer, in tokens."),
+    sets: list[str] = SET_OPTION,
+    model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
+    out: Path = typer.Option(Path("sekv-folder"), help="Directory for the collection and results."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """A folder of generated reports, facts planted in some, each asked in its own words and
+    paraphrased across the collection: SeKV routed to one document vs retrieve over the whole
+    collection vs full KV given the fact's own document; routing, sources, first token,
+    resident memory per document, and a document added (only it read)."""
+    settings = checked_settings(sets)
+    from sekv_bench.folder import bench_folder
+
+    from .library import library_progress
+
+    loaded = load_model_quietly(model, resolve_threads(threads))
+    with library_progress("Ingesting") as progress:
+        result = bench_folder(
+            loaded,
+            out,
+            documents,
+            tokens,
+            facts,
+            settings,
+            max_new_tokens,
+            seed,
+            on_row=lambda r: log.print(
+                f"{r['document']} {r['kind']}: routed to {r['routed']}; sekv "
+                f"{'ok' if r['sekv_correct'] else 'miss'} ({r['sekv_answer'][:40]!r}), retrieve "
+                f"{'ok' if r['retrieve_correct'] else 'miss'}, full "
+                f"{'ok' if r['full (own document)_correct'] else 'miss'}"
+            ),
+            progress=progress,
+        )
+    if json_out:
+        print_json(result)
         return
     typer.echo((out / "results.md").read_text(), nl=False)
 

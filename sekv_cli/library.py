@@ -47,7 +47,8 @@ def open_library(
     (progress on stderr, labelled ``verb``). Returns (library, seconds spent reading documents
     and loading the model)."""
     start = time.perf_counter()
-    selection = select_documents(paths, max_tokens, common.warn)
+    with common.reading_notice(paths):
+        selection = select_documents(paths, max_tokens, common.warn)
     if question is not None:
         check_question(question)
     common.check_home()
@@ -87,12 +88,14 @@ def library_progress(
     (:func:`sekv_cli.common.prefill_progress`)."""
     if alone is not None:
         with common.prefill_progress(f"{verb} {alone}") as update:
-            yield lambda p: update(p.tokens_done, p.tokens)
+            yield lambda p: update(p.tokens_done, p.tokens, p.unit)
         return
     eta = Eta()
 
     def label(p: IngestProgress) -> str:
         left = p.documents - p.documents_done
+        if not p.name:  # the last report: every document read
+            return f"{verb}: {p.documents} of {p.documents} documents done"
         return f"{verb} {p.name} ({p.documents_done} of {p.documents} done, {left} left)"
 
     if not common.err.is_terminal:

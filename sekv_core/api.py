@@ -232,15 +232,16 @@ class Library:
         return out
 
     def memory(self) -> dict[str, int]:
-        """The library's memory in all: ``resident_bytes`` the sessions held now keep resident,
-        ``resident_all_bytes`` what every document's resident tier would take at once,
-        ``full_kv_bytes`` every document's fp16 full KV cache, and the ``tokens`` of all."""
+        """The library's memory in all: ``resident_bytes`` the sessions held now keep resident
+        between answers (a span store's resident tier; a full cache), ``resident_all_bytes``
+        what every document's resident tier would take at once, ``full_kv_bytes`` every
+        document's fp16 full KV cache, and the ``tokens`` of all."""
         held = list(self.sessions.values()) + ([self.joined] if self.joined else [])
         rows = self.documents()
         return {
             "documents": len(rows),
             "tokens": sum(r["tokens"] for r in rows),
-            "resident_bytes": sum(s.method.memory()["resident_bytes"] for s in held),
+            "resident_bytes": sum(_between_answers(s) for s in held),
             "resident_all_bytes": sum(r["memory"].get("resident_bytes", 0) for r in rows),
             "full_kv_bytes": sum(r["memory"]["full_kv_bytes"] for r in rows),
         }
@@ -364,10 +365,20 @@ class Library:
             answer.timings["route_s"] = round(route_s, 4)
             for key in ("total_s", "first_token_s"):
                 answer.timings[key] = round(answer.timings[key] + route_s, 4)
-        in_all = self.memory()
-        answer.memory["held_resident_bytes"] = in_all["resident_bytes"]
+        if isinstance(self.answered.method, SeKV):  # its zoom is over: the pools go
+            self.answered.method.spans.drop_pools()
+        in_all = self.memory()  # the answering store counted with its zoom's peak
+        held = in_all["resident_bytes"] - _between_answers(self.answered)
+        answer.memory["held_resident_bytes"] = held + answer.memory["resident_bytes"]
         answer.memory["collection_resident_bytes"] = in_all["resident_all_bytes"]
         answer.memory["collection_full_kv_bytes"] = in_all["full_kv_bytes"]
+
+
+def _between_answers(session: Session) -> int:
+    """What ``session`` keeps resident between answers: its store's resident tier (its zoom
+    pools are dropped after each answer of a collection), else all its method holds."""
+    memory = session.method.memory()
+    return memory.get("resident_tier_bytes", memory["resident_bytes"])
 
 
 def _python_warning(message: str) -> None:

@@ -95,6 +95,8 @@ def test_a_question_goes_to_its_document_and_cites_it_by_file(tmp_path, loaded, 
     assert answer.document["path"] == str(docs / "reports" / "harbour.md")
     assert {s["path"] for s in answer.sources} <= {answer.document["path"]}
     assert [d["held"] for d in library.documents()] == [True, False, True]
+    tiers = [d["memory"]["resident_bytes"] for d in library.documents()]
+    assert answer.memory["held_resident_bytes"] == answer.memory["resident_bytes"] + tiers[0]
     assert len(builds) == 3  # nothing built while answering
 
 
@@ -135,7 +137,9 @@ def test_keep_bounds_the_stores_held(tmp_path, loaded):
     library.ask(KEEPER, max_new_tokens=4)
     answer = library.ask(MILLER, max_new_tokens=4)
     assert [d["held"] for d in library.documents()] == [False, True, False]
-    assert library.memory()["resident_bytes"] == answer.memory["resident_bytes"]
+    assert answer.memory["held_resident_bytes"] == answer.memory["resident_bytes"]  # its alone
+    # between answers a store keeps its resident tier: the answer's zoom pools are let go
+    assert library.memory()["resident_bytes"] == answer.memory["resident_tier_bytes"]
     assert library.memory()["resident_all_bytes"] > answer.memory["resident_tier_bytes"]
 
 
