@@ -207,3 +207,20 @@ def test_a_library_is_plain_data_and_a_class(tmp_path, loaded):
     assert set(library.memory()) == {
         "documents", "tokens", "resident_bytes", "resident_all_bytes", "full_kv_bytes",
     }  # fmt: skip
+
+
+@pytest.mark.integration
+def test_the_default_model_answers_across_the_sample_documents(default_model):
+    """The real model over a collection: each question goes to its document and the answer
+    cites it by file and page."""
+    docs = [ROOT / "sample_docs" / "lighthouse.md", ROOT / "sample_docs" / "handbook.pdf"]
+    library = open_documents(docs, default_model)
+    answer = library.ask("Who is the head of the Security team?", max_new_tokens=24)
+    assert answer.document["path"] == str(docs[1]) and "Marta Quill" in answer.answer
+    assert any(
+        s["path"] == str(docs[1]) and s["page"] == 5 and "Marta Quill" in s["text"]
+        for s in answer.sources
+    )
+    answer = library.ask("What is the station dog called?", max_new_tokens=16)
+    assert answer.document["path"] == str(docs[0])
+    assert any("Biscuit" in s["text"] for s in answer.sources)
