@@ -52,8 +52,10 @@ def test_cli_ask_on_sample_doc(default_model, shared_home):
 
 
 def test_sekv_finds_a_planted_needle(default_model, tmp_path):
-    """A needle fact mid-document is answered from the span store, with the needle's span zoomed
-    and resident memory (incl. the zoom peak) at most 20% of the full KV cache."""
+    """A needle fact mid-document is answered from the span store by the training-free rule, with
+    the needle's span zoomed and resident memory (incl. the zoom peak) at most 20% of the full KV
+    cache. (The trained router misses this needle at a 256-token budget: needles at 4K tokens are
+    where it answers fewer than the training-free rule, docs/benchmarks.md.)"""
     from sekv_bench.haystack import NEEDLES, haystack
     from sekv_core.methods import MethodSettings
 
@@ -63,7 +65,7 @@ def test_sekv_finds_a_planted_needle(default_model, tmp_path):
     path.write_text(haystack(default_model.tokenizer, 3500, 0.5, needle, seed=3500))
     document = load_document(path)
     assert needle.answer in Session(default_model, document, "full").ask(needle.question, 24).answer
-    session = Session(default_model, document, "sekv", MethodSettings(budget=256))
+    session = Session(default_model, document, "sekv-training-free", MethodSettings(budget=256))
     assert 3000 <= session.doc_tokens <= 4500
     answer = session.ask(needle.question, max_new_tokens=24)
     assert needle.answer in answer.answer, answer.answer
