@@ -216,6 +216,7 @@ def field_codes(records: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """Codes (T, D) float32 of an allocated code's records (T, B) uint8, ``bits`` (D,) int64
     per direction (:meth:`sekv_core.store.codes.EvenCode.decode`)."""
     (T, B), D = records.shape, bits.numel()
+    _require(D <= 256 and B >= 1, "a record's directions do not fit the native decoder")
     out = torch.empty(T, D)
     library().sekv_field_codes(_ptr(records), T, B, D, _ptr(bits), _ptr(out))
     return out

@@ -305,17 +305,26 @@ int64_t sekv_gather(int64_t n, const int64_t *spans, const int64_t *heads, int64
  * read from that bit's byte and the next (none after the record's last byte). */
 void sekv_field_codes(const uint8_t *records, int64_t T, int64_t B, int64_t D,
                       const int64_t *bits, float *out) {
+    /* each direction's first byte, shift and mask once; then record by record (rows in order:
+     * reads and writes are sequential) */
+    int64_t first[256], shift[256];
+    uint32_t mask[256];
+    if (D > 256) return;
     int64_t start = 0;
     for (int64_t d = 0; d < D; d++) {
-        int64_t first = start / 8 < B - 1 ? start / 8 : B - 1, shift = start - 8 * first;
-        uint32_t mask = (1u << bits[d]) - 1u;
-        int has_next = first + 1 < B;
-        for (int64_t t = 0; t < T; t++) {
-            const uint8_t *r = records + t * B;
-            uint32_t window = r[first] | (has_next ? (uint32_t)r[first + 1] << 8 : 0u);
-            out[t * D + d] = (float)((window >> shift) & mask);
-        }
+        first[d] = start / 8 < B - 2 ? start / 8 : (B >= 2 ? B - 2 : 0);
+        shift[d] = start - 8 * first[d];
+        mask[d] = (1u << bits[d]) - 1u;
         start += bits[d];
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const uint8_t *r = records + t * B;
+        float *o = out + t * D;
+        for (int64_t d = 0; d < D; d++) {
+            const uint8_t *p = r + first[d];
+            uint32_t window = p[0] | (B >= 2 ? (uint32_t)p[1] << 8 : 0u);
+            o[d] = (float)((window >> shift[d]) & mask[d]);
+        }
     }
 }
 

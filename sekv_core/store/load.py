@@ -222,9 +222,9 @@ def sketch_rows(
     if positions.numel() != S:
         raise ValueError("span bounds do not cover the offload tier's rows")
     top = 2 ** (bits - 1) - 1
-    levels = torch.zeros(L, H, S, R)
     if not S:  # a document of a few tokens: no spans
-        return pack_sketch(levels, bits)
+        return pack_sketch(torch.zeros(L, H, 0, R), bits)
+    rows: list[torch.Tensor | None] = [None] * L  # each layer's packed rows (H, S, R / 2 or R)
     rows_per_part = torch.diff(resident["part_rows"]).tolist()
     B = code.record_bytes
     parts = torch.split(k_rows.view(-1, B), [L * H * n for n in rows_per_part])
@@ -238,12 +238,12 @@ def sketch_rows(
         if rope is not None:
             keys = rope.rotate(keys, positions.repeat(H))
         raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
-        levels[layer] = raw.round_().clamp_(-top, top)
+        rows[layer] = pack_sketch(raw.round_().clamp_(-top, top), bits)
 
     threads = torch.get_num_threads()
     with one_thread():  # each layer on one intra-op thread: the same rows however many run
         each_on_threads(layer_rows, range(L), workers=threads)
-    return pack_sketch(levels, bits)
+    return torch.stack(rows)  # type: ignore[arg-type]  # every layer filled
 
 
 def check_sizes(
