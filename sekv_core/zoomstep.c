@@ -302,11 +302,13 @@ int64_t sekv_gather(int64_t n, const int64_t *spans, const int64_t *heads, int64
 
 /* The codes (T, D) as floats of an even code's records (T, B) (sekv_core.store.codes): the
  * d-th code has bits[d] bits from bit sum(bits[:d]) of the record on, least significant first,
- * read from that bit's byte and the next (none after the record's last byte). */
+ * read from a 16-bit window at or before that bit's byte (the record's last two bytes for a
+ * code in its last byte; one byte if the record is one byte). At most 256 directions (the
+ * caller checks). */
 void sekv_field_codes(const uint8_t *records, int64_t T, int64_t B, int64_t D,
                       const int64_t *bits, float *out) {
-    /* each direction's first byte, shift and mask once; then record by record (rows in order:
-     * reads and writes are sequential) */
+    /* each direction's window, shift and mask once; then record by record (sequential reads
+     * and writes) */
     int64_t first[256], shift[256];
     uint32_t mask[256];
     if (D > 256) return;
