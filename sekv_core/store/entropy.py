@@ -151,44 +151,49 @@ def _histogram(records: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor)
 
 def _fit(counts: np.ndarray, widths: torch.Tensor, H: int) -> np.ndarray:
     """(N, 2) :data:`PARAMS` each stream's centre and spread: the stream's mean, and the multiple of
-    its deviation in :data:`SPREADS` whose table codes its histogram shortest."""
+    its deviation in :data:`SPREADS` whose table codes its histogram shortest (the first such)."""
     k = np.arange(TABLE, dtype=np.float64)
-    total = np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    mean = (counts * k).sum(axis=1) / total[:, 0]
-    dev = np.sqrt((counts * (k - mean[:, None]) ** 2).sum(axis=1) / total[:, 0])
+    total = np.maximum(counts.sum(axis=1), 1)
+    mean = (counts * k).sum(axis=1) / total
+    dev = np.sqrt((counts * (k - mean[:, None]) ** 2).sum(axis=1) / total)
     dev = np.maximum(dev, 0.25)
-    best, best_cost = None, None
-    for m in SPREADS:
-        trial = np.stack([mean, dev * m], axis=1).astype(PARAMS)  # as stored
-        freq = _tables(trial, widths, H).astype(np.float64)
-        cost = -(counts * np.log2(np.maximum(freq, 1) / 2**PROB_BITS)).sum(axis=1)
-        if best is None:
-            best, best_cost = trial, cost
-        else:
-            take = cost < best_cost
-            best[take], best_cost = trial[take], np.minimum(cost, best_cost)
+    spreads = np.array(SPREADS)
+    best = np.zeros((counts.shape[0], 2), dtype=PARAMS)
+    stream_widths = _stream_widths(widths, H)
+    for width in np.unique(stream_widths).tolist():
+        at, n = np.flatnonzero(stream_widths == width), 2**width
+        centres = np.broadcast_to(mean[at, None], (at.size, spreads.size))
+        trials = np.stack([centres, dev[at, None] * spreads], axis=-1).astype(PARAMS)  # as stored
+        freq = _width_tables(trials.reshape(-1, 2), n).reshape(at.size, spreads.size, n)
+        cost = -(counts[at, None, :n] * np.log2(freq / 2**PROB_BITS)).sum(axis=-1)
+        best[at] = trials[np.arange(at.size), cost.argmin(axis=1)]
     return best
 
 
 def _tables(params: np.ndarray, widths: torch.Tensor, H: int) -> np.ndarray:
-    """(N, TABLE) uint16 every stream's table of its (centre, spread): each of its 2^width
-    symbols 1 + its share of the rest of 2^PROB_BITS (rounded down), the remainder on the
-    likeliest symbol. Computed per width (a stream's 2^width symbols only)."""
+    """(N, TABLE) uint16 every stream's table of its (centre, spread) (:func:`_width_tables`);
+    a stream's entries past its 2^width are 0."""
     stream_widths = _stream_widths(widths, H)
     out = np.zeros((stream_widths.size, TABLE), dtype=np.uint16)
     for width in np.unique(stream_widths).tolist():
         at = np.flatnonzero(stream_widths == width)
-        n = 2**width
-        k = np.arange(n, dtype=np.float64)
-        centre, spread = (params[at, i : i + 1].astype(np.float64) for i in (0, 1))
-        z = (k - centre) / spread
-        logp = -0.5 * z * z
-        p = np.exp(logp - logp.max(axis=1, keepdims=True))
-        share = p / p.sum(axis=1, keepdims=True)
-        freq = 1 + np.floor(share * (2**PROB_BITS - n)).astype(np.int64)
-        freq[np.arange(at.size), p.argmax(axis=1)] += 2**PROB_BITS - freq.sum(axis=1)
-        out[at, :n] = freq
+        out[at, : 2**width] = _width_tables(params[at], 2**width)
     return out
+
+
+def _width_tables(params: np.ndarray, n: int) -> np.ndarray:
+    """(M, n) int64 the tables of M streams of n symbols from their (centre, spread) (M, 2):
+    each symbol 1 + its share of the rest of 2^PROB_BITS under a discretised Gaussian (rounded
+    down), the remainder on the likeliest symbol."""
+    k = np.arange(n, dtype=np.float64)
+    centre, spread = (params[:, i : i + 1].astype(np.float64) for i in (0, 1))
+    z = (k - centre) / spread
+    logp = -0.5 * z * z
+    p = np.exp(logp - logp.max(axis=1, keepdims=True))
+    share = p / p.sum(axis=1, keepdims=True)
+    freq = 1 + np.floor(share * (2**PROB_BITS - n)).astype(np.int64)
+    freq[np.arange(len(params)), p.argmax(axis=1)] += 2**PROB_BITS - freq.sum(axis=1)
+    return freq
 
 
 def _checksum(tables: list[np.ndarray]) -> torch.Tensor:
