@@ -31,12 +31,9 @@ def coded_parts(code, rows_per_part, seed=0) -> list[torch.Tensor]:
     return out
 
 
-def bounds(rows_per_part) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(rows_per_part).cumsum(0).tolist()])
-
-
 def flat(parts: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([p.flatten() for p in parts])
+    """The parts' records as a store holds them: one part, (L, H, S, B)."""
+    return torch.cat(parts, dim=2).flatten()
 
 
 @needs_native
@@ -51,7 +48,7 @@ def test_every_code_round_trips_exactly_over_parts_and_is_smaller(spec):
     stored = entropy.compacted({"k": parts, "v": [p.clone() for p in parts]}, codes)
     assert "k_rows" not in stored and "v_rows" not in stored  # coded: it paid
     assert nbytes(stored) < 0.95 * 2 * flat(parts).numel()
-    back = entropy.expanded(stored, bounds(sizes), codes)
+    back = entropy.expanded(stored, sum(sizes), codes)
     assert torch.equal(back["k_rows"], flat(parts)) and torch.equal(back["v_rows"], flat(parts))
 
 
@@ -62,7 +59,7 @@ def test_records_that_do_not_compress_are_kept_as_they_are():
     stored = entropy.compacted({"k": [noise], "v": [noise]}, {"k": code, "v": code})
     assert set(stored) == {"k_rows", "v_rows"}  # never larger than the records
     assert torch.equal(stored["k_rows"], noise.flatten())
-    back = entropy.expanded(stored, torch.tensor([0, 400]), {"k": code, "v": code})
+    back = entropy.expanded(stored, 400, {"k": code, "v": code})
     assert torch.equal(back["v_rows"], noise.flatten())
 
 
@@ -70,7 +67,7 @@ def test_records_that_do_not_compress_are_kept_as_they_are():
 def test_a_coding_with_other_tables_or_bytes_is_refused():
     code = fit_code(torch.randn(1, 2, 200, 64) * torch.linspace(3, 0.1, 64), "even:0.175")
     parts = coded_parts(code, [2000])
-    codes, rows = {"k": code, "v": code}, bounds([2000])
+    codes, rows = {"k": code, "v": code}, 2000
     stored = entropy.compacted({"k": parts, "v": parts}, codes)
     assert stored["k_params"].dtype == torch.float16 and stored["k_params"].shape[1] == 2
     with pytest.raises(ValueError, match="tables differ"):
@@ -79,7 +76,7 @@ def test_a_coding_with_other_tables_or_bytes_is_refused():
     check[0] ^= 1
     with pytest.raises(ValueError, match="tables differ"):
         entropy.expanded(dict(stored, k_check=check), rows, codes)
-    with pytest.raises(ValueError, match="match its parts"):  # too few numbers
+    with pytest.raises(ValueError, match="match its layers"):  # too few numbers
         entropy.expanded(dict(stored, k_params=stored["k_params"][:-1]), rows, codes)
     short = dict(stored, k_coded=stored["k_coded"][:-3])
     short["k_coded_bytes"] = stored["k_coded_bytes"] - 3
@@ -88,8 +85,8 @@ def test_a_coding_with_other_tables_or_bytes_is_refused():
     longer = dict(stored, k_coded=torch.cat([stored["k_coded"], torch.zeros(2, dtype=torch.uint8)]))
     with pytest.raises(ValueError, match="do not add up"):
         entropy.expanded(longer, rows, codes)
-    with pytest.raises(ValueError, match="match its parts"):
-        entropy.expanded(stored, torch.tensor([0, 1000, 2000]), codes)
+    with pytest.raises(ValueError, match="does not decode"):  # another count of rows
+        entropy.expanded(stored, 1999, codes)
 
 
 def codes_of(store):
@@ -98,14 +95,11 @@ def codes_of(store):
 
 
 def parts_of(store, codes) -> dict[str, list[torch.Tensor]]:
-    """The store's decoded records, (L, H, n, B) per part."""
+    """The store's decoded records: one part, (L, H, S, B)."""
     L, H = store.resident["fixed_k"].shape[:2]
-    rows = torch.diff(store.resident["part_rows"]).tolist()
     out = {}
     for kind in ("k", "v"):
-        B = codes[kind].record_bytes
-        pieces = torch.split(store.offload[f"{kind}_rows"], [L * H * n * B for n in rows])
-        out[kind] = [p.view(L, H, n, B) for p, n in zip(pieces, rows, strict=True)]
+        out[kind] = [store.offload[f"{kind}_rows"].view(L, H, -1, codes[kind].record_bytes)]
     return out
 
 

@@ -40,7 +40,6 @@ RESIDENT = {
     "sketch_key": torch.float16,
     "sketch_mean": torch.float16,
     "sketch_scale": torch.float16,
-    "part_rows": torch.int64,
     "k_basis": torch.int8,
     "k_basis_exp": torch.int8,
     "k_metric": torch.float16,

@@ -79,7 +79,6 @@ def build_store(
         "sketch_key": basis.key_proj,
         "sketch_mean": basis.mean,
         "sketch_scale": scale,
-        "part_rows": torch.tensor([0, len(span_tokens)]),  # one part: every span token's row
     }
     positions = {
         "mode": "original",

@@ -2,11 +2,12 @@
 
 A record of an offload code (:mod:`sekv_core.store.codes`) holds fixed-width fields
 (``record_fields``: a key's direction codes; a value's tier codes and scale bytes), and a
-field's codes crowd the centre of its range. So the file holds, per (part, layer, KV head,
-field), a *stream* of that field over the part's rows, coded with a static rANS coder
-(``rans.c``) under a discretised Gaussian table fitted to it (two fp16 numbers: centre and
-spread, the spread picked from :data:`SPREADS` times the stream's deviation by the length it
-codes to). Every symbol keeps a probability of at least 2^-12, so a stream always codes.
+field's codes crowd the centre of its range. So the file holds, per (layer, KV head, field), a
+*stream* of that field over every span token's row, coded with a static rANS coder (``rans.c``)
+under a discretised Gaussian table fitted to it (two fp16 numbers: centre and spread, the
+spread picked from :data:`SPREADS` times the stream's deviation by the length it codes to).
+Every symbol keeps a probability of at least 2^-12, so a stream always codes. Each layer's
+streams are one coding of their own, so layers decode in parallel.
 
 Lossless: loading decodes the records bit for bit (:func:`expanded`). The build decodes what
 it wrote and keeps a kind's records as they are where that fails, where the coding would not
@@ -40,29 +41,29 @@ def usable() -> bool:
 
 
 def compacted(parts: dict[str, list[torch.Tensor]], codes: dict) -> dict[str, torch.Tensor]:
-    """The offload file's tensors for each kind's records, part by part (``parts[kind]``: one
-    (L, H, n, B) uint8 tensor per part), in ``codes`` (kind -> code): the kind's coding
-    (:data:`CODED`), or its records as they are (``{kind}_rows``, flat) where the coding does
-    not pay or fails."""
+    """The offload file's tensors for each kind's records (``parts[kind]``: one (L, H, n, B)
+    uint8 tensor per part of a build, in order) in ``codes`` (kind -> code): the kind's coding
+    (:data:`CODED`), or its records as they are (``{kind}_rows``, (L, H, S, B) flat) where the
+    coding does not pay or fails. Either way the parts are one: a layer's rows in order."""
     out = {}
     for kind in KINDS:
-        records = parts[kind]
-        coded = _compact_kind(records, codes[kind]) if usable() else None
-        raw = sum(r.numel() for r in records)
+        if not parts[kind]:
+            out[f"{kind}_rows"] = torch.zeros(0, dtype=torch.uint8)
+            continue
+        coded = _compact_kind(parts[kind], codes[kind]) if usable() else None
+        raw = sum(r.numel() for r in parts[kind])
         if coded is None or sum(t.numel() * t.element_size() for t in coded.values()) >= raw:
-            flat = [r.reshape(-1) for r in records]
-            out[f"{kind}_rows"] = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.uint8)
+            layers = range(parts[kind][0].shape[0])
+            out[f"{kind}_rows"] = torch.cat([_layer(parts[kind], at).flatten() for at in layers])
         else:
             out.update({f"{kind}_{name}": t for name, t in coded.items()})
     return out
 
 
-def expanded(
-    tensors: dict[str, torch.Tensor], part_rows: torch.Tensor, codes: dict
-) -> dict[str, torch.Tensor]:
-    """The flat fixed-rate records (``k_rows``, ``v_rows``) of an offload file's tensors:
-    decoded where coded, else as stored. ValueError where a coding does not decode (or this
-    machine cannot decode it)."""
+def expanded(tensors: dict[str, torch.Tensor], rows: int, codes: dict) -> dict[str, torch.Tensor]:
+    """The flat fixed-rate records (``k_rows``, ``v_rows``: (L, H, ``rows``, B)) of an offload
+    file's tensors: decoded where coded, else as stored. ValueError where a coding does not
+    decode (or this machine cannot decode it)."""
     out = {}
     for kind in KINDS:
         if f"{kind}_rows" in tensors:
@@ -71,65 +72,72 @@ def expanded(
         if not usable():
             raise ValueError("its offload tier is entropy-coded and the native library is missing")
         got = {name: tensors[f"{kind}_{name}"] for name in CODED}
-        out[f"{kind}_rows"] = _expand_kind(got, part_rows, codes[kind])
+        out[f"{kind}_rows"] = _expand_kind(got, rows, codes[kind])
     return out
 
 
+def _layer(parts: list[torch.Tensor], at: int) -> torch.Tensor:
+    """Layer ``at``'s records (1, H, S, B) over every part (each (L, H, n, B)), contiguous."""
+    if len(parts) == 1:
+        return parts[0][at : at + 1].contiguous()
+    return torch.cat([p[at : at + 1] for p in parts], dim=2)
+
+
 def _compact_kind(parts: list[torch.Tensor], code) -> dict | None:
+    """Each layer coded alone (its streams under fresh coder states), so layers decode in
+    parallel; one table per stream over all rows."""
     widths, flips = code.record_fields()
     B = code.record_bytes
     if int(widths.sum(dim=1).max()) != 8 * B or int(widths.sum(dim=1).min()) != 8 * B:
         return None  # fields that do not cover the record: not this coder's
-    pieces, lengths, params, tables = [], [], [], []
-    H = code.basis.shape[1]
-    for records in parts:
-        counts = _histogram(records, widths, flips)
-        fitted = _fit(counts, widths, H)
-        freq = _tables(fitted, widths, H)
-        coded = _encode(records, widths, flips, freq)
+    L, H = widths.shape[0], code.basis.shape[1]
+    streams = H * widths.shape[1]  # a layer's
+    counts = np.concatenate(
+        [_histogram(_layer(parts, at), widths[at : at + 1], flips[at : at + 1]) for at in range(L)]
+    )
+    params = _fit(counts, widths, H)
+    tables = _tables(params, widths, H)
+    pieces = []
+    for at in range(L):
+        records, fields = _layer(parts, at), (widths[at : at + 1], flips[at : at + 1])
+        table = tables[at * streams : (at + 1) * streams]
+        coded = _encode(records, *fields, table)
         if coded is None:  # (not smaller than the records)
             return None
-        back = torch.empty_like(records)
-        if not torch.equal(_decode(coded, back, widths, flips, freq), records):
+        if not torch.equal(_decode(coded, torch.empty_like(records), *fields, table), records):
             return None  # never written: a coding that does not give the records back
         pieces.append(coded)
-        lengths.append(coded.numel())
-        params.append(fitted)
-        tables.append(freq)
-    params_t = torch.from_numpy(np.concatenate(params) if params else np.zeros((0, 2), PARAMS))
     return {
         "coded": torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8),
-        "coded_bytes": torch.tensor(lengths, dtype=torch.int64),
-        "params": params_t,
+        "coded_bytes": torch.tensor([p.numel() for p in pieces], dtype=torch.int64),
+        "params": torch.from_numpy(params),
         "check": _checksum(tables),
     }
 
 
-def _expand_kind(got: dict, part_rows: torch.Tensor, code) -> torch.Tensor:
+def _expand_kind(got: dict, rows: int, code) -> torch.Tensor:
     widths, flips = code.record_fields()
     L, H, B = widths.shape[0], code.basis.shape[1], code.record_bytes
-    rows = torch.diff(part_rows).tolist()
-    streams = L * H * widths.shape[1]
+    streams = H * widths.shape[1]  # a layer's
     lengths = got["coded_bytes"].tolist()
     params = got["params"]
-    if len(lengths) != len(rows) or params.shape != (streams * len(rows), 2):
-        raise ValueError("its offload coding does not match its parts")
-    params = params.float().numpy()
-    tables = [_tables(params[p * streams : (p + 1) * streams], widths, H) for p in range(len(rows))]
+    if len(lengths) != L or params.shape != (streams * L, 2):
+        raise ValueError("its offload coding does not match its layers")
+    tables = _tables(params.float().numpy(), widths, H)
     if not torch.equal(_checksum(tables), got["check"]):
         raise ValueError("its offload coding's tables differ on this machine")
     if sum(lengths) != got["coded"].numel():
-        raise ValueError("its offload coding's parts do not add up to its bytes")
-    out = torch.empty(int(part_rows[-1]) * L * H * B, dtype=torch.uint8)
-    coded_at, rows_at = np.cumsum([0, *lengths]), np.cumsum([0, *rows]) * (L * H * B)
+        raise ValueError("its offload coding's layers do not add up to its bytes")
+    out = torch.empty(L, H, rows, B, dtype=torch.uint8)
+    at = np.cumsum([0, *lengths])
 
-    def part(p: int) -> None:  # each part's bytes decode alone, into its place
-        coded = got["coded"][coded_at[p] : coded_at[p + 1]]
-        into = out[rows_at[p] : rows_at[p + 1]].view(L, H, rows[p], B)
-        _decode(coded, into, widths, flips, tables[p])
+    def layer(i: int) -> None:  # each layer's bytes decode alone, into its place
+        coded = got["coded"][at[i] : at[i + 1]]
+        fields = (widths[i : i + 1], flips[i : i + 1])
+        _decode(coded, out[i : i + 1], *fields, tables[i * streams : (i + 1) * streams])
 
-    each_on_threads(part, range(len(rows)))
-    return out
+    each_on_threads(layer, range(L))
+    return out.view(-1)
 
 
 def _stream_widths(widths: torch.Tensor, H: int) -> np.ndarray:
@@ -196,12 +204,10 @@ def _width_tables(params: np.ndarray, n: int) -> np.ndarray:
     return freq
 
 
-def _checksum(tables: list[np.ndarray]) -> torch.Tensor:
-    """sha256 (32,) uint8 of every part's tables, as this machine builds them."""
-    h = hashlib.sha256()
-    for table in tables:
-        h.update(table.tobytes())
-    return torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8)
+def _checksum(tables: np.ndarray) -> torch.Tensor:
+    """sha256 (32,) uint8 of every stream's table, as this machine builds them."""
+    digest = hashlib.sha256(np.ascontiguousarray(tables).tobytes()).digest()
+    return torch.frombuffer(bytearray(digest), dtype=torch.uint8)
 
 
 def _encode(

@@ -103,7 +103,9 @@ def load_store(
     check_tokens(trace, resident, context, manifest["positions"]["sinks"])
     try:
         codes = store_codebooks(resident, settings.key_code, settings.value_code)
-        records = expanded(offload, resident["part_rows"], codes)
+        rows = int((resident["span_ends"] - resident["span_starts"]).sum())
+        records = expanded(offload, rows, codes)
+        resident["part_rows"] = torch.tensor([0, rows])  # the records: one part (L, H, S, B)
         rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
         bits = settings.sketch_bits
         resident["sketch"] = sketch_rows(resident, records["k_rows"], codes["k"], rope, bits)
@@ -217,24 +219,17 @@ def sketch_rows(
     proj = resident["sketch_key"].float() / scale[:, :, None]  # (L, H, D, R), in levels
     offset = resident["sketch_mean"].float()[:, :, None] @ proj  # (L, H, 1, R)
     L, H = proj.shape[:2]
-    S = int(resident["part_rows"][-1])
     positions = span_token_positions(resident["span_starts"], resident["span_ends"])
-    if positions.numel() != S:
-        raise ValueError("span bounds do not cover the offload tier's rows")
+    S = positions.numel()
     top = 2 ** (bits - 1) - 1
     if not S:  # a document of a few tokens: no spans
         return pack_sketch(torch.zeros(L, H, 0, R), bits)
     rows: list[torch.Tensor | None] = [None] * L  # each layer's packed rows (H, S, R / 2 or R)
-    rows_per_part = torch.diff(resident["part_rows"]).tolist()
     B = code.record_bytes
-    parts = torch.split(k_rows.view(-1, B), [L * H * n for n in rows_per_part])
+    records = k_rows.view(L, H * S, B)
 
     def layer_rows(layer: int) -> None:  # one layer at a time: bounded working memory
-        picked = [  # each part's records of this layer, (H, n, B), heads' rows in order
-            part.view(L, H, n, B)[layer] for part, n in zip(parts, rows_per_part, strict=True)
-        ]
-        records = torch.cat(picked, dim=1) if len(picked) > 1 else picked[0]
-        keys = code.decode(records.reshape(H * S, B), layer, [S] * H, torch.float32)
+        keys = code.decode(records[layer], layer, [S] * H, torch.float32)
         if rope is not None:
             keys = rope.rotate(keys, positions.repeat(H))
         raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)

@@ -6,8 +6,8 @@
  * (0..8, lowest bits first, covering the record's 8 B bits; 0: none). A field's symbols over a
  * (layer, head)'s S rows form one *stream*, with its own frequency table (PROB_BITS-bit
  * probabilities, every symbol of its 2^width at least 1). Streams follow each other in
- * (layer, head, field) order, rows in order, under two coder states (even rows, odd rows: the
- * two steps of a decode overlap); a field may be xored with flips[l][f] before it is coded
+ * (layer, head, field) order, rows in order, under four coder states (row r by state r % 4:
+ * the steps of a decode overlap); a field may be xored with flips[l][f] before it is coded
  * (an int8 field made to order as its values). */
 #include <stdint.h>
 #include <string.h>
@@ -16,6 +16,7 @@
 #define PROB_SCALE (1u << PROB_BITS)
 #define RANS_LOW (1u << 23)
 #define TABLE 256 /* entries per stream's table (the widest field's symbols) */
+#define STATES 4  /* interleaved coder states: row r is coded by state r % 4 */
 
 static inline uint32_t field_get(const uint8_t *rec, int64_t B, int offset, int width) {
     int64_t byte = offset >> 3;
@@ -88,7 +89,8 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
     int offsets[8 * 256];
     uint32_t cum[TABLE];
     uint8_t *p = out + cap;
-    uint32_t xs[2] = {RANS_LOW, RANS_LOW};
+    uint32_t xs[STATES];
+    for (int k = 0; k < STATES; k++) xs[k] = RANS_LOW;
     if (F > 8 * 256) return -2;
     for (int64_t l = L - 1; l >= 0; l--) {
         if (offsets_of(widths + l * F, F, B, offsets)) return -2;
@@ -102,7 +104,7 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
                 if (cumulate(fr, width, cum, NULL)) return -2;
                 for (int64_t r = S - 1; r >= 0; r--) {
                     uint32_t s = field_get(block + r * B, B, offsets[f], width) ^ flip;
-                    uint32_t fs = fr[s], x = xs[r & 1];
+                    uint32_t fs = fr[s], x = xs[r % STATES];
                     if (fs == 0) return -2;
                     uint32_t x_max = ((RANS_LOW >> PROB_BITS) << 8) * fs;
                     while (x >= x_max) {
@@ -110,19 +112,34 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
                         *--p = (uint8_t)(x & 255u);
                         x >>= 8;
                     }
-                    xs[r & 1] = ((x / fs) << PROB_BITS) + (x % fs) + cum[s];
+                    xs[r % STATES] = ((x / fs) << PROB_BITS) + (x % fs) + cum[s];
                 }
             }
         }
     }
-    if (p - out < 8) return -1;
-    for (int k = 1; k >= 0; k--) /* read back: state 0 first, each high byte first */
+    if (p - out < 4 * STATES) return -1;
+    for (int k = STATES - 1; k >= 0; k--) /* read back: state 0 first, each high byte first */
         for (int i = 0; i < 4; i++) *--p = (uint8_t)(xs[k] >> (8 * i));
     return (int64_t)(out + cap - p);
 }
 
+/* One step of a decode: the next symbol s of state x (renormalised from p, returning -1 from
+ * the caller when the bytes run out) put into row `row`'s field. A macro, so that each of the
+ * four states stays in a register. */
+#define DECODE_ROW(x, row)                                                                    \
+    {                                                                                         \
+        uint32_t slot = x & (PROB_SCALE - 1u), s = symbol_of[slot];                          \
+        x = fr[s] * (x >> PROB_BITS) + slot - cum[s];                                         \
+        while (x < RANS_LOW) {                                                                \
+            if (p == end) return -1;                                                          \
+            x = (x << 8) | *p++;                                                              \
+        }                                                                                     \
+        field_put(block + (row) * B, B, at, s ^ flip);                                        \
+    }
+
 /* Decodes coded[0, n) into records (zeroed here) with the encoder's tables: 0, or -1 when the
- * bytes are not such a coding (run out, left over, or a state the encoder does not end in). */
+ * bytes are not such a coding (run out, left over, or a state the encoder does not end in).
+ * Rows four at a time, one per state: the four steps overlap. */
 int sekv_rans_decode(const uint8_t *coded, int64_t n, int64_t L, int64_t H, int64_t S, int64_t B,
                      int64_t F, const int64_t *widths, const int64_t *flips, const uint16_t *freq,
                      uint8_t *records) {
@@ -130,10 +147,11 @@ int sekv_rans_decode(const uint8_t *coded, int64_t n, int64_t L, int64_t H, int6
     uint32_t cum[TABLE];
     uint8_t symbol_of[PROB_SCALE];
     const uint8_t *p = coded, *end = coded + n;
-    if (F > 8 * 256 || n < 8) return -1;
-    uint32_t xs[2] = {0, 0};
-    for (int k = 0; k < 2; k++)
+    if (F > 8 * 256 || n < 4 * STATES) return -1;
+    uint32_t xs[STATES] = {0};
+    for (int k = 0; k < STATES; k++)
         for (int i = 0; i < 4; i++) xs[k] = (xs[k] << 8) | *p++;
+    uint32_t x0 = xs[0], x1 = xs[1], x2 = xs[2], x3 = xs[3];
     memset(records, 0, (size_t)(L * H * S * B));
     for (int64_t l = 0; l < L; l++) {
         if (offsets_of(widths + l * F, F, B, offsets)) return -1;
@@ -141,23 +159,23 @@ int sekv_rans_decode(const uint8_t *coded, int64_t n, int64_t L, int64_t H, int6
             uint8_t *block = records + (l * H + h) * S * B;
             for (int64_t f = 0; f < F; f++) {
                 const uint16_t *fr = freq + ((l * H + h) * F + f) * TABLE;
-                int width = (int)widths[l * F + f];
+                int width = (int)widths[l * F + f], at = offsets[f];
                 uint32_t flip = (uint32_t)flips[l * F + f];
                 if (width == 0) continue;
                 if (cumulate(fr, width, cum, symbol_of)) return -1;
-                for (int64_t r = 0; r < S; r++) { /* rows alternate between two states */
-                    uint32_t x = xs[r & 1];
-                    uint32_t slot = x & (PROB_SCALE - 1u), s = symbol_of[slot];
-                    x = fr[s] * (x >> PROB_BITS) + slot - cum[s];
-                    while (x < RANS_LOW) {
-                        if (p == end) return -1;
-                        x = (x << 8) | *p++;
-                    }
-                    xs[r & 1] = x;
-                    field_put(block + r * B, B, offsets[f], s ^ flip);
+                int64_t r = 0;
+                for (; r + STATES <= S; r += STATES) {
+                    DECODE_ROW(x0, r)
+                    DECODE_ROW(x1, r + 1)
+                    DECODE_ROW(x2, r + 2)
+                    DECODE_ROW(x3, r + 3)
                 }
+                if (r < S) DECODE_ROW(x0, r) /* the last rows: states 0, 1, 2 */
+                if (r + 1 < S) DECODE_ROW(x1, r + 1)
+                if (r + 2 < S) DECODE_ROW(x2, r + 2)
             }
         }
     }
-    return (xs[0] == RANS_LOW && xs[1] == RANS_LOW && p == end) ? 0 : -1;
+    if (x0 != RANS_LOW || x1 != RANS_LOW || x2 != RANS_LOW || x3 != RANS_LOW) return -1;
+    return p == end ? 0 : -1;
 }

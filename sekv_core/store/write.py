@@ -50,7 +50,6 @@ TABLES = (
     "sketch_key",
     "sketch_mean",
     "sketch_scale",
-    "part_rows",
 )
 
 
@@ -71,8 +70,8 @@ def write_store(
 
     tables : :data:`TABLES` plus ``fixed_k``, ``fixed_v`` (L, H, F, D) float (keys post-RoPE
         at original positions, pre-RoPE when bounded); codes : the offload codes ``k``, ``v``;
-    records : each kind's fixed-rate records per part, (L, H, n, B) uint8, parts in
-        ``part_rows`` order; trace : :func:`~sekv_core.store.format.trace_tensors`;
+    records : each kind's fixed-rate records per part of the build, (L, H, n, B) uint8, in
+        order (the file holds them as one); trace : :func:`~sekv_core.store.format.trace_tensors`;
     report : manifest sections the builder adds (``stats``, ``timings``, a stream's report).
     """
     resident = {name: _stored(tables[name]) for name in TABLES}
