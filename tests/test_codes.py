@@ -331,3 +331,21 @@ def test_a_store_in_the_default_codes_reconstructs_its_spans_within_the_codes_er
         for got, want in ((keys, true_keys), (values, true_values)):
             err = (got.float() - want.float()).norm() / want.float().norm()
             assert 0 < err < 0.1, (layer, float(err))
+
+
+@pytest.mark.parametrize("spec", ["even:0.175", "*x4"])
+def test_a_map_after_decoding_folds_into_the_codes_synthesis(spec):
+    """decode(..., then=(P, c)) is the decoded rows mapped, per head, by x @ P + c (what a
+    bounded store's sketch rows are computed with)."""
+    rows = heavy_rows(S=300)
+    code = fit_code(rows, spec, moment=None)
+    records = code.encode(rows)
+    H, S, B = records.shape[1:]
+    g = torch.Generator().manual_seed(3)
+    proj, shift = torch.randn(H, 64, 16, generator=g), torch.randn(H, 16, generator=g)
+    for layer in range(rows.shape[0]):
+        flat = records[layer].reshape(H * S, B)
+        keys = code.decode(flat, layer, [S] * H, torch.float32).view(H, S, -1)
+        want = keys @ proj + shift[:, None]
+        got = code.decode(flat, layer, [S] * H, torch.float32, (proj, shift)).view(H, S, -1)
+        assert torch.allclose(got, want, atol=1e-3 * float(want.abs().max()))

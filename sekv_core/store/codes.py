@@ -158,16 +158,21 @@ class TierCode:
         return torch.cat(pieces, dim=-1) if pieces else torch.zeros(shape, dtype=torch.uint8)
 
     def decode(
-        self, records: torch.Tensor, layer: int, heads: torch.Tensor | list[int], dtype: torch.dtype
+        self,
+        records: torch.Tensor,
+        layer: int,
+        heads: torch.Tensor | list[int],
+        dtype: torch.dtype,
+        then: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
-        KV heads, ascending (or each head's row count, as :func:`per_head` takes them)."""
-        synth, mean = self.synthesis
+        KV heads, ascending (or each head's row count, as :func:`per_head` takes them);
+        ``then``: an affine map (H, D, R), (H, R) applied to each head's rows (T, R)."""
         if records.dtype == torch.uint8 and kernels.usable(records):
             coef = kernels.tier_coefficients(records, self.tiers)  # one call on the CPU
         else:
             coef = self.coefficients(records)
-        return per_head(coef, heads, synth[layer], mean[layer]).to(dtype)
+        return per_head(coef, heads, *_mapped(self.synthesis, layer, then)).to(dtype)
 
     def coefficients(self, records: torch.Tensor) -> torch.Tensor:
         """Coefficients (T, D) float32 of records (T, B), dropped directions 0."""
@@ -320,12 +325,17 @@ class EvenCode:
         return (low_bytes & used).float(), (high_bytes & used).float(), shift
 
     def decode(
-        self, records: torch.Tensor, layer: int, heads: torch.Tensor | list[int], dtype: torch.dtype
+        self,
+        records: torch.Tensor,
+        layer: int,
+        heads: torch.Tensor | list[int],
+        dtype: torch.dtype,
+        then: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` as for
-        :meth:`TierCode.decode`. In float arithmetic, exact on these small integers: one
-        product puts each code's two bytes, over 2^offset, in its column, two floors cut the
-        code out; then one product per head maps the codes to rows."""
+        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` and
+        ``then`` as for :meth:`TierCode.decode`. In float arithmetic, exact on these small
+        integers: one product puts each code's two bytes, over 2^offset, in its column, two
+        floors cut the code out; then one product per head maps the codes to rows."""
         if records.dtype == torch.uint8 and kernels.usable(records):  # one call on the CPU
             codes = kernels.field_codes(records, self.layer_bits[layer])
         else:
@@ -334,8 +344,7 @@ class EvenCode:
             field = records.float() @ windows[:-1]
             above = torch.floor(field * narrow)
             codes = torch.addcmul(field, above, width, value=-1.0).floor_()  # (T, D), >= 0
-        maps, bias = self.synthesis
-        return per_head(codes, heads, maps[layer], bias[layer]).to(dtype)
+        return per_head(codes, heads, *_mapped(self.synthesis, layer, then)).to(dtype)
 
     def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A record's bit fields per layer: widths (L, F), each direction's code (0: dropped)
@@ -429,6 +438,15 @@ def per_head(
             torch.addmm(bias[h], coef[at : at + n], maps[h], out=out[at : at + n])
             at += n
     return out
+
+
+def _mapped(synthesis: tuple[torch.Tensor, torch.Tensor], layer: int, then) -> tuple:
+    """A layer's synthesis (H, C, D), (H, D), followed by the affine map ``then`` where given:
+    one product per head from codes to the mapped rows."""
+    maps, bias = synthesis[0][layer], synthesis[1][layer]
+    if then is None:
+        return maps, bias
+    return maps @ then[0], torch.baddbmm(then[1][:, None], bias[:, None], then[0])[:, 0]
 
 
 def _row_bits(bits: torch.Tensor) -> int:

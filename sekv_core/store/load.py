@@ -229,10 +229,13 @@ def sketch_rows(
     records = k_rows.view(L, H * S, B)
 
     def layer_rows(layer: int) -> None:  # one layer at a time: bounded working memory
-        keys = code.decode(records[layer], layer, [S] * H, torch.float32)
-        if rope is not None:
+        if rope is None:  # pre-RoPE keys: the projection folds into the code's synthesis
+            then = (proj[layer], -offset[layer][:, 0])
+            raw = code.decode(records[layer], layer, [S] * H, torch.float32, then).view(H, S, -1)
+        else:
+            keys = code.decode(records[layer], layer, [S] * H, torch.float32)
             keys = rope.rotate(keys, positions.repeat(H))
-        raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
+            raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
         rows[layer] = pack_sketch(raw.round_().clamp_(-top, top), bits)
 
     threads = torch.get_num_threads()
