@@ -61,6 +61,8 @@ def test_records_that_do_not_compress_are_kept_as_they_are():
     assert torch.equal(stored["k_rows"], noise.flatten())
     back = entropy.expanded(stored, 400, {"k": code, "v": code})
     assert torch.equal(back["v_rows"], noise.flatten())
+    with pytest.raises(ValueError, match="not those of its spans"):  # another count of rows
+        entropy.expanded(stored, 399, {"k": code, "v": code})
 
 
 @needs_native

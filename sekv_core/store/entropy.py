@@ -67,6 +67,9 @@ def expanded(tensors: dict[str, torch.Tensor], rows: int, codes: dict) -> dict[s
     out = {}
     for kind in KINDS:
         if f"{kind}_rows" in tensors:
+            L, H = codes[kind].basis.shape[:2]
+            if tensors[f"{kind}_rows"].numel() != L * H * rows * codes[kind].record_bytes:
+                raise ValueError(f"its {kind} records are not those of its spans")
             out[f"{kind}_rows"] = tensors[f"{kind}_rows"]
             continue
         if not usable():
