@@ -243,7 +243,9 @@ def test_even_code_round_trips_through_its_tensors_and_a_span_decodes_alone():
     whole = decode_all(back, records)
     for s, e in ((0, 7), (7, 12), (200, 208)):
         alone = back.decode(records[1, 2, s:e], 1, torch.full((e - s,), 2), torch.float32)
-        assert torch.allclose(alone, whole[1, 2, s:e], atol=1e-5, rtol=1e-5)
+        # the same numbers up to float32 sums taken in another order (the rows reach ~30)
+        scale = float(whole.abs().max())
+        assert torch.allclose(alone, whole[1, 2, s:e], atol=1e-5 * scale, rtol=1e-5)
 
 
 def test_rows_with_no_tokens_still_make_a_code():

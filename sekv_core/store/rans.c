@@ -1,4 +1,4 @@
-/* The offload tier's entropy coder: a static rANS coder (32-bit states, byte-wise output) over
+/* The offload tier's entropy coder: a static rANS coder (32-bit states, 16-bit words) over
  * the bit fields of fixed-size records. Built with zoomstep.c into one library by
  * sekv_core/native.py, called through sekv_core/store/entropy.py.
  *
@@ -14,7 +14,7 @@
 
 #define PROB_BITS 12
 #define PROB_SCALE (1u << PROB_BITS)
-#define RANS_LOW (1u << 23)
+#define RANS_LOW (1u << 16) /* a state lies in [2^16, 2^32): one word renormalises it */
 #define TABLE 256 /* entries per stream's table (the widest field's symbols) */
 #define STATES 4  /* interleaved coder states: row r is coded by state r % 4 */
 
@@ -106,11 +106,11 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
                     uint32_t s = field_get(block + r * B, B, offsets[f], width) ^ flip;
                     uint32_t fs = fr[s], x = xs[r % STATES];
                     if (fs == 0) return -2;
-                    uint32_t x_max = ((RANS_LOW >> PROB_BITS) << 8) * fs;
-                    while (x >= x_max) {
-                        if (p == out) return -1;
-                        *--p = (uint8_t)(x & 255u);
-                        x >>= 8;
+                    if (x >= ((RANS_LOW >> PROB_BITS) << 16) * fs) { /* one word out */
+                        if (p - out < 2) return -1;
+                        *--p = (uint8_t)(x >> 8);
+                        *--p = (uint8_t)(x & 255u); /* the word's low byte first */
+                        x >>= 16;
                     }
                     xs[r % STATES] = ((x / fs) << PROB_BITS) + (x % fs) + cum[s];
                 }
@@ -123,16 +123,29 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
     return (int64_t)(out + cap - p);
 }
 
-/* One step of a decode: the next symbol s of state x (renormalised from p, returning -1 from
- * the caller when the bytes run out) put into row `row`'s field. A macro, so that each of the
+/* One step of a decode: the next symbol s of state x put into row `row`'s field, then x
+ * renormalised by at most one word from p without a branch (a renormalisation is about as
+ * likely as not). Unchecked: the caller knows two bytes are left. A macro, so that each of the
  * four states stays in a register. */
 #define DECODE_ROW(x, row)                                                                    \
     {                                                                                         \
         uint32_t slot = x & (PROB_SCALE - 1u), s = symbol_of[slot];                          \
         x = fr[s] * (x >> PROB_BITS) + slot - cum[s];                                         \
-        while (x < RANS_LOW) {                                                                \
-            if (p == end) return -1;                                                          \
-            x = (x << 8) | *p++;                                                              \
+        uint32_t need = x < RANS_LOW;                                                         \
+        x = need ? (x << 16) | p[0] | ((uint32_t)p[1] << 8) : x;                              \
+        p += 2 * need;                                                                        \
+        field_put(block + (row) * B, B, at, s ^ flip);                                        \
+    }
+
+/* DECODE_ROW where fewer than two bytes may be left: returns -1 from the caller if they run out. */
+#define DECODE_LAST(x, row)                                                                   \
+    {                                                                                         \
+        uint32_t slot = x & (PROB_SCALE - 1u), s = symbol_of[slot];                          \
+        x = fr[s] * (x >> PROB_BITS) + slot - cum[s];                                         \
+        if (x < RANS_LOW) {                                                                   \
+            if (end - p < 2) return -1;                                                       \
+            x = (x << 16) | p[0] | ((uint32_t)p[1] << 8);                                     \
+            p += 2;                                                                           \
         }                                                                                     \
         field_put(block + (row) * B, B, at, s ^ flip);                                        \
     }
@@ -164,15 +177,18 @@ int sekv_rans_decode(const uint8_t *coded, int64_t n, int64_t L, int64_t H, int6
                 if (width == 0) continue;
                 if (cumulate(fr, width, cum, symbol_of)) return -1;
                 int64_t r = 0;
-                for (; r + STATES <= S; r += STATES) {
+                for (; r + STATES <= S && end - p >= 2 * STATES; r += STATES) {
                     DECODE_ROW(x0, r)
                     DECODE_ROW(x1, r + 1)
                     DECODE_ROW(x2, r + 2)
                     DECODE_ROW(x3, r + 3)
                 }
-                if (r < S) DECODE_ROW(x0, r) /* the last rows: states 0, 1, 2 */
-                if (r + 1 < S) DECODE_ROW(x1, r + 1)
-                if (r + 2 < S) DECODE_ROW(x2, r + 2)
+                for (; r < S; r++) { /* the last bytes, or the stream's last rows */
+                    if (r % STATES == 0) DECODE_LAST(x0, r)
+                    else if (r % STATES == 1) DECODE_LAST(x1, r)
+                    else if (r % STATES == 2) DECODE_LAST(x2, r)
+                    else DECODE_LAST(x3, r)
+                }
             }
         }
     }
