@@ -13,7 +13,7 @@ next build):
   process is gone;
 - ``.trash-<key>-<pid>`` — a replaced store being deleted: removed once that process is gone;
 - ``.partial-<key>`` — a streamed build's checkpoints (:mod:`sekv_core.store.stream`), removed
-  once no process holds its locks, unless a rerun can still resume it: its checkpoint is intact
+  once no process holds its store's lock, unless a rerun can still resume it: its checkpoint is intact
   and its store is not built yet, for at most PARTIAL_KEEP_S (the build of ``<key>`` itself
   resumes it or starts over, as :class:`~sekv_core.store.stream.StreamBuilder` decides).
 
@@ -148,8 +148,8 @@ def _is_leftover(entry: Path, building: Path, state_version: int) -> bool:
 
 def _partial_abandoned(work: Path, store: Path, state_version: int) -> bool:
     """Whether no process builds ``store`` from ``work`` and no rerun will resume it."""
-    with _locked(lock_file(store), wait=False) as free, _locked(work / "lock", wait=False) as idle:
-        if not (free and idle):
+    with _locked(lock_file(store), wait=False) as free:
+        if not free:
             return False
         if (store / "manifest.json").exists():  # built (the process died before cleaning up)
             return True
@@ -166,9 +166,8 @@ def work_folder_state(entry: Path) -> str | None:
     if name.startswith(".partial-"):
         store = entry.with_name(name.removeprefix(".partial-"))
         with _locked(lock_file(store), wait=False) as free:
-            with _locked(entry / "lock", wait=False) as idle:
-                if not (free and idle):
-                    return None
+            if not free:
+                return None
         resumable = _resumable(entry, store.name, STATE_VERSION) and not store.exists()
         return "resumable" if resumable else "leftover"
     return "leftover" if _is_leftover(entry, entry, STATE_VERSION) else None

@@ -1,4 +1,4 @@
-"""A streamed build's work directory: its part files, its checkpoints, its lock.
+"""A streamed build's work directory: its part files and its checkpoints.
 
 A streamed build (:mod:`sekv_core.store.stream`) commits its oldest waiting tokens as *parts*: their
 spans and anchors (:func:`part_spans`: the segmentation rule, with the threshold read so far) and
@@ -6,20 +6,18 @@ their tensors (:func:`part_tensors`: coded K/V records, sketch rows, anchors' K/
 safetensors file per commit in ``stores/.partial-<key>/``, written atomically and checksummed
 (:func:`write_part`). After a chunk the stream's state (:class:`StreamState`) is checkpointed
 beside them with every part's checksum (:class:`Checkpoints`): a rerun continues from a
-checkpoint only when all of it verifies, and starts over otherwise. :func:`exclusive` lets one
-process build a given store at a time.
+checkpoint only when all of it verifies, and starts over otherwise. The build runs under the
+store's lock (:func:`sekv_core.store.locks.store_lock`): one process builds a given store.
 """
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..config import SegmentSettings, StoreSettings
-from ..errors import SekvError
 from ..segment import SINK, SPAN, span_cuts
 from ..sketch import (
     QueryMoments,
@@ -308,10 +305,9 @@ class Checkpoints:
         return StreamState.restore(record, tensors, device), record["parts"]
 
     def clean(self) -> None:
-        """Drop parts and checkpoints (not the lock this process holds)."""
+        """Drop parts and checkpoints."""
         for file in self.work.iterdir():
-            if file.name != "lock":
-                file.unlink(missing_ok=True)
+            file.unlink(missing_ok=True)
 
 
 def read_tensors(path: Path, names: tuple[str, ...], sizes: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -331,17 +327,3 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-@contextmanager
-def exclusive(path: Path, name: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``path``: one process builds a given store (``name``) at a
-    time."""
-    with open(path, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise SekvError(
-                f"another sekv process is ingesting {name!r}; wait for it to finish"
-            ) from None
-        yield

@@ -56,7 +56,6 @@ from .parts import (
     CheckpointInvalid,
     Checkpoints,
     StreamState,
-    exclusive,
     part_spans,
     part_tensors,
     release_memory,
@@ -120,11 +119,10 @@ class StreamBuilder:
     def run(self, progress: Progress | None = None, warn: Callable[[str], None] | None = None):
         """Build (or resume) and write the store at ``path``."""
         private_dir(self.work)  # its parts hold the document
-        with exclusive(self.work / "lock", self.document.path.name):
-            try:
-                self._run(progress, warn)
-            finally:
-                self.store.close()
+        try:
+            self._run(progress, warn)
+        finally:
+            self.store.close()
         shutil.rmtree(self.work, ignore_errors=True)
 
     def _run(self, progress: Progress | None, warn: Callable[[str], None] | None) -> None:
