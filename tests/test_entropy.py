@@ -80,10 +80,11 @@ def test_a_coding_with_other_tables_or_bytes_is_refused():
         entropy.expanded(dict(stored, k_check=check), rows, codes)
     with pytest.raises(ValueError, match="match its layers"):  # too few numbers
         entropy.expanded(dict(stored, k_params=stored["k_params"][:-1]), rows, codes)
-    short = dict(stored, k_coded=stored["k_coded"][:-3])
-    short["k_coded_bytes"] = stored["k_coded_bytes"] - 3
-    with pytest.raises(ValueError, match="does not decode"):
-        entropy.expanded(short, rows, codes)
+    for cut in (1, 2, 3, 7, 8, 9, 16, 100):  # a coding cut short, by odd bytes or whole words
+        short = dict(stored, k_coded=stored["k_coded"][:-cut])
+        short["k_coded_bytes"] = stored["k_coded_bytes"] - cut
+        with pytest.raises(ValueError, match="does not decode"):
+            entropy.expanded(short, rows, codes)
     longer = dict(stored, k_coded=torch.cat([stored["k_coded"], torch.zeros(2, dtype=torch.uint8)]))
     with pytest.raises(ValueError, match="do not add up"):
         entropy.expanded(longer, rows, codes)

@@ -13,9 +13,9 @@ next build):
   process is gone;
 - ``.trash-<key>-<pid>`` — a replaced store being deleted: removed once that process is gone;
 - ``.partial-<key>`` — a streamed build's checkpoints (:mod:`sekv_core.store.stream`), removed
-  once no process holds its store's lock, unless a rerun can still resume it: its checkpoint is intact
-  and its store is not built yet, for at most PARTIAL_KEEP_S (the build of ``<key>`` itself
-  resumes it or starts over, as :class:`~sekv_core.store.stream.StreamBuilder` decides).
+  once no process holds its store's lock, unless a rerun can still resume it: its checkpoint is
+  intact and its store is not built yet, for at most PARTIAL_KEEP_S (the build of ``<key>``
+  itself resumes it or starts over, as :class:`~sekv_core.store.stream.StreamBuilder` decides).
 
 Where ``fcntl`` is missing (Windows) locks are no-ops.
 """
