@@ -121,6 +121,25 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     )
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_fresh_build_answers_from_what_a_load_reads_back(tiny_loaded, tmp_path, streamed):
+    """A build hands its session the store it wrote (no read back): every table, record and
+    manifest value equals what a later load of the files gives."""
+    document, context = prepare(tiny_loaded, tmp_path)
+    settings = replace(StoreSettings(), stream=StreamSettings(always=streamed))
+    built, hit = open_or_build(tiny_loaded, document, context, settings)
+    loaded, hit_again = open_or_build(tiny_loaded, document, context, settings)
+    assert (hit, hit_again) == (False, True)
+    assert built.manifest == loaded.manifest
+    for tier in ("resident", "trace", "offload"):
+        mine, theirs = getattr(built, tier), getattr(loaded, tier)
+        assert set(mine) == set(theirs), tier
+        for name, t in mine.items():
+            other = theirs[name]
+            assert t.dtype == other.dtype and t.device == other.device, name
+            assert torch.equal(t, other), (tier, name)
+
+
 def test_streamed_and_one_shot_stores_share_one_format(tiny_model_dirs, tmp_path):
     """A store built by streaming holds the same files, tensor names and dtypes as one built
     in one prefill (a book is the same format as a short document)."""

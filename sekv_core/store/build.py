@@ -24,6 +24,7 @@ from ..sketch import quantize_sketch, sketch_basis, span_representatives
 from ..summary import one_thread
 from .codes import fit_code
 from .format import trace_tensors
+from .load import SpanStore
 from .write import write_store
 
 
@@ -34,8 +35,8 @@ def build_store(
     context: Context,
     settings: StoreSettings,
     progress: Progress | None = None,
-) -> None:
-    """Prefill, segment, code and write a store atomically at ``path``."""
+) -> SpanStore:
+    """Prefill, segment, code and write a store atomically at ``path``; returns it."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     pre = prefill(loaded.model, context.ids, settings.prefill_chunk, progress)
@@ -86,6 +87,6 @@ def build_store(
     }
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
     report = {"stats": seg.stats(), "timings": {k: round(v, 4) for k, v in timings.items()}}
-    write_store(
+    return write_store(
         path, loaded, document, context, settings, positions, tables, codes, records, trace, report
     )

@@ -53,8 +53,7 @@ def compacted(parts: dict[str, list[torch.Tensor]], codes: dict) -> dict[str, to
         coded = _compact_kind(parts[kind], codes[kind]) if usable() else None
         raw = sum(r.numel() for r in parts[kind])
         if coded is None or sum(t.numel() * t.element_size() for t in coded.values()) >= raw:
-            layers = range(parts[kind][0].shape[0])
-            out[f"{kind}_rows"] = torch.cat([_layer(parts[kind], at).flatten() for at in layers])
+            out[f"{kind}_rows"] = joined(parts[kind])
         else:
             out.update({f"{kind}_{name}": t for name, t in coded.items()})
     return out
@@ -77,6 +76,14 @@ def expanded(tensors: dict[str, torch.Tensor], rows: int, codes: dict) -> dict[s
         got = {name: tensors[f"{kind}_{name}"] for name in CODED}
         out[f"{kind}_rows"] = _expand_kind(got, rows, codes[kind])
     return out
+
+
+def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The records of a build's parts (each (L, H, n, B) uint8) as a store holds them, decoded:
+    (L, H, S, B) flat, a layer's rows in order (a copy)."""
+    if not parts:
+        return torch.zeros(0, dtype=torch.uint8)
+    return torch.cat([_layer(parts, at).flatten() for at in range(parts[0].shape[0])])
 
 
 def _layer(parts: list[torch.Tensor], at: int) -> torch.Tensor:

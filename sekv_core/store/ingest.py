@@ -95,7 +95,5 @@ def _load_or_build(
                 warn(f"rebuilding the span store at {path}: {exc}")
     clean_leftovers(path.parent, path, STATE_VERSION)
     if settings.stream.always or exceeds_window(loaded.spec.window, len(context)):
-        build_streamed(path, loaded, document, context, settings, progress, warn)
-    else:
-        build_store(path, loaded, document, context, settings, progress)
-    return load_store(path, loaded, document, context, settings), False
+        return build_streamed(path, loaded, document, context, settings, progress, warn), False
+    return build_store(path, loaded, document, context, settings, progress), False

@@ -12,6 +12,9 @@ A load runs four stages:
 4. **sketch** — the routing sketch's rows rebuilt from the decoded keys (:func:`sketch_rows`),
    then the resident tier placed on the model's device.
 
+A build ends with stages 4 on the tables it has just written (:func:`with_sketch`,
+:func:`ready`): the files were written from them and its records are the decoded ones.
+
 A store that fails any check raises :class:`StoreInvalid` and is never used
 (:func:`sekv_core.store.ingest.open_or_build` rebuilds it).
 """
@@ -105,14 +108,43 @@ def load_store(
         codes = store_codebooks(resident, settings.key_code, settings.value_code)
         rows = int((resident["span_ends"] - resident["span_starts"]).sum())
         records = expanded(offload, rows, codes)
-        resident["part_rows"] = torch.tensor([0, rows])  # the records: one part (L, H, S, B)
-        rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
-        bits = settings.sketch_bits
-        resident["sketch"] = sketch_rows(resident, records["k_rows"], codes["k"], rope, bits)
+        with_sketch(resident, records, manifest, loaded, settings)
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
         raise StoreInvalid(f"the offload tier does not decode ({exc})") from None
+    return ready(path, manifest, resident, trace, records, loaded, settings)
+
+
+def with_sketch(
+    resident: dict[str, torch.Tensor],
+    records: dict[str, torch.Tensor],
+    manifest: dict[str, Any],
+    loaded: LoadedModel,
+    settings: StoreSettings,
+) -> None:
+    """Stage 4 on the tables as the files hold them and the decoded ``records``: the routing
+    sketch's rows rebuilt from the span keys (:func:`sketch_rows`) and the records' one part,
+    into ``resident``."""
+    codes = store_codebooks(resident, settings.key_code, settings.value_code)
+    rows = int((resident["span_ends"] - resident["span_starts"]).sum())
+    resident["part_rows"] = torch.tensor([0, rows])  # the records: one part (L, H, S, B)
+    rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
+    bits = settings.sketch_bits
+    resident["sketch"] = sketch_rows(resident, records["k_rows"], codes["k"], rope, bits)
+
+
+def ready(
+    path: Path,
+    manifest: dict[str, Any],
+    resident: dict[str, torch.Tensor],
+    trace: dict[str, torch.Tensor],
+    records: dict[str, torch.Tensor],
+    loaded: LoadedModel,
+    settings: StoreSettings,
+) -> SpanStore:
+    """The store answers read: its sizes checked against the manifest, its resident tier placed
+    on the model's device (after :func:`with_sketch`)."""
     check_sizes(manifest, resident, records, settings)
-    place_resident(resident, loaded, bounded=rope is None)
+    place_resident(resident, loaded, bounded=manifest["positions"]["mode"] == "bounded")
     return SpanStore(path, manifest, resident, trace, records)
 
 

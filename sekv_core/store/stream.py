@@ -51,6 +51,7 @@ from ..surprisal import Surprisal
 from ..zoom import SpanMemory
 from .format import trace_tensors
 from .layout import StreamLayout
+from .load import SpanStore
 from .partial import PartialStore
 from .parts import (
     CheckpointInvalid,
@@ -116,16 +117,19 @@ class StreamBuilder:
         self.store = PartialStore(self.work, manifest, self.settings, self.device, self.keep)
         self.memory: SpanMemory | None = None
 
-    def run(self, progress: Progress | None = None, warn: Callable[[str], None] | None = None):
-        """Build (or resume) and write the store at ``path``."""
+    def run(
+        self, progress: Progress | None = None, warn: Callable[[str], None] | None = None
+    ) -> SpanStore:
+        """Build (or resume) and write the store at ``path``; returns it."""
         private_dir(self.work)  # its parts hold the document
         try:
-            self._run(progress, warn)
+            store = self._run(progress, warn)
         finally:
             self.store.close()
         shutil.rmtree(self.work, ignore_errors=True)
+        return store
 
-    def _run(self, progress: Progress | None, warn: Callable[[str], None] | None) -> None:
+    def _run(self, progress: Progress | None, warn: Callable[[str], None] | None) -> SpanStore:
         if self._resume(warn) and warn:
             warn(
                 f"resuming the interrupted ingest of {self.document.path.name} at token "
@@ -149,7 +153,7 @@ class StreamBuilder:
                 release_memory()
                 if progress:
                     progress(self.state.next, self.T)
-        self._finish()
+        return self._finish()
 
     @torch.inference_mode()
     def _step(self) -> None:
@@ -283,7 +287,7 @@ class StreamBuilder:
             self.memory.refresh()
         return True
 
-    def _finish(self) -> None:
+    def _finish(self) -> SpanStore:
         """Hand the parts' tables and records to the one writer of stores."""
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
@@ -298,7 +302,7 @@ class StreamBuilder:
             "stream": self.report(),
         }
         codes = self.store.codebooks()
-        write_store(
+        return write_store(
             self.path,
             self.loaded,
             self.document,
@@ -365,11 +369,10 @@ def build_streamed(
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
     checkpoint_s: float | None = None,
-) -> dict[str, Any]:
-    """Stream ``context`` into a store at ``path`` (resuming an interrupted build); returns the
-    builder's report (also in the manifest under ``stream``). Checkpoints at most every
+) -> SpanStore:
+    """Stream ``context`` into a store at ``path`` (resuming an interrupted build); returns it
+    (the builder's report is in its manifest under ``stream``). Checkpoints at most every
     ``checkpoint_s`` seconds (default CHECKPOINT_S)."""
     checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
     builder = StreamBuilder(path, loaded, document, context, settings, checkpoint_s)
-    builder.run(progress, warn)
-    return builder.report()
+    return builder.run(progress, warn)

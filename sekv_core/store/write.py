@@ -27,7 +27,7 @@ from ..models import LoadedModel
 from ..prompt import Context
 from ..summary import STORE_DTYPE
 from .codes import Code
-from .entropy import compacted
+from .entropy import compacted, joined
 from .format import (
     DIGEST,
     code_stats,
@@ -37,6 +37,7 @@ from .format import (
     sha256,
     store_manifest,
 )
+from .load import SpanStore, ready, with_sketch
 from .locks import WRITER, mark_writer
 
 SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, the manifest)
@@ -65,8 +66,9 @@ def write_store(
     records: dict[str, list[torch.Tensor]],
     trace: dict[str, torch.Tensor],
     report: dict[str, Any],
-) -> None:
-    """Write the store at ``path``.
+) -> SpanStore:
+    """Write the store at ``path``; returns it as :func:`~sekv_core.store.load.load_store` would
+    read it back.
 
     tables : :data:`TABLES` plus ``fixed_k``, ``fixed_v`` (L, H, F, D) float (keys post-RoPE
         at original positions, pre-RoPE when bounded); codes : the offload codes ``k``, ``v``;
@@ -87,6 +89,11 @@ def write_store(
     manifest.update(report)
     files = {"resident.safetensors": resident, "offload.safetensors": offload}
     write_atomically(path, {**files, "trace.safetensors": trace}, manifest)
+    # the store as a load reads it back, from the tables just written: no second decode
+    manifest = json.loads(json.dumps(manifest))
+    decoded = {f"{kind}_rows": joined(records[kind]) for kind in ("k", "v")}
+    with_sketch(resident, decoded, manifest, loaded, settings)
+    return ready(path, manifest, resident, trace, decoded, loaded, settings)
 
 
 def _stored(t: torch.Tensor) -> torch.Tensor:
