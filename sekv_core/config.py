@@ -79,10 +79,6 @@ class StoreSettings:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def with_span_tokens(self, low: int, high: int) -> StoreSettings:
-        """These settings with spans of ``low``..``high`` tokens."""
-        return replace(self, segment=replace(self.segment, min_len=low, max_len=high))
-
 
 @dataclass(frozen=True)
 class BlockSettings:

@@ -326,10 +326,6 @@ class SpanMemory:
         entries = self.fixed_tokens + pooled
         return self.num_kv_heads * 2 * entries * self.head_dim * self.dtype.itemsize
 
-    @property
-    def mean_span_length(self) -> float:
-        return self.span_tokens / self.n_spans if self.n_spans else 0.0
-
     def zoom_bytes(self, tokens: int) -> int:
         """Peak bytes an answer's zoom takes when every layer's pool holds ``tokens`` per KV head,
         at most: what :meth:`zoom_pool` counts at its worst (all pools, one

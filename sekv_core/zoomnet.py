@@ -160,11 +160,6 @@ class SketchSpans:
     layer: int
     rows: torch.Tensor
 
-    def mean_keys(self, through: torch.Tensor | None = None) -> torch.Tensor:
-        """The spans' mean keys (Hkv, N, D) as the sketch reconstructs them; with ``through``
-        (Hkv, G, D, K) those keys mapped by it (Hkv, G, N, K), differentiable in it."""
-        return span_mean_keys(self.memory, self.layer, through, self.rows)
-
 
 def sketch_spans(memory, layer: int, q: torch.Tensor, scaling: float) -> SketchSpans:
     """The sketch's per-span estimates for queries ``q`` (Hkv, G, Tq, D) of ``layer``: one pass

@@ -263,7 +263,7 @@ def test_cli_trains_resumes_and_ask_uses_the_router(tmp_path, tiny_model_dirs, s
 def test_sketch_spans_match_the_sketch_token_by_token(prepared):
     """The gate's span features are exact functions of the resident sketch: per-span max and
     log-sum-exp of the estimated logits, and a mean key whose logit is their mean."""
-    from sekv_core.sketch import sketch_logits
+    from sekv_core.sketch import sketch_logits, span_mean_keys
     from sekv_core.zoomnet import sketch_spans
 
     loaded, docs, _, _ = prepared
@@ -275,16 +275,20 @@ def test_sketch_spans_match_the_sketch_token_by_token(prepared):
     scaling = D**-0.5
     for layer in range(memory.num_layers):
         spans = sketch_spans(memory, layer, q, scaling)
+
+        def mean_keys(through=None, spans=spans):  # as the gate reads them
+            return span_mean_keys(spans.memory, spans.layer, through, spans.rows)
+
         logits = sketch_logits(memory, layer, q).float() * scaling  # (H, G, Tq, S)
-        mean_logit = torch.einsum("hgtd,hnd->hgtn", q, spans.mean_keys()) * scaling
+        mean_logit = torch.einsum("hgtd,hnd->hgtn", q, mean_keys()) * scaling
         for n in range(memory.n_spans):
             rows = logits[..., memory.sketch_span == n]
             assert torch.allclose(spans.max_logit[..., n], rows.amax(-1), atol=1e-5)
             assert torch.allclose(spans.log_mass[..., n], rows.logsumexp(-1), atol=1e-4)
             assert torch.allclose(mean_logit[..., n], rows.mean(-1), atol=1e-3)
         through = torch.randn(H, G, D, 3)  # the gate maps mean keys without forming them
-        mapped = torch.einsum("hnd,hgdr->hgnr", spans.mean_keys(), through)
-        assert torch.allclose(spans.mean_keys(through), mapped, atol=1e-4)
+        mapped = torch.einsum("hnd,hgdr->hgnr", mean_keys(), through)
+        assert torch.allclose(mean_keys(through), mapped, atol=1e-4)
 
 
 def test_untrained_gate_is_the_training_free_rule_and_places_nothing_more(prepared):

@@ -58,11 +58,6 @@ class StreamLayout:
     def mode(self) -> str:
         return "bounded" if self.bounded else "original"
 
-    @property
-    def key_rope(self) -> Rope | None:
-        """The RoPE the keys of the store's sketch carry: None when bounded (pre-RoPE)."""
-        return None if self.bounded else self.rope
-
     def frame(
         self, keys_pre: torch.Tensor, start: int, positions: torch.Tensor | None = None
     ) -> torch.Tensor:

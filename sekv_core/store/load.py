@@ -69,10 +69,6 @@ class SpanStore:
     trace: dict[str, torch.Tensor]
     offload: dict[str, torch.Tensor]  # k_rows, v_rows: flat fixed-rate records (uint8)
 
-    def offload_slice(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Elements [start, stop) of a flat offload buffer."""
-        return self.offload[name][start:stop]
-
     def offload_records(self, name: str, size: int, ranges: Any) -> torch.Tensor:
         """Records (n, size) of the flat buffer ``name`` read as records of ``size`` bytes;
         ``ranges.index`` (n,) the records' numbers."""

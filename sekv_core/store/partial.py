@@ -278,7 +278,3 @@ class PartialStore:
         """Starts and ends (N,) of the spans committed so far (CPU)."""
         r = self.resident
         return r["span_starts"].cpu(), r["span_ends"].cpu()
-
-    def offloaded_bytes(self) -> int:
-        """Bytes of the offload tier (every part's records)."""
-        return sum(self.totals.values())
