@@ -12,7 +12,7 @@ A load runs four stages:
 4. **sketch** — the routing sketch's rows rebuilt from the decoded keys (:func:`sketch_rows`),
    then the resident tier placed on the model's device.
 
-A build ends with stages 4 on the tables it has just written (:func:`with_sketch`,
+A build ends with stage 4 on the tables it has just written (:func:`with_sketch`,
 :func:`ready`): the files were written from them and its records are the decoded ones.
 
 A store that fails any check raises :class:`StoreInvalid` and is never used
