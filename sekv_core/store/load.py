@@ -104,7 +104,7 @@ def load_store(
         codes = store_codebooks(resident, settings.key_code, settings.value_code)
         rows = int((resident["span_ends"] - resident["span_starts"]).sum())
         records = expanded(offload, rows, codes)
-        with_sketch(resident, records, manifest, loaded, settings)
+        with_sketch(resident, records, codes, manifest, loaded, settings)
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
         raise StoreInvalid(f"the offload tier does not decode ({exc})") from None
     return ready(path, manifest, resident, trace, records, loaded, settings)
@@ -113,14 +113,15 @@ def load_store(
 def with_sketch(
     resident: dict[str, torch.Tensor],
     records: dict[str, torch.Tensor],
+    codes: dict[str, Code],
     manifest: dict[str, Any],
     loaded: LoadedModel,
     settings: StoreSettings,
 ) -> None:
-    """Stage 4 on the tables as the files hold them and the decoded ``records``: the routing
+    """Stage 4 on the tables as the files hold them, the decoded ``records`` and their
+    ``codes`` (:func:`~sekv_core.store.codes.store_codebooks` of those tables): the routing
     sketch's rows rebuilt from the span keys (:func:`sketch_rows`) and the records' one part,
     into ``resident``."""
-    codes = store_codebooks(resident, settings.key_code, settings.value_code)
     rows = int((resident["span_ends"] - resident["span_starts"]).sum())
     resident["part_rows"] = torch.tensor([0, rows])  # the records: one part (L, H, S, B)
     rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)

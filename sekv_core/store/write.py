@@ -26,7 +26,7 @@ from ..errors import SekvError
 from ..models import LoadedModel
 from ..prompt import Context
 from ..summary import STORE_DTYPE
-from .codes import Code
+from .codes import Code, store_codebooks
 from .entropy import compacted, joined
 from .format import (
     DIGEST,
@@ -92,7 +92,8 @@ def write_store(
     # the store as a load reads it back, from the tables just written: no second decode
     manifest = json.loads(json.dumps(manifest))
     decoded = {f"{kind}_rows": joined(records[kind]) for kind in ("k", "v")}
-    with_sketch(resident, decoded, manifest, loaded, settings)
+    stored = store_codebooks(resident, settings.key_code, settings.value_code)  # as a load reads
+    with_sketch(resident, decoded, stored, manifest, loaded, settings)
     return ready(path, manifest, resident, trace, decoded, loaded, settings)
 
 
