@@ -3,8 +3,8 @@
 The oracle scores each span by the exact max attention logit over its reconstructed keys: it
 reads every span's basis, so it saves nothing, but at the same token budget it is the routing a
 cheaper router should match. :class:`RoutingProbe` implements the engine's observer hook
-(:data:`sekv_core.attention.Observer`): attached to a SeKV answer (:func:`attach_probe`), it sees
-every routing decision and measures
+(:data:`sekv_core.zoom.attention.Observer`): attached to a SeKV answer (:func:`attach_probe`),
+it sees every routing decision and measures
 
 - ``recall_vs_oracle``: the share of the oracle's picks the router picked too;
 - ``mass_captured``: the share of the exact span attention (a softmax over every span token with
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from sekv_core.attention import ZoomPolicy, widen
 from sekv_core.config import MethodSettings
 from sekv_core.engine import Answer, Session
 from sekv_core.methods import SeKV
-from sekv_core.router import Router, select
 from sekv_core.sketch import segment_max
-from sekv_core.zoom import SpanMemory, SpanSubset
+from sekv_core.zoom.attention import ZoomPolicy, widen
+from sekv_core.zoom.memory import SpanMemory, SpanSubset
+from sekv_core.zoom.router import Router, select
 
 
 class SpanKeys:

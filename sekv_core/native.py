@@ -4,7 +4,7 @@ On a CPU a SeKV decode step's cost is the count of small tensor ops per layer, n
 arithmetic: scoring and picking the spans, placing new ones in the zoom pool, reading and
 decoding their records, rotating their keys, the memory entries attention reads and the
 trace come to some 300 ops per layer and token as torch code, each paying a call's overhead.
-In C each step is one call (:mod:`sekv_core.kernels`; figures: docs/design.md). The library is
+In C each step is one call (:mod:`sekv_core.zoom.kernels`; figures: docs/design.md). The library is
 built with the system's C compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per
 source, compiler and kind of CPU; without a compiler, or for tensors on a GPU, the tensor code
 runs instead. Both make the same decisions and the same rows (the router's scores agree to float
@@ -29,7 +29,10 @@ from .errors import SekvError
 from .paths import sekv_home
 
 # the decode step's kernels and the offload tier's entropy coder (:mod:`sekv_core.store.entropy`)
-SOURCES = (Path(__file__).with_name("zoomstep.c"), Path(__file__).parent / "store" / "rans.c")
+SOURCES = (
+    Path(__file__).parent / "zoom" / "zoomstep.c",
+    Path(__file__).parent / "store" / "rans.c",
+)
 # no fused multiply-adds (each product and sum rounded as torch rounds it); the vector width
 # of this CPU where the compiler knows it (the library is kept per CPU), else the baseline's
 FLAGS = ["-O3", "-fno-trapping-math", "-fPIC", "-shared", "-ffp-contract=off"]

@@ -1,4 +1,4 @@
-"""Router files: a trained zoom router (:mod:`sekv_core.zoomnet`) on disk, and which one an
+"""Router files: a trained zoom router (:mod:`sekv_core.zoom.zoomnet`) on disk, and which one an
 answer uses.
 
 Weights live in one safetensors file whose metadata holds a JSON manifest (format, shape, model
@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from .errors import SekvError, one_line
 from .paths import sekv_home
-from .zoomnet import NetShape, ZoomNet
+from .zoom.zoomnet import NetShape, ZoomNet
 
 FORMAT = "sekv-zoom-router"
 FORMAT_VERSION = 3  # 3: features read from the sketch alone (span mass estimate, mean key)

@@ -6,14 +6,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sekv_core.attention import ZoomPolicy, mixed_attention, sekv_attention, widen
 from sekv_core.config import MethodSettings, SegmentSettings, StoreSettings
 from sekv_core.documents import load_document
 from sekv_core.methods import SeKV
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.rope import Rope
-from sekv_core.router import SketchRouter
-from sekv_core.zoom import SpanMemory
+from sekv_core.zoom.attention import ZoomPolicy, mixed_attention, sekv_attention, widen
+from sekv_core.zoom.memory import SpanMemory
+from sekv_core.zoom.router import SketchRouter
 
 TEXT = " ".join(
     f"Item {i} is kept in room {i * 7 % 31} of the {['north', 'east'][i % 2]} wing."

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import sekv_core.kernels as kernels
+import sekv_core.zoom.kernels as kernels
 from sekv_core.config import KEY_CODE, VALUE_CODE, MethodSettings, SegmentSettings, StoreSettings
 from sekv_core.documents import load_document
 from sekv_core.errors import SekvError

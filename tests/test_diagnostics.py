@@ -14,13 +14,13 @@ from sekv_bench.diagnostics import (
     attach_probe,
     exact_span_share,
 )
-from sekv_core.attention import ZoomPolicy, sekv_attention
 from sekv_core.config import MethodSettings, SegmentSettings, StoreSettings
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.methods import SeKV
 from sekv_core.prompt import chat_template, encode_context, encode_question
-from sekv_core.router import select
+from sekv_core.zoom.attention import ZoomPolicy, sekv_attention
+from sekv_core.zoom.router import select
 
 TEXT = " ".join(
     f"Item {i} is kept in room {i * 7 % 31} of the {['north', 'east'][i % 2]} wing."

@@ -8,16 +8,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sekv_core import kernels, native
+from sekv_core import native
 from sekv_core.kvquant import quantize_rows
-from sekv_core.pools import ZoomPool
 from sekv_core.prompt import chat_template, encode_question
 from sekv_core.rope import Rope
-from sekv_core.router import SketchRouter, TrainedRouter, select
 from sekv_core.sketch import column_major, reads_natively
 from sekv_core.store.codes import fit_code
-from sekv_core.trace import ZoomTrace
-from sekv_core.zoomnet import NetShape, ZoomNet
+from sekv_core.zoom import kernels
+from sekv_core.zoom.pools import ZoomPool
+from sekv_core.zoom.router import SketchRouter, TrainedRouter, select
+from sekv_core.zoom.trace import ZoomTrace
+from sekv_core.zoom.zoomnet import NetShape, ZoomNet
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine"

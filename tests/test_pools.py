@@ -6,7 +6,7 @@ import torch
 
 from sekv_core.kvquant import Rows
 from sekv_core.passages import placement
-from sekv_core.pools import ZoomPool
+from sekv_core.zoom.pools import ZoomPool
 
 D = 4
 LENGTHS = torch.tensor([2, 3, 1, 2])  # four spans' tokens

@@ -9,16 +9,16 @@ import pytest
 import torch
 from conftest import build_tiny_model
 
-import sekv_core.prefilter as prefilter_mod
 import sekv_core.store.stream as stream_mod
+import sekv_core.zoom.prefilter as prefilter_mod
 from sekv_core.config import SegmentSettings, StoreSettings, StreamSettings
 from sekv_core.documents import Document, load_document
 from sekv_core.engine import Session
 from sekv_core.methods import MethodSettings
 from sekv_core.models import load_model
-from sekv_core.prefilter import RepBlocks, candidates, representative_scores
-from sekv_core.router import SketchRouter
 from sekv_core.segment import SPAN
+from sekv_core.zoom.prefilter import RepBlocks, candidates, representative_scores
+from sekv_core.zoom.router import SketchRouter
 
 WINDOW = 512  # a book is a few windows long: a bounded, streamed store of many spans
 BOOK = StoreSettings(

@@ -1,6 +1,6 @@
 import torch
 
-from sekv_core.router import greedy_passes, segment_max, select
+from sekv_core.zoom.router import greedy_passes, segment_max, select
 
 
 def test_select_prefers_best_spans_within_budget_and_margin():

@@ -16,7 +16,7 @@ from sekv_cli.main import app
 from sekv_core import router_files
 from sekv_core.errors import SekvError
 from sekv_core.router_files import RouterFileError, load_router, resolve_router, save_router
-from sekv_core.zoomnet import NetShape, ZoomNet
+from sekv_core.zoom.zoomnet import NetShape, ZoomNet
 
 runner = CliRunner()
 DOC = " ".join(f"Shelf {i} holds {i * 3} jars." for i in range(40))

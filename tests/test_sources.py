@@ -146,7 +146,7 @@ def test_sentence_ends_cover_the_text():
 
 
 def test_the_questions_routing_explains_a_source():
-    from sekv_core.trace import ZoomTrace
+    from sekv_core.zoom.trace import ZoomTrace
 
     trace = ZoomTrace()
     lengths = torch.tensor([4, 4, 4, 4])

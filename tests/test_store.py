@@ -20,7 +20,7 @@ from sekv_core.sketch import dequantize_sketch, quantize_sketch
 from sekv_core.store.format import FILES, FORMAT_VERSION
 from sekv_core.store.ingest import open_or_build
 from sekv_core.store.load import StoreInvalid, load_store
-from sekv_core.zoom import SpanMemory
+from sekv_core.zoom.memory import SpanMemory
 
 TEXT = "\n\n".join(
     f"Section {i}. The {w} vault on floor {i % 9} holds crate {i * 37 % 101} of copper."

@@ -17,7 +17,6 @@ from conftest import build_tiny_model
 from safetensors.torch import load_file
 
 import sekv_core.store.stream as stream_mod
-from sekv_core.attention import ZoomPolicy, sekv_attention
 from sekv_core.config import SegmentSettings, StoreSettings, StreamSettings
 from sekv_core.documents import Document, token_pages
 from sekv_core.engine import Session
@@ -26,7 +25,6 @@ from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.models import load_model
 from sekv_core.passages import FUSION_K, NEUTRAL_QUESTION
 from sekv_core.prompt import chat_template, encode_context, encode_question
-from sekv_core.router import SketchRouter
 from sekv_core.segment import ANCHOR, SINK, SPAN
 from sekv_core.sketch import dequantize_sketch
 from sekv_core.store.codes import load_code
@@ -34,6 +32,8 @@ from sekv_core.store.entropy import usable as entropy_coded
 from sekv_core.store.format import CODEBOOKS, FILES
 from sekv_core.store.ingest import open_or_build
 from sekv_core.store.partial import PartialStore
+from sekv_core.zoom.attention import ZoomPolicy, sekv_attention
+from sekv_core.zoom.router import SketchRouter
 
 WINDOW = 512
 SEGMENT = SegmentSettings(min_len=8, max_len=32)

@@ -16,7 +16,7 @@ from sekv_core.train.losses import losses
 from sekv_core.train.settings import TrainSettings
 from sekv_core.train.student import answer_steps, step_decisions, student_forward
 from sekv_core.train.teacher import zoom_targets
-from sekv_core.zoomnet import NetShape, ZoomNet, step_best
+from sekv_core.zoom.zoomnet import NetShape, ZoomNet, step_best
 
 SMALL = TrainSettings(steps=4, docs=1, held_out=1, doc_tokens=(120, 160), save_every=2)
 
@@ -264,7 +264,7 @@ def test_sketch_spans_match_the_sketch_token_by_token(prepared):
     """The gate's span features are exact functions of the resident sketch: per-span max and
     log-sum-exp of the estimated logits, and a mean key whose logit is their mean."""
     from sekv_core.sketch import sketch_logits, span_mean_keys
-    from sekv_core.zoomnet import sketch_spans
+    from sekv_core.zoom.zoomnet import sketch_spans
 
     loaded, docs, _, _ = prepared
     memory = docs[0].memory
@@ -296,8 +296,8 @@ def test_untrained_gate_is_the_training_free_rule_and_places_nothing_more(prepar
     estimated logit over the decision's queries, relative to the best span, + the margin): when
     answering (one decision) and in training (one per step, from that step's queries only).
     Routing with it places nothing on the device beyond the training-free tier."""
-    from sekv_core.router import SketchRouter, TrainedRouter
-    from sekv_core.zoomnet import INIT_MARGIN, sketch_spans
+    from sekv_core.zoom.router import SketchRouter, TrainedRouter
+    from sekv_core.zoom.zoomnet import INIT_MARGIN, sketch_spans
 
     loaded, docs, _, _ = prepared
     memory = docs[0].memory

@@ -28,7 +28,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
-from ..attention import mixed_attention
 from ..backend import use_attention
 from ..config import DEFAULT_BUDGET, BlockSettings
 from ..decode import Forcing, PositionedStep, decode_tokens
@@ -36,12 +35,13 @@ from ..errors import SekvError
 from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
-from ..router import Router
 from ..sampling import Sampling
 from ..store.format import DIGEST, manifest_digest, map_safetensors, sha256, store_key
 from ..store.load import StoreInvalid
 from ..store.write import write_atomically
 from ..summary import STORE_DTYPE
+from ..zoom.attention import mixed_attention
+from ..zoom.router import Router
 from .base import Method, Progress
 from .full import prefill_cache
 

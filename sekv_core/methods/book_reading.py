@@ -11,20 +11,20 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..attention import ZoomPolicy
 from ..decode import PositionedStep
 from ..lexical import LexicalIndex
 from ..models import LoadedModel
 from ..passages import NEUTRAL_QUESTION
 from ..prompt import chat_template, encode_question
-from ..zoom import SpanMemory
+from ..zoom.attention import ZoomPolicy
+from ..zoom.memory import SpanMemory
 
 
 def question_attention(
     loaded: LoadedModel, spans: SpanMemory, question_ids: list[int], policy: ZoomPolicy
 ) -> torch.Tensor:
     """(N,) the attention the question's tokens pay each span, read once with ``policy``'s
-    per-layer routing inside an active :func:`~sekv_core.attention.sekv_attention` block (0:
+    per-layer routing inside an active :func:`~sekv_core.zoom.attention.sekv_attention` block (0:
     never zoomed); the pools it zoomed are dropped after."""
     ask = PositionedStep(
         loaded.model,

@@ -14,19 +14,19 @@ import torch
 from transformers import DynamicCache
 
 from .. import passages
-from ..attention import Observer, ZoomPolicy, sekv_attention
 from ..config import DEFAULT_BUDGET
 from ..decode import Forcing, PositionedStep, decode_tokens
 from ..documents import Document
 from ..lexical import LexicalIndex
 from ..prompt import chat_template, question_text, stop_ids
 from ..rope import Rope
-from ..router import SketchRouter, TrainedRouter
 from ..router_files import RouterFile, resolve_router
 from ..sampling import Sampling
 from ..store.ingest import open_or_build
 from ..store.load import SpanStore
-from ..zoom import SpanMemory
+from ..zoom.attention import Observer, ZoomPolicy, sekv_attention
+from ..zoom.memory import SpanMemory
+from ..zoom.router import SketchRouter, TrainedRouter
 from .base import Method, Progress
 from .book_reading import neutral_attention, question_attention, word_scores
 
@@ -277,7 +277,7 @@ class SeKV(Method):
         return answer[..., :-1] if answer is not None else None
 
     def explain(self, start: int, end: int) -> dict[str, Any]:
-        """See :meth:`sekv_core.trace.ZoomTrace.explain` (a book's passages rank by the
+        """See :meth:`sekv_core.zoom.trace.ZoomTrace.explain` (a book's passages rank by the
         question's attention that chose them)."""
         t = self.policy.trace if self.policy is not None else None
         if t is None:

@@ -19,14 +19,14 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from ..attention import mixed_attention
 from ..backend import use_attention
 from ..decode import Forcing, PositionedStep, decode_tokens
 from ..prompt import stop_ids
 from ..sampling import Sampling
 from ..segment import SPAN
 from ..summary import STORE_DTYPE, gather_spans, summarize
-from ..zoom import SpanMemory
+from ..zoom.attention import mixed_attention
+from ..zoom.memory import SpanMemory
 from .base import Progress
 from .sekv import SeKV
 

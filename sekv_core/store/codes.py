@@ -29,10 +29,10 @@ from functools import cached_property
 
 import torch
 
-from .. import kernels
 from ..bitpack import pack_codes, unpack_codes
 from ..errors import SekvError
 from ..summary import STORE_DTYPE, stored
+from ..zoom import kernels
 from .specs import MAX_BITS, Tier, parse_even, parse_tiers, record_bytes
 
 SCALE = torch.float16  # per-row tier scales (specs.SCALE_BYTES each)

@@ -1,8 +1,8 @@
 """The store under construction: the spans a streamed build committed so far, part by part.
 
 :class:`PartialStore` looks like a :class:`~sekv_core.store.load.SpanStore` to
-:class:`~sekv_core.zoom.SpanMemory`, so each chunk of the stream zooms into what the chunks before
-it committed: its resident tables grow with every part (the routing sketch requantised to one
+:class:`~sekv_core.zoom.memory.SpanMemory`, so each chunk of the stream zooms into what the chunks
+before it committed: its resident tables grow with every part (the routing sketch requantised to one
 scale per direction), its offload tier stays in the part files (:mod:`sekv_core.store.parts`) and is
 read back range by range. When the stream ends it hands the finished store's tables and the
 parts' records to :func:`~sekv_core.store.write.write_store`.
@@ -72,8 +72,9 @@ class Grow:
 
 class PartialStore:
     """The spans committed so far, shaped as a :class:`~sekv_core.store.load.SpanStore` for
-    :class:`~sekv_core.zoom.SpanMemory`: a resident dict grown part by part (routing tables and
-    sketch on ``device``, at ``keep`` precision), the offload tier in the part files of ``work``.
+    :class:`~sekv_core.zoom.memory.SpanMemory`: a resident dict grown part by part (routing tables
+    and sketch on ``device``, at ``keep`` precision), the offload tier in the part files of
+    ``work``.
 
     Zoom reads go through ``os.pread`` (not memory maps: pages a map touched would stay in the
     process's resident set, part after part).

@@ -1,12 +1,12 @@
 """Streamed ingest: a span store built chunk by chunk, for documents beyond the model window.
 
 Each chunk of ``prefill_chunk`` tokens runs through the model with the mixed-resolution attention
-(:mod:`sekv_core.attention`): it attends to the sinks, the tokens not yet committed (at least
+(:mod:`sekv_core.zoom.attention`): it attends to the sinks, the tokens not yet committed (at least
 ``stream.window`` of them, full resolution) and the spans zoomed from the store built so far
 (sketch router, ``stream.budget`` tokens per layer and KV head, routed by ``stream.route_queries``
 of its queries; beyond STREAM_PREFILTER_SPANS spans only the candidates of
-:func:`sekv_core.prefilter.candidates`, found through its coarse block index, are scored, so the
-time per chunk stays flat along the book). Once more than ``window + chunk`` tokens wait, the
+:func:`sekv_core.zoom.prefilter.candidates`, found through its coarse block index, are scored, so
+the time per chunk stays flat along the book). Once more than ``window + chunk`` tokens wait, the
 oldest complete spans are committed as one *part* (:mod:`sekv_core.store.parts`): segmented
 with the rule of :func:`sekv_core.segment.segment` (threshold mu + alpha sigma of the
 surprisal read so far), coded, written to disk and appended to the growing store
@@ -14,8 +14,8 @@ surprisal read so far), coded, written to disk and appended to the growing store
 cache and the resident routing tier (sketch, tables); the records stay on disk.
 
 Positions: a context beyond the window gets a *bounded* store (pre-RoPE keys everywhere) and
-chunks see the layout of :mod:`sekv_core.zoom` — sinks at 0.., zoomed tokens packed before the
-waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the window.
+chunks see the layout of :mod:`sekv_core.zoom.memory` — sinks at 0.., zoomed tokens packed before
+the waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the window.
 A book keeps no anchors (their boundary tokens stay in their spans). A context that fits
 (``stream.always``) keeps original positions and anchors throughout.
 
@@ -37,18 +37,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..attention import LocalWindow, ZoomPolicy, sekv_attention
 from ..config import StoreSettings
 from ..documents import Document
 from ..models import LoadedModel
 from ..paths import private_dir
 from ..prefill import Progress
 from ..prompt import Context
-from ..router import SketchRouter
 from ..segment import ANCHOR, SPAN, Segmentation
 from ..summary import STORE_DTYPE
 from ..surprisal import Surprisal
-from ..zoom import SpanMemory
+from ..zoom.attention import LocalWindow, ZoomPolicy, sekv_attention
+from ..zoom.memory import SpanMemory
+from ..zoom.router import SketchRouter
 from .format import trace_tensors
 from .layout import StreamLayout
 from .load import SpanStore

@@ -1,6 +1,6 @@
 """Training the zoom-in router with the base model frozen (`sekv train`).
 
-The router (:mod:`sekv_core.zoomnet`) learns to reproduce what the frozen full-KV model attends
+The router (:mod:`sekv_core.zoom.zoomnet`) learns to reproduce what the frozen full-KV model attends
 to, on documents generated in code. One idea per module:
 
 - :mod:`.data` (with :mod:`.facts`, :mod:`.prose`, :mod:`.reports`): the generated corpus;

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from ..attention import NEIGHBOURS
 from ..config import StoreSettings
 from ..errors import SekvError
 from ..models import LoadedModel
 from ..router_files import load_router, save_router
-from ..zoomnet import ZoomNet
+from ..zoom.attention import NEIGHBOURS
+from ..zoom.zoomnet import ZoomNet
 from .settings import TrainSettings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..models import LoadedModel
-from ..zoomnet import ZoomNet
+from ..zoom.zoomnet import ZoomNet
 from .examples import Example, PreparedDoc
 from .losses import budget_tokens, kl_to_teacher, step_mass
 from .settings import TrainSettings

@@ -25,7 +25,7 @@ from ..models import LoadedModel
 from ..prompt import chat_template, encode_context, encode_question
 from ..rope import Rope
 from ..store.ingest import open_or_build
-from ..zoom import SpanMemory
+from ..zoom.memory import SpanMemory
 from .data import make_corpus
 from .settings import TrainSettings
 from .teacher import span_tokens, teacher_answer, teacher_pass

@@ -22,7 +22,7 @@ import torch
 from ..errors import SekvError
 from ..models import LoadedModel
 from ..router_files import load_router
-from ..zoomnet import NetShape, ZoomNet
+from ..zoom.zoomnet import NetShape, ZoomNet
 from .checkpoint import resume, save
 from .evaluate import evaluate, held_out_score
 from .examples import Log, prepare

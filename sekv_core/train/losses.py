@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..methods.sekv import MIN_ZOOM
 from ..models import LoadedModel
-from ..zoomnet import ZoomNet, step_best
+from ..zoom.zoomnet import ZoomNet, step_best
 from .examples import Example, PreparedDoc
 from .settings import TrainSettings
 from .student import answer_steps, student_forward

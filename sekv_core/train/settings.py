@@ -17,7 +17,7 @@ class TrainSettings:
     w_order: float = 1.0
     w_zoom: float = 1.0
     w_budget: float = 0.5
-    dim: int = 3  # the gate's routing space (see sekv_core.zoomnet)
+    dim: int = 3  # the gate's routing space (see sekv_core.zoom.zoomnet)
     doc_tokens: tuple[int, int] = (500, 1500)  # training document length range
     # zoom budgets drawn per step (share of span tokens); memory targets of 10-20% of full KV
     # leave ~4-18% of the span tokens to zoom once the resident tier is paid (8-bit zoom)

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from ..attention import NEIGHBOURS, widen
 from ..backend import use_attention
 from ..models import LoadedModel
-from ..router import select
-from ..zoom import SpanMemory
-from ..zoomnet import ZoomNet, sketch_spans, step_best
+from ..zoom.attention import NEIGHBOURS, widen
+from ..zoom.memory import SpanMemory
+from ..zoom.router import select
+from ..zoom.zoomnet import ZoomNet, sketch_spans, step_best
 from .examples import Example, PreparedDoc
 from .teacher import causal_local
 
@@ -65,7 +65,7 @@ def step_decisions(
     Per step (``steps`` (Tq,) numbers each position's step, 0 = the question's prefill) and KV
     head: the best gate logit over the group's heads and the step's queries -> (Hkv, P, N), and
     the hard decision (gate > 0, best first under ``budget``; spans widened to their neighbours
-    as answering widens them, :func:`~sekv_core.attention.widen`) -> (Hkv, P, N) bool. The
+    as answering widens them, :func:`~sekv_core.zoom.attention.widen`) -> (Hkv, P, N) bool. The
     straight-through gradient reaches each span's own gate.
     """
     best = step_best(z, steps)

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 from ..backend import use_attention
 from ..methods.full import answer_over, truncate
 from ..models import LoadedModel
-from ..zoom import SpanMemory
+from ..zoom.memory import SpanMemory
 
 TEACHER = "sekv_teacher"
 MINE_MASS = 0.05  # a position "reaches far back" when >= this share of its attention is on spans

@@ -2,7 +2,7 @@
 
 Above ``min_spans`` spans (books), each KV head keeps the spans whose *representative* tokens
 (each span's highest-surprisal sketch rows) score best for the current queries; the router then
-scores exactly those spans only (:meth:`sekv_core.zoom.SpanMemory.subset`).
+scores exactly those spans only (:meth:`sekv_core.zoom.memory.SpanMemory.subset`).
 
 So that the cost per query does not grow with the book, the representatives are not all scored:
 :class:`RepBlocks` keeps, per block of ``BLOCK_SPANS`` consecutive spans, the box (least and
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sketch import dequantize_sketch, sketch_logits
+from ..sketch import dequantize_sketch, sketch_logits
 
 # above this many spans, routers only score the spans whose representative tokens score among
 # the best ``keep`` (or 4x the budget's worth of spans) per KV head

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .sketch import segment_max, sketch_logits, sketch_rows, span_mean_keys
+from ..sketch import segment_max, sketch_logits, sketch_rows, span_mean_keys
 
 INIT_MARGIN = 6.0  # the training-free threshold the gate starts from (nats below the best span)
 
@@ -163,7 +163,8 @@ class SketchSpans:
 
 def sketch_spans(memory, layer: int, q: torch.Tensor, scaling: float) -> SketchSpans:
     """The sketch's per-span estimates for queries ``q`` (Hkv, G, Tq, D) of ``layer``: one pass
-    over the resident sketch (``memory``: a :class:`~sekv_core.zoom.SpanMemory` or a subset)."""
+    over the resident sketch (``memory``: a :class:`~sekv_core.zoom.memory.SpanMemory` or a
+    subset)."""
     values = sketch_rows(memory, layer, q.dtype)  # dequantised once for both uses
     logits = sketch_logits(memory, layer, q, values=values) * scaling  # (H, G, Tq, S)
     shape, n = logits.shape[:-1], memory.n_spans

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
+from ..sketch import reads_natively, segment_max, sketch_logits
 from . import kernels
-from .sketch import reads_natively, segment_max, sketch_logits
 from .zoomnet import ZoomGate, ZoomNet, sketch_spans
 
 T = TypeVar("T")
 
 if TYPE_CHECKING:  # routers read the memory they are given (or a subset of it)
-    from .zoom import SpanMemory
+    from .memory import SpanMemory
 
 
 class Router(Protocol):
@@ -82,7 +82,7 @@ def native_sketch(memory: SpanMemory, layer: int) -> tuple[torch.Tensor, ...]:
 
 
 class TrainedRouter:
-    """The learned relevance gate (:mod:`sekv_core.zoomnet`): a span is zoomed for a KV head
+    """The learned relevance gate (:mod:`sekv_core.zoom.zoomnet`): a span is zoomed for a KV head
     when any query head of its group, at any current query, gives it a gate logit > 0."""
 
     name = "trained"
@@ -164,7 +164,7 @@ def select(
     the best-ranked spans only, enough to fill the budget twice over with the shortest spans;
     for a head whose lower-ranked spans could still have taken part, over every span (so a
     head's decision never depends on the other heads'). Spans of equal score go in document
-    order. On the CPU the same decision is one native call (:mod:`sekv_core.kernels`).
+    order. On the CPU the same decision is one native call (:mod:`sekv_core.zoom.kernels`).
     """
     if (
         scores.dtype == torch.float32

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from .native import library, usable
+from ..native import library, usable
 
 __all__ = ["usable"]
 
@@ -32,7 +32,7 @@ def _require(ok: bool, what: str) -> None:
 def select(
     scores: torch.Tensor, lengths: torch.Tensor, budget: int, margin: float | None, rounds: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`sekv_core.router.select` for float32 scores (H, N) and int64 lengths (N,) on the
+    """:func:`sekv_core.zoom.router.select` for float32 scores (H, N) and int64 lengths (N,) on the
     CPU."""
     H, N = scores.shape
     _require(lengths.shape == (N,), "one length per span")
@@ -65,7 +65,7 @@ def record(
     threshold: torch.Tensor,
     lengths: torch.Tensor,
 ) -> None:
-    """The per-step part of :meth:`sekv_core.trace.ZoomTrace.record`, in place: ``zoomed``
+    """The per-step part of :meth:`sekv_core.zoom.trace.ZoomTrace.record`, in place: ``zoomed``
     (H, N) bool, ``best_margin`` and ``best_score`` (N,) float32, ``tokens_max`` () int64."""
     H, N = zoom.shape
     library().sekv_record(
@@ -107,7 +107,7 @@ def new_pairs(
 
 
 def place(pool, zoom: torch.Tensor, heads, spans, lengths, first_row, k, v) -> None:
-    """The slot bookkeeping of :meth:`sekv_core.pools.ZoomPool.place_new_spans` for an 8-bit
+    """The slot bookkeeping of :meth:`sekv_core.zoom.pools.ZoomPool.place_new_spans` for an 8-bit
     pool of CPU tensors, in place: new rows ``k``, ``v`` (T, D) float32 in pair order."""
     owner, (codes, scale) = pool.owner, pool.rows.tensors()
     (H, C), D = owner.shape, codes.shape[-1]
@@ -176,7 +176,7 @@ def gather(
     ascending) from the flat offload buffers, each row's context position (T,) and the rows of
     each KV head; None when the heads are not ascending. A record out of range (a store that
     does not match its span table) is an error. ``index``: the spans' records
-    (:class:`sekv_core.reconstruct.RecordIndex`)."""
+    (:class:`sekv_core.zoom.reconstruct.RecordIndex`)."""
     lengths = index.lengths
     T = int(lengths[spans].sum())
     k_out = torch.empty(T, k_bytes, dtype=torch.uint8)
@@ -256,7 +256,7 @@ def sketch_scores(
     first_row: torch.Tensor,
     lengths: torch.Tensor,
 ) -> torch.Tensor:
-    """(H, N) each span's best estimated logit (:class:`sekv_core.router.SketchRouter`) for the
+    """(H, N) each span's best estimated logit (:class:`sekv_core.zoom.router.SketchRouter`) for the
     queries ``q`` (H, G, Tq, D) of one layer; ``sketch`` as for :func:`gate_scores`."""
     (H, G, Tq, D), N = q.shape, first_row.numel()
     proj, scale, mean, packed = sketch
@@ -292,7 +292,7 @@ def gate_scores(
     gate: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     scaling: float,
 ) -> torch.Tensor:
-    """(H, N) :class:`sekv_core.router.TrainedRouter`'s scores: each span's largest gate logit
+    """(H, N) :class:`sekv_core.zoom.router.TrainedRouter`'s scores: each span's largest gate logit
     over the queries ``q`` (H, G, Tq, D) of one layer, in one pass over its 4-bit sketch.
 
     sketch : the layer's ``proj`` (H, D, R), ``scale`` (H, R), ``mean`` (H, D) and packed codes
@@ -377,7 +377,7 @@ def attention_trace(
 ) -> None:
     """One decoding step's attention (H, E) over the memory entries into the trace, in place:
     each pool slot's share to its span's ``span_mass`` (N + 1,) and, with ``answer`` (H, T + 1),
-    the most attention each context token got (:meth:`sekv_core.trace.ZoomTrace.add_step`)."""
+    the most attention each context token got (:meth:`sekv_core.zoom.trace.ZoomTrace.add_step`)."""
     (H, C), N, S = owner.shape, span_mass.numel() - 1, span_positions.numel() - 1
     _require(mass.shape == (H, fixed + C) and fixed_positions.shape == (H, fixed), "entries")
     T = answer.shape[1] - 1 if answer is not None else 0

@@ -11,7 +11,7 @@ heads and spans.
 :func:`sekv_attention` registers the implementation (under the name ``"sekv"``) and switches a
 model to it for the duration of a block. Within the model window, keys are stored post-RoPE at
 their original positions and local tokens take positions after the context, so nothing is
-re-rotated; a book's memory is *bounded* (see :mod:`sekv_core.zoom` for its positions).
+re-rotated; a book's memory is *bounded* (see :mod:`sekv_core.zoom.memory` for its positions).
 
 The streamed ingest (:mod:`sekv_core.store.stream`) runs the same function for each chunk of a book,
 with a :class:`LocalWindow`: the previous tokens at full resolution join the local part, and the
@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backend import use_attention
-from .config import DEFAULT_BUDGET, MethodSettings
+from ..backend import use_attention
+from ..config import DEFAULT_BUDGET, MethodSettings
+from ..rope import rotate_half
+from ..sketch import QueryMoments
+from .memory import SpanMemory
 from .prefilter import PREFILTER_KEEP, PREFILTER_SPANS, candidates
-from .rope import rotate_half
 from .router import Router, select
-from .sketch import QueryMoments
 from .trace import ZoomTrace
-from .zoom import SpanMemory
 
 NAME = "sekv"
 NEIGHBOURS = MethodSettings.neighbours  # see ZoomPolicy.neighbours and :func:`widen`
@@ -56,7 +56,7 @@ class ZoomPolicy:
     attribute: bool = True  # with track_mass: what the answer drew on (sekv_core.sources)
     prefilter_spans: int = PREFILTER_SPANS  # above this many spans, the router scores ...
     prefilter_keep: int = PREFILTER_KEEP  # ... at least this many per KV head (the best by
-    # their representative tokens): see sekv_core.prefilter.candidates
+    # their representative tokens): see sekv_core.zoom.prefilter.candidates
     prefilter_blocks: bool = False  # find them through the coarse block index (flat cost)
     neighbours: int = NEIGHBOURS  # a span scores the best of itself and this many on each side
     # attend to the zoomed tokens in document order, whatever the pools held before (a streamed
@@ -235,7 +235,8 @@ def route(
     """Which spans each KV head zooms for queries ``q`` (Hkv, G, Tq, D): (Hkv, N) bool.
 
     Records the decision in the policy's trace and tells its observer. Long documents are
-    prefiltered (:func:`sekv_core.prefilter.candidates`): the router scores only the candidates.
+    prefiltered (:func:`sekv_core.zoom.prefilter.candidates`): the router scores only the
+    candidates.
     """
     Hkv, N = q.shape[0], memory.n_spans
     if N == 0:

@@ -1,9 +1,9 @@
 /* The decode step on the CPU, one call per step where the tensor code takes dozens of small
  * ops: routing (the routers' sketch reads, select), the zoom pool's update, zoom-in reads
  * (records gathered and decoded, keys rotated), the memory entries attention reads, and the
- * trace. Built and loaded by sekv_core/native.py, called through sekv_core/kernels.py; the same
- * decisions and rows as the tensor code (ties in score: document order; the sketch scores to
- * float rounding). Arrays are C-contiguous; bool arrays are one byte per element. */
+ * trace. Built and loaded by sekv_core/native.py, called through sekv_core/zoom/kernels.py;
+ * the same decisions and rows as the tensor code (ties in score: document order; the sketch
+ * scores to float rounding). Arrays are C-contiguous; bool arrays are one byte per element. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -123,7 +123,7 @@ void sekv_record(const uint8_t *zoom, const float *scores, const float *threshol
     }
 }
 
-/* ---- zoom pools (sekv_core/pools.py): the slot bookkeeping of one layer's update ---------- */
+/* ---- zoom pools (sekv_core/zoom/pools.py): the slot bookkeeping of one layer's update --- */
 
 /* IEEE half precision from a float, rounded to nearest even */
 static uint16_t half_bits(float f) {
@@ -266,7 +266,7 @@ void sekv_activate(const uint8_t *zoom, const int64_t *owner, int64_t H, int64_t
         }
 }
 
-/* ---- zoom-in (sekv_core/reconstruct.py): the records of (span, head) pairs ------------------ */
+/* ---- zoom-in (sekv_core/zoom/reconstruct.py): the records of (span, head) pairs --------- */
 
 /* Copy the records of n (span, head) pairs of `layer` (heads ascending) from the offload
  * tier's flat buffers of keys' and values' records (k_count, v_count records of kB, vB bytes)
@@ -371,7 +371,7 @@ void sekv_tier_coefficients(const uint8_t *records, int64_t T, int64_t B, int64_
     }
 }
 
-/* ---- routing (sekv_core/router.py): what the routers read of the sketch ----------------- */
+/* ---- routing (sekv_core/zoom/router.py): what the routers read of the sketch ------------ */
 
 /* The estimated logits acc (M, S) of one KV head's M queries qs (M, R) in the sketch's scale:
  * base (M,) plus the products with the 4-bit sketch codes packed two per byte, each direction
@@ -575,7 +575,7 @@ int sekv_rotate(const float *keys, const int64_t *pos, const float *table, int64
     return 0;
 }
 
-/* ---- attention (sekv_core/attention.py): the memory entries of one call ----------------- */
+/* ---- attention (sekv_core/zoom/attention.py): the memory entries of one call ------------ */
 
 /* The entries attention reads from the memory, per KV head: the F sinks and anchors, then the
  * pool's C slots, dequantized (code x scale) into k (H, F + C, D) and v, and bias (H, F + C): 0
@@ -608,7 +608,7 @@ void sekv_entries(const int8_t *fk, const uint16_t *fks, const int8_t *fv, const
     }
 }
 
-/* ---- the trace (sekv_core/trace.py): what one decoding step's attention paid ------------- */
+/* ---- the trace (sekv_core/zoom/trace.py): what one decoding step's attention paid ------- */
 
 /* One query's attention mass (H, E) over the memory entries (F fixed rows, then C pool slots)
  * of a decoding step, summed over each KV head's query heads: each slot's share

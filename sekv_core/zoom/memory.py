@@ -2,11 +2,11 @@
 
 :class:`SpanMemory` holds what attention reads every step (sinks' and anchors' K/V, the routing
 sketch, span lengths) and hands out the zoomed spans' token-level K/V: reconstructed from the
-offload tier's records (:mod:`sekv_core.reconstruct`, given the memory's :class:`RecordIndex`
+offload tier's records (:mod:`sekv_core.zoom.reconstruct`, given the memory's :class:`RecordIndex`
 and offload reader) into one pool per layer that later steps reuse (:class:`ZoomPool`, which
 owns its slots). It counts the answer's reconstructions and peak zoom memory, and gives routers
 a view of a subset of its spans (:class:`SpanSubset`, for the prefilter of long documents:
-:mod:`sekv_core.prefilter`, given the memory's :class:`RepTables`).
+:mod:`sekv_core.zoom.prefilter`, given the memory's :class:`RepTables`).
 
 Positions (RoPE). A store whose context fits the model window keeps every token at its original
 position (``bounded`` False). A book's store is *bounded* (keys kept pre-RoPE, rotated at use):
@@ -30,16 +30,16 @@ from typing import Any, Protocol
 
 import torch
 
+from ..kvquant import KV_BITS, Rows, row_bytes
+from ..rope import Rope
+from ..sketch import column_major, is_column_major, span_token_positions
+from ..store.codes import store_codebooks
+from ..store.format import FIXED_SCALES
+from ..store.load import SpanStore
 from . import kernels
-from .kvquant import KV_BITS, Rows, row_bytes
 from .pools import KeyFrame, ZoomPool
 from .prefilter import RepBlocks, RepTables
 from .reconstruct import FlatRecords, OffloadReader, RecordIndex, reconstruct
-from .rope import Rope
-from .sketch import column_major, is_column_major, span_token_positions
-from .store.codes import store_codebooks
-from .store.format import FIXED_SCALES
-from .store.load import SpanStore
 
 
 class StoreView(OffloadReader, Protocol):
@@ -250,8 +250,9 @@ class SpanMemory:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token-level K, V (T, D) of (span, head) pairs (``spans``, ``heads``: (n,) host) of
         one layer, flat in pair order, in the model dtype on the device
-        (:func:`sekv_core.reconstruct.reconstruct`). Keys are rotated to their positions, except
-        with ``rotate`` False or in a bounded memory (pre-RoPE: rotated where a pool puts them).
+        (:func:`sekv_core.zoom.reconstruct.reconstruct`). Keys are rotated to their positions,
+        except with ``rotate`` False or in a bounded memory (pre-RoPE: rotated where a pool puts
+        them).
         """
         rope = self.rope if rotate and not self.bounded else None
         return reconstruct(
@@ -304,7 +305,7 @@ class SpanMemory:
 
     @property
     def rep_tables(self) -> RepTables | None:
-        """What the prefilter reads (:mod:`sekv_core.prefilter`); None without representatives."""
+        """What the prefilter reads (:mod:`~sekv_core.zoom.prefilter`); None without them."""
         if self.span_reps is None:
             return None
         return RepTables(
