@@ -31,32 +31,34 @@ def coded_parts(code, rows_per_part, seed=0) -> list[torch.Tensor]:
     return out
 
 
-def flat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The parts' records as a store holds them: one part, (L, H, S, B)."""
-    return torch.cat(parts, dim=2).flatten()
+def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts' records as a build hands them over: (L, H, S, B), a layer's rows in order."""
+    return torch.cat(parts, dim=2)
 
 
 @needs_native
 @pytest.mark.parametrize("spec", ["even:0.175", "even:0.05", "*x4", "8x8,24x4,32x2", "4x16,60x4"])
-def test_every_code_round_trips_exactly_over_parts_and_is_smaller(spec):
+def test_every_code_round_trips_exactly_and_is_smaller(spec):
     g = torch.Generator().manual_seed(1)
     fit_rows = torch.randn(2, 3, 300, 64, generator=g) * torch.linspace(3, 0.1, 64)
     code = fit_code(fit_rows, spec)
     sizes = [1500, 0, 700, 1]
     parts = coded_parts(code, sizes)
     codes = {"k": code, "v": code}
-    stored = entropy.compacted({"k": parts, "v": [p.clone() for p in parts]}, codes)
+    records = joined(parts)
+    stored = entropy.compacted({"k": records, "v": records.clone()}, codes)
     assert "k_rows" not in stored and "v_rows" not in stored  # coded: it paid
-    assert nbytes(stored) < 0.95 * 2 * flat(parts).numel()
+    assert nbytes(stored) < 0.95 * 2 * records.numel()
     back = entropy.expanded(stored, sum(sizes), codes)
-    assert torch.equal(back["k_rows"], flat(parts)) and torch.equal(back["v_rows"], flat(parts))
+    assert torch.equal(back["k_rows"], records.flatten())
+    assert torch.equal(back["v_rows"], records.flatten())
 
 
 @needs_native
 def test_records_that_do_not_compress_are_kept_as_they_are():
     code = fit_code(torch.randn(1, 2, 50, 64), "*x4")
     noise = torch.randint(0, 256, (1, 2, 400, code.record_bytes), dtype=torch.uint8)
-    stored = entropy.compacted({"k": [noise], "v": [noise]}, {"k": code, "v": code})
+    stored = entropy.compacted({"k": noise, "v": noise}, {"k": code, "v": code})
     assert set(stored) == {"k_rows", "v_rows"}  # never larger than the records
     assert torch.equal(stored["k_rows"], noise.flatten())
     back = entropy.expanded(stored, 400, {"k": code, "v": code})
@@ -70,7 +72,7 @@ def test_a_coding_with_other_tables_or_bytes_is_refused():
     code = fit_code(torch.randn(1, 2, 200, 64) * torch.linspace(3, 0.1, 64), "even:0.175")
     parts = coded_parts(code, [2000])
     codes, rows = {"k": code, "v": code}, 2000
-    stored = entropy.compacted({"k": parts, "v": parts}, codes)
+    stored = entropy.compacted({"k": joined(parts), "v": joined(parts)}, codes)
     assert stored["k_params"].dtype == torch.float16 and stored["k_params"].shape[1] == 2
     with pytest.raises(ValueError, match="tables differ"):
         entropy.expanded(dict(stored, k_params=stored["k_params"] * 1.01), rows, codes)
@@ -97,12 +99,12 @@ def codes_of(store):
     return store_codebooks(store.resident, s["key_code"], s["value_code"])
 
 
-def parts_of(store, codes) -> dict[str, list[torch.Tensor]]:
-    """The store's decoded records: one part, (L, H, S, B)."""
+def records_of(store, codes) -> dict[str, torch.Tensor]:
+    """The store's decoded records, (L, H, S, B)."""
     L, H = store.resident["fixed_k"].shape[:2]
     out = {}
     for kind in ("k", "v"):
-        out[kind] = [store.offload[f"{kind}_rows"].view(L, H, -1, codes[kind].record_bytes)]
+        out[kind] = store.offload[f"{kind}_rows"].view(L, H, -1, codes[kind].record_bytes)
     return out
 
 
@@ -118,7 +120,7 @@ def test_a_store_is_coded_on_disk_and_loads_the_records_it_built(tiny_loaded, tm
     assert b["offloaded"] < 0.9 * b["offload_records"]
     # the records are the build's: coding what the load decoded gives the file's bytes back
     codes = codes_of(store)
-    again = entropy.compacted(parts_of(store, codes), codes)
+    again = entropy.compacted(records_of(store, codes), codes)
     assert again.keys() == on_disk.keys()
     for name, tensor in on_disk.items():
         assert torch.equal(again[name], tensor), name

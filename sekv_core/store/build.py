@@ -63,7 +63,7 @@ def build_store(
         "k": fit_code(k_rows, settings.key_code, "store.key_code", pre.query_moment),
         "v": fit_code(v_rows, settings.value_code, "store.value_code"),
     }
-    records = {"k": [codes["k"].encode(k_rows)], "v": [codes["v"].encode(v_rows)]}
+    records = {"k": codes["k"].encode(k_rows), "v": codes["v"].encode(v_rows)}
     del k_rows, v_rows
     release_freed_memory()
     timings["code_s"] = time.perf_counter() - t0

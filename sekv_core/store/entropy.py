@@ -40,20 +40,18 @@ def usable() -> bool:
     return library() is not None
 
 
-def compacted(parts: dict[str, list[torch.Tensor]], codes: dict) -> dict[str, torch.Tensor]:
-    """The offload file's tensors for each kind's records (``parts[kind]``: one (L, H, n, B)
-    uint8 tensor per part of a build, in order) in ``codes`` (kind -> code): the kind's coding
-    (:data:`CODED`), or its records as they are (``{kind}_rows``, (L, H, S, B) flat) where the
-    coding does not pay or fails. Either way the parts are one: a layer's rows in order."""
+def compacted(records: dict[str, torch.Tensor], codes: dict) -> dict[str, torch.Tensor]:
+    """The offload file's tensors for each kind's records (``records[kind]``: (L, H, S, B) uint8,
+    contiguous, a layer's rows in order) in ``codes`` (kind -> code): the kind's coding
+    (:data:`CODED`), or its records as they are (``{kind}_rows``, flat: a view) where the coding
+    does not pay or fails."""
     out = {}
     for kind in KINDS:
-        if not parts[kind]:
-            out[f"{kind}_rows"] = torch.zeros(0, dtype=torch.uint8)
-            continue
-        coded = _compact_kind(parts[kind], codes[kind]) if usable() else None
-        raw = sum(r.numel() for r in parts[kind])
-        if coded is None or sum(t.numel() * t.element_size() for t in coded.values()) >= raw:
-            out[f"{kind}_rows"] = joined(parts[kind])
+        rows = records[kind]
+        coded = _compact_kind(rows, codes[kind]) if usable() and rows.numel() else None
+        size = sum(t.numel() * t.element_size() for t in coded.values()) if coded else None
+        if size is None or size >= rows.numel():
+            out[f"{kind}_rows"] = rows.view(-1)
         else:
             out.update({f"{kind}_{name}": t for name, t in coded.items()})
     return out
@@ -78,48 +76,34 @@ def expanded(tensors: dict[str, torch.Tensor], rows: int, codes: dict) -> dict[s
     return out
 
 
-def joined(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The records of a build's parts (each (L, H, n, B) uint8) as a store holds them, decoded:
-    (L, H, S, B) flat, a layer's rows in order (a copy)."""
-    if not parts:
-        return torch.zeros(0, dtype=torch.uint8)
-    return torch.cat([_layer(parts, at).flatten() for at in range(parts[0].shape[0])])
-
-
-def _layer(parts: list[torch.Tensor], at: int) -> torch.Tensor:
-    """Layer ``at``'s records (1, H, S, B) over every part (each (L, H, n, B)), contiguous."""
-    if len(parts) == 1:
-        return parts[0][at : at + 1].contiguous()
-    return torch.cat([p[at : at + 1] for p in parts], dim=2)
-
-
-def _compact_kind(parts: list[torch.Tensor], code) -> dict | None:
+def _compact_kind(records: torch.Tensor, code) -> dict | None:
     """Each layer coded alone (its streams under fresh coder states), so layers decode in
-    parallel; one table per stream over all rows."""
+    parallel; one table per stream over all rows. The layers' codings are placed one after
+    another in one buffer of the records' size (its pages past the coding are never touched)."""
     widths, flips = code.record_fields()
     B = code.record_bytes
     if int(widths.sum(dim=1).max()) != 8 * B or int(widths.sum(dim=1).min()) != 8 * B:
         return None  # fields that do not cover the record: not this coder's
-    L, H = widths.shape[0], code.basis.shape[1]
+    L, H = records.shape[:2]
     streams = H * widths.shape[1]  # a layer's
-    counts = np.concatenate(
-        [_histogram(_layer(parts, at), widths[at : at + 1], flips[at : at + 1]) for at in range(L)]
-    )
-    params = _fit(counts, widths, H)
+    params = _fit(_histogram(records, widths, flips), widths, H)
     tables = _tables(params, widths, H)
-    pieces = []
+    coded = torch.empty(records.numel(), dtype=torch.uint8)
+    lengths = []
     for at in range(L):
-        records, fields = _layer(parts, at), (widths[at : at + 1], flips[at : at + 1])
+        layer, fields = records[at : at + 1], (widths[at : at + 1], flips[at : at + 1])
         table = tables[at * streams : (at + 1) * streams]
-        coded = _encode(records, *fields, table)
-        if coded is None:  # (not smaller than the records)
+        piece = _encode(layer, *fields, table)
+        start = sum(lengths)
+        if piece is None or start + piece.numel() > coded.numel():  # not smaller
             return None
-        if not torch.equal(_decode(coded, torch.empty_like(records), *fields, table), records):
+        if not torch.equal(_decode(piece, torch.empty_like(layer), *fields, table), layer):
             return None  # never written: a coding that does not give the records back
-        pieces.append(coded)
+        coded[start : start + piece.numel()] = piece
+        lengths.append(piece.numel())
     return {
-        "coded": torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8),
-        "coded_bytes": torch.tensor([p.numel() for p in pieces], dtype=torch.int64),
+        "coded": coded[: sum(lengths)],
+        "coded_bytes": torch.tensor(lengths, dtype=torch.int64),
         "params": torch.from_numpy(params),
         "check": _checksum(tables),
     }

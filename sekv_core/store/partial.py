@@ -244,7 +244,7 @@ class PartialStore:
         """The finished store's tables for :func:`~sekv_core.store.write.write_store` (CPU):
         the sinks (positions; K (L, H, n, D) as the store keeps them; V), then every part's
         anchors, the span tables, the sketch's directions and scale; and each kind's
-        fixed-rate records per part, (L, H, n, B), mapped from the part files."""
+        fixed-rate records (L, H, S, B), copied from the part files one part at a time."""
         pieces: dict[str, list[torch.Tensor]] = {n: [] for n in FIXED}
         for meta in self.files:
             part = read_tensors(self.work / meta["name"], FIXED)
@@ -266,13 +266,16 @@ class PartialStore:
         }
         codes = self.codebooks()
         L, H = tables["fixed_k"].shape[:2]
-        rows = torch.diff(r["part_rows"]).tolist()
-        records: dict[str, list[torch.Tensor]] = {"k": [], "v": []}
-        for path, n in zip(self.paths, rows, strict=True):
-            mapped = map_safetensors(path, OFFLOAD)
-            for kind in records:
-                size = codes[kind].record_bytes
-                records[kind].append(mapped[f"{kind}_rows"].view(L, H, n, size))
+        records = {
+            kind: torch.empty(L, H, self.rows, codes[kind].record_bytes, dtype=torch.uint8)
+            for kind in ("k", "v")
+        }
+        at = 0
+        for path, n in zip(self.paths, torch.diff(r["part_rows"]).tolist(), strict=True):
+            mapped = map_safetensors(path, OFFLOAD)  # one part mapped at a time
+            for kind, out in records.items():
+                out[:, :, at : at + n] = mapped[f"{kind}_rows"].view(L, H, n, -1)
+            at += n
         return tables, records
 
     def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:

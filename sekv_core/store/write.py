@@ -27,7 +27,7 @@ from ..models import LoadedModel
 from ..prompt import Context
 from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
-from .entropy import compacted, joined
+from .entropy import compacted
 from .format import (
     DIGEST,
     code_stats,
@@ -63,7 +63,7 @@ def write_store(
     positions: dict[str, Any],
     tables: dict[str, torch.Tensor],
     codes: dict[str, Code],
-    records: dict[str, list[torch.Tensor]],
+    records: dict[str, torch.Tensor],
     trace: dict[str, torch.Tensor],
     report: dict[str, Any],
 ) -> SpanStore:
@@ -72,8 +72,8 @@ def write_store(
 
     tables : :data:`TABLES` plus ``fixed_k``, ``fixed_v`` (L, H, F, D) float (keys post-RoPE
         at original positions, pre-RoPE when bounded); codes : the offload codes ``k``, ``v``;
-    records : each kind's fixed-rate records per part of the build, (L, H, n, B) uint8, in
-        order (the file holds them as one); trace : :func:`~sekv_core.store.format.trace_tensors`;
+    records : each kind's fixed-rate records (L, H, S, B) uint8, contiguous (the store returned
+        holds them: no copy); trace : :func:`~sekv_core.store.format.trace_tensors`;
     report : manifest sections the builder adds (``stats``, ``timings``, a stream's report).
     """
     resident = {name: _stored(tables[name]) for name in TABLES}
@@ -83,15 +83,16 @@ def write_store(
     manifest = store_manifest(loaded, document, context, settings, positions)
     manifest["bytes"].update(
         resident=device_bytes(resident, settings.sketch_bits),
-        offload_records=sum(r.numel() for parts in records.values() for r in parts),
+        offload_records=sum(r.numel() for r in records.values()),
     )
     manifest["stats"] = {**report.pop("stats", {}), **code_stats(codes["k"], codes["v"])}
     manifest.update(report)
     files = {"resident.safetensors": resident, "offload.safetensors": offload}
     write_atomically(path, {**files, "trace.safetensors": trace}, manifest)
+    del files, offload  # the coding: written
     # the store as a load reads it back, from the tables just written: no second decode
     manifest = json.loads(json.dumps(manifest))
-    decoded = {f"{kind}_rows": joined(records[kind]) for kind in ("k", "v")}
+    decoded = {f"{kind}_rows": records[kind].view(-1) for kind in ("k", "v")}
     stored = store_codebooks(resident, settings.key_code, settings.value_code)  # as a load reads
     with_sketch(resident, decoded, stored, manifest, loaded, settings)
     return ready(path, manifest, resident, trace, decoded, loaded, settings)
