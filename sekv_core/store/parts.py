@@ -12,7 +12,6 @@ store's lock (:func:`sekv_core.store.locks.store_lock`): one process builds a gi
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -318,12 +317,3 @@ def read_tensors(path: Path, names: tuple[str, ...], sizes: tuple[str, ...] = ()
         for name in sizes:
             out[name] = math.prod(f.get_slice(name).get_shape())
     return out
-
-
-def release_memory() -> None:
-    """Give freed heap memory back to the system (glibc): a long ingest frees buffers of many
-    sizes, and without this the resident set keeps what fragmentation leaves behind."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass

@@ -41,7 +41,7 @@ from ..config import StoreSettings
 from ..documents import Document
 from ..models import LoadedModel
 from ..paths import private_dir
-from ..prefill import Progress
+from ..prefill import Progress, release_freed_memory
 from ..prompt import Context
 from ..segment import ANCHOR, SPAN, Segmentation
 from ..summary import STORE_DTYPE
@@ -59,7 +59,6 @@ from .parts import (
     StreamState,
     part_spans,
     part_tensors,
-    release_memory,
     waiting_codebooks,
     waiting_sketch_basis,
 )
@@ -150,7 +149,7 @@ class StreamBuilder:
                     self.checkpoints.write(self.state, self.store.files)
                     self.timings["checkpoint_s"] += time.perf_counter() - t0
                     last_checkpoint = time.perf_counter()
-                release_memory()
+                release_freed_memory()
                 if progress:
                     progress(self.state.next, self.T)
         return self._finish()

@@ -24,6 +24,7 @@ from ..config import StoreSettings
 from ..documents import Document
 from ..errors import SekvError
 from ..models import LoadedModel
+from ..prefill import release_freed_memory
 from ..prompt import Context
 from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
@@ -90,6 +91,7 @@ def write_store(
     files = {"resident.safetensors": resident, "offload.safetensors": offload}
     write_atomically(path, {**files, "trace.safetensors": trace}, manifest)
     del files, offload  # the coding: written
+    release_freed_memory()
     # the store as a load reads it back, from the tables just written: no second decode
     manifest = json.loads(json.dumps(manifest))
     decoded = {f"{kind}_rows": records[kind].view(-1) for kind in ("k", "v")}
