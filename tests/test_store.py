@@ -139,6 +139,28 @@ def test_a_fresh_build_answers_from_what_a_load_reads_back(tiny_loaded, tmp_path
             assert torch.equal(t, other), (tier, name)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_build_hands_over_its_records_without_a_copy(
+    tiny_loaded, tmp_path, monkeypatch, streamed
+):
+    """The records the build coded are the ones its session reads: one tensor per kind, not a
+    copy (a book's finish would otherwise hold its records twice)."""
+    given = {}
+    compacted = write_module.compacted
+
+    def keep(records, codes):
+        given.update(records)
+        return compacted(records, codes)
+
+    monkeypatch.setattr(write_module, "compacted", keep)
+    document, context = prepare(tiny_loaded, tmp_path)
+    settings = replace(StoreSettings(), stream=StreamSettings(always=streamed))
+    built, _ = open_or_build(tiny_loaded, document, context, settings)
+    for kind in ("k", "v"):
+        rows = built.offload[f"{kind}_rows"]
+        assert rows.numel() > 0 and rows.data_ptr() == given[kind].data_ptr(), kind
+
+
 def test_streamed_and_one_shot_stores_share_one_format(tiny_model_dirs, tmp_path):
     """A store built by streaming holds the same files, tensor names and dtypes as one built
     in one prefill (a book is the same format as a short document)."""
