@@ -89,20 +89,20 @@ def _compact_kind(records: torch.Tensor, code) -> dict | None:
     params = _fit(_histogram(records, widths, flips), widths, H)
     tables = _tables(params, widths, H)
     coded = torch.empty(records.numel(), dtype=torch.uint8)
-    lengths = []
+    lengths, end = [], 0
     for at in range(L):
         layer, fields = records[at : at + 1], (widths[at : at + 1], flips[at : at + 1])
         table = tables[at * streams : (at + 1) * streams]
         piece = _encode(layer, *fields, table)
-        start = sum(lengths)
-        if piece is None or start + piece.numel() > coded.numel():  # not smaller
+        if piece is None or end + piece.numel() > coded.numel():  # not smaller
             return None
         if not torch.equal(_decode(piece, torch.empty_like(layer), *fields, table), layer):
             return None  # never written: a coding that does not give the records back
-        coded[start : start + piece.numel()] = piece
+        coded[end : end + piece.numel()] = piece
+        end += piece.numel()
         lengths.append(piece.numel())
     return {
-        "coded": coded[: sum(lengths)],
+        "coded": coded[:end],
         "coded_bytes": torch.tensor(lengths, dtype=torch.int64),
         "params": torch.from_numpy(params),
         "check": _checksum(tables),
