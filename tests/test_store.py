@@ -45,7 +45,6 @@ RESIDENT = {
     "k_metric": torch.float16,
     "k_mean": torch.float16,
     "k_range": torch.float16,
-    "k_step": torch.float16,
     "k_bits": torch.uint8,
     "v_basis": torch.int8,
     "v_basis_exp": torch.int8,

@@ -467,7 +467,7 @@ def test_streamed_stores_rebuild_their_sketch_from_the_decoded_keys(small, tmp_p
         assert store.manifest["stream"]["parts"] > 1
         resident = load_file(store.path / "resident.safetensors")
         assert "sketch" not in resident
-        assert "k_step" in resident  # keys in the even code, at any length
+        assert "k_bits" in resident  # keys in the even code, at any length
         offload = load_file(store.path / "offload.safetensors")
         # the records entropy-coded, as a short document's (as they are without the coder)
         assert ("k_coded" if entropy_coded() else "k_rows") in offload

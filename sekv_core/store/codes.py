@@ -213,8 +213,8 @@ class TierCode:
 class EvenCode:
     """Per (layer, KV head): ``basis`` (L, H, D, D) directions of the rows in the ``metric``
     (L, H, D), row ``mean`` and direction ``range`` (L, H, D) (the grid's largest code times
-    its step), ``step`` (L, H); ``bits`` (L, H, D) int, the same for a layer's heads, summing
-    to at most ``row_bits``."""
+    its step); ``bits`` (L, H, D) int, the same for a layer's heads, summing to at most
+    ``row_bits``."""
 
     basis: torch.Tensor
     metric: torch.Tensor
@@ -222,7 +222,6 @@ class EvenCode:
     range: torch.Tensor
     bits: torch.Tensor
     row_bits: int
-    step: torch.Tensor
 
     @classmethod
     def fit(cls, rows: torch.Tensor, relative_step: float, metric: torch.Tensor) -> EvenCode:
@@ -235,7 +234,7 @@ class EvenCode:
             eye = torch.eye(D).expand(L, H, D, D).contiguous()
             zeros, ones = x.new_zeros(L, H, D), x.new_ones(L, H, D)
             bits = torch.zeros(L, H, D, dtype=torch.long)
-            return cls(eye, metric, zeros, ones, bits, 8, x.new_zeros(L, H))
+            return cls(eye, metric, zeros, ones, bits, 8)
         mean = stored(x.mean(dim=2))
         scale = metric.sqrt()
         bases, peaks, steps, needed, bits = [], [], [], [], []
@@ -256,13 +255,12 @@ class EvenCode:
         fits = top >= torch.stack(needed)
         span = stored(torch.where(fits, top * step[..., None], peak).clamp(min=1e-6))
         basis = torch.stack(bases)
-        return cls(basis, metric, mean, span, layout, _row_bits(layout), stored(step))
+        return cls(basis, metric, mean, span, layout, _row_bits(layout))
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         names = {"metric": self.metric, "mean": self.mean, "range": self.range}
         out = {f"{prefix}_{n}": t.to(STORE_DTYPE).contiguous() for n, t in names.items()}
         out.update(basis_tensors(prefix, self.basis))
-        out[f"{prefix}_step"] = self.step.to(STORE_DTYPE)
         out[f"{prefix}_bits"] = self.bits.to(torch.uint8).contiguous()
         return out
 
@@ -278,7 +276,6 @@ class EvenCode:
             tensors[f"{prefix}_range"].float(),
             bits,
             _row_bits(bits),
-            tensors[f"{prefix}_step"].float(),
         )
 
     @property

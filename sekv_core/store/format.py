@@ -28,11 +28,11 @@ from ..models import LoadedModel
 from ..prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 17
+FORMAT_VERSION = 18
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit rows' scales
 # the tensors of a code (a code has those it uses: docs/store-format.md)
-CODE_PARTS = ("basis", "basis_exp", "mean", "range", "metric", "bits", "step")
+CODE_PARTS = ("basis", "basis_exp", "mean", "range", "metric", "bits")
 CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in CODE_PARTS)
 DIGEST = "digest"  # the manifest's own checksum (of every other field)
 
