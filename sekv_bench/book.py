@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +261,3 @@ def read_fact(session: Session, text: str, fact: Fact, zoom: list[dict[str, Any]
         return False
     lo, hi = context.doc_start + min(tokens), context.doc_start + max(tokens) + 1
     return any(z["start"] < hi and z["end"] > lo for z in zoom)
-
-
-def fact_rows(facts: list[Fact]) -> list[dict[str, Any]]:
-    return [asdict(f) for f in facts]

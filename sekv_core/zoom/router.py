@@ -86,7 +86,6 @@ class TrainedRouter:
     when any query head of its group, at any current query, gives it a gate logit > 0."""
 
     name = "trained"
-    absolute = True  # scores are gate logits: zoom above 0 (under the budget), no margin
 
     def __init__(self, net: ZoomNet) -> None:
         self.net = net
