@@ -31,6 +31,11 @@ def coded_parts(code, rows_per_part, seed=0) -> list[torch.Tensor]:
     return out
 
 
+def expanded(stored, rows, codes) -> dict[str, torch.Tensor]:
+    """Every record of an offload file's tensors, decoded."""
+    return entropy.OffloadTier(stored, rows, codes).whole()
+
+
 def joined(parts: list[torch.Tensor]) -> torch.Tensor:
     """The parts' records as a build hands them over: (L, H, S, B), a layer's rows in order."""
     return torch.cat(parts, dim=2)
@@ -49,7 +54,7 @@ def test_every_code_round_trips_exactly_and_is_smaller(spec):
     stored = entropy.compacted({"k": records, "v": records.clone()}, codes)
     assert "k_rows" not in stored and "v_rows" not in stored  # coded: it paid
     assert nbytes(stored) < 0.95 * 2 * records.numel()
-    back = entropy.expanded(stored, sum(sizes), codes)
+    back = expanded(stored, sum(sizes), codes)
     assert torch.equal(back["k_rows"], records.flatten())
     assert torch.equal(back["v_rows"], records.flatten())
 
@@ -61,10 +66,10 @@ def test_records_that_do_not_compress_are_kept_as_they_are():
     stored = entropy.compacted({"k": noise, "v": noise}, {"k": code, "v": code})
     assert set(stored) == {"k_rows", "v_rows"}  # never larger than the records
     assert torch.equal(stored["k_rows"], noise.flatten())
-    back = entropy.expanded(stored, 400, {"k": code, "v": code})
+    back = expanded(stored, 400, {"k": code, "v": code})
     assert torch.equal(back["v_rows"], noise.flatten())
     with pytest.raises(ValueError, match="not those of its spans"):  # another count of rows
-        entropy.expanded(stored, 399, {"k": code, "v": code})
+        expanded(stored, 399, {"k": code, "v": code})
 
 
 @needs_native
@@ -75,23 +80,50 @@ def test_a_coding_with_other_tables_or_bytes_is_refused():
     stored = entropy.compacted({"k": joined(parts), "v": joined(parts)}, codes)
     assert stored["k_params"].dtype == torch.float16 and stored["k_params"].shape[1] == 2
     with pytest.raises(ValueError, match="tables differ"):
-        entropy.expanded(dict(stored, k_params=stored["k_params"] * 1.01), rows, codes)
+        expanded(dict(stored, k_params=stored["k_params"] * 1.01), rows, codes)
     check = stored["k_check"].clone()
     check[0] ^= 1
     with pytest.raises(ValueError, match="tables differ"):
-        entropy.expanded(dict(stored, k_check=check), rows, codes)
+        expanded(dict(stored, k_check=check), rows, codes)
     with pytest.raises(ValueError, match="match its layers"):  # too few numbers
-        entropy.expanded(dict(stored, k_params=stored["k_params"][:-1]), rows, codes)
+        expanded(dict(stored, k_params=stored["k_params"][:-1]), rows, codes)
     for cut in (1, 2, 3, 7, 8, 9, 16, 100):  # a coding cut short, by odd bytes or whole words
         short = dict(stored, k_coded=stored["k_coded"][:-cut])
-        short["k_coded_bytes"] = stored["k_coded_bytes"] - cut
-        with pytest.raises(ValueError, match="does not decode"):
-            entropy.expanded(short, rows, codes)
+        short["k_block_bytes"] = stored["k_block_bytes"].clone()
+        short["k_block_bytes"][-1] -= cut
+        with pytest.raises(ValueError, match="does not decode|do not add up"):
+            expanded(short, rows, codes)
+    swapped = stored["k_block_bytes"].clone()  # bytes moved from one block to the next
+    swapped[0], swapped[1] = swapped[0] - 2, swapped[1] + 2
+    with pytest.raises(ValueError, match="does not decode"):
+        expanded(dict(stored, k_block_bytes=swapped), rows, codes)
     longer = dict(stored, k_coded=torch.cat([stored["k_coded"], torch.zeros(2, dtype=torch.uint8)]))
     with pytest.raises(ValueError, match="do not add up"):
-        entropy.expanded(longer, rows, codes)
+        expanded(longer, rows, codes)
     with pytest.raises(ValueError, match="does not decode"):  # another count of rows
-        entropy.expanded(stored, 1999, codes)
+        expanded(stored, 1999, codes)
+
+
+@needs_native
+def test_a_read_decodes_the_blocks_that_hold_its_records_and_no_other():
+    code = fit_code(torch.randn(2, 3, 200, 64) * torch.linspace(3, 0.1, 64), "even:0.175")
+    records = joined(coded_parts(code, [300]))  # (2, 3, 300, B): five blocks per (layer, head)
+    codes, B = {"k": code, "v": code}, code.record_bytes
+    tier = entropy.OffloadTier(entropy.compacted({"k": records, "v": records}, codes), 300, codes)
+    assert tier.decoded_bytes == 0 and tier.nbytes == 2 * records.numel()
+    # rows 60..69 of (layer 1, head 2) cross a block's end: two blocks of 64 rows per kind
+    first = torch.tensor([(1 * 3 + 2) * 300 + 60])
+    tier.fill(first, torch.tensor([10]))
+    assert tier.decoded_bytes == 2 * 2 * 64 * B
+    for kind in ("k", "v"):
+        got = tier.buffers[f"{kind}_rows"].view(2, 3, 300, B)
+        assert torch.equal(got[1, 2, :128], records[1, 2, :128])
+    tier.fill(first + 5, torch.tensor([3]))  # decoded already: nothing more
+    assert tier.decoded_bytes == 2 * 2 * 64 * B
+    tier.fill(torch.tensor([299, 0]), torch.tensor([1, 0]))  # the short last block; an empty range
+    assert tier.decoded_bytes == 2 * (2 * 64 + 44) * B
+    assert torch.equal(tier.whole()["k_rows"], records.flatten())
+    assert tier.decoded_bytes == tier.nbytes
 
 
 def codes_of(store):
@@ -152,7 +184,7 @@ def flip_check(t):
 
 def cut_coding(t):
     t["k_coded"] = t["k_coded"][:-3].clone()
-    t["k_coded_bytes"][-1] -= 3
+    t["k_block_bytes"][-1] -= 3
 
 
 @needs_native

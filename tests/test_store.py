@@ -56,7 +56,7 @@ OFFLOAD = {
     for kind in "kv"
     for name, dtype in (
         ("coded", torch.uint8),
-        ("coded_bytes", torch.int64),
+        ("block_bytes", torch.int64),
         ("params", torch.float16),
         ("check", torch.uint8),
     )

@@ -45,7 +45,7 @@ def digest(manifest: dict) -> str:
 def verified(path, expect: dict) -> tuple[dict, dict]:
     """The manifest and the three files' tensors, checked in the page's order."""
     manifest = json.loads((path / "manifest.json").read_text())
-    if manifest.get("format") != "sekv-span-store" or manifest.get("version") != 18:
+    if manifest.get("format") != "sekv-span-store" or manifest.get("version") != 19:
         raise Refused("version")
     if manifest["digest"] != digest(manifest):
         raise Refused("digest")
@@ -84,8 +84,8 @@ def table(width: int, centre: float, spread: float) -> np.ndarray:
     return freq
 
 
-def rans_layer(data: bytes, streams: list[np.ndarray], rows: int) -> list[list[int]]:
-    """One layer's symbols, stream after stream (four interleaved rANS states, 16-bit words)."""
+def rans_block(data: bytes, streams: list[np.ndarray], rows: int) -> list[list[int]]:
+    """One block's symbols, field after field (four interleaved rANS states, 16-bit words)."""
     state = [int.from_bytes(data[4 * j : 4 * j + 4], "big") for j in range(4)]
     at, out = 16, []
     for freq in streams:
@@ -117,17 +117,27 @@ def records(offload: dict, kind: str, fields: list[list[int]], shape: tuple) -> 
     padded = np.stack([np.pad(t, (0, 256 - len(t))) for t in tables]).astype("<u2")
     if hashlib.sha256(padded.tobytes()).digest() != offload[f"{kind}_check"].tobytes():
         raise Refused("tables")
-    out, start, i = np.zeros(shape, np.uint8), 0, 0
-    for layer, size in enumerate(offload[f"{kind}_coded_bytes"].tolist()):
-        data = offload[f"{kind}_coded"][start : start + size].tobytes() + b"\0\0"  # (overrun)
-        start, n = start + size, H * len(fields[layer])
-        symbols = iter(rans_layer(data, tables[i : i + n], S))
-        i += n
+    out, start = np.zeros(shape, np.uint8), 0
+    sizes = iter(offload[f"{kind}_block_bytes"].tolist())
+    for layer in range(L):
+        F = len(fields[layer])
         for h in range(H):
-            bits = np.concatenate(
-                [(np.array(next(symbols))[:, None] >> np.arange(w)) & 1 for w in fields[layer]], 1
-            )  # each field's bits, lowest first, field after field
-            out[layer, h] = np.packbits(bits.astype(np.uint8), axis=1, bitorder="little")
+            streams = tables[(layer * H + h) * F : (layer * H + h + 1) * F]
+            for first in range(0, S, 64):  # blocks of 64 rows, each coded alone
+                size, rows = next(sizes), min(64, S - first)
+                data = offload[f"{kind}_coded"][start : start + size].tobytes() + b"\0\0"
+                start += size
+                symbols = rans_block(data, streams, rows)
+                bits = np.concatenate(
+                    [
+                        (np.array(col)[:, None] >> np.arange(w)) & 1
+                        for col, w in zip(symbols, fields[layer], strict=True)
+                    ],
+                    1,
+                )  # each field's bits, lowest first, field after field
+                out[layer, h, first : first + rows] = np.packbits(
+                    bits.astype(np.uint8), axis=1, bitorder="little"
+                )
     return out
 
 
@@ -197,7 +207,11 @@ def read(path, expect: dict, model) -> dict:
     top = 127 if manifest["settings"]["sketch_bits"] == 8 else 7
     scale = torch.from_numpy(r["sketch_scale"]).float()[:, :, None]
     sketch = (((k - mean[:, :, None]) @ key) / scale).round().clamp(-top, top)
-    return dict(trace=t["trace"], records=rec, keys=keys, values=values, sketch=sketch, at=at)
+    stored = r.get("sketch")  # a bounded store's rows: 4-bit levels + 8, two a byte, low first
+    if stored is not None and top == 7:
+        stored = np.stack([stored & 15, stored >> 4], -1).reshape(*stored.shape[:-1], -1) - 8.0
+    out = dict(trace=t["trace"], records=rec, keys=keys, values=values, sketch=sketch, at=at)
+    return out | {"stored_sketch": stored}
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +266,11 @@ def test_a_reader_written_from_the_format_page_reads_what_sekv_loads(
     R = got["sketch"].shape[-1]
     off = (got["sketch"] - dequantize_sketch(store.resident["sketch"], R, torch.float32)).abs()
     assert float(off.max()) <= 1 and int((off > 0).sum()) <= 1 + 1e-5 * off.numel()
+    stored = got["stored_sketch"]  # a book's are stored: the rows sekv routes with
+    assert (stored is not None) == (store.manifest["positions"]["mode"] == "bounded")
+    if stored is not None:
+        mine = dequantize_sketch(store.resident["sketch"], R, torch.float32)
+        assert torch.equal(torch.from_numpy(stored).float(), mine)
     if case == "original":  # and the model's own K/V within the default codes' error
         pre = prefill(small.model, ctx.ids, 512)
         keys = rotated(small.model, got["keys"], got["at"])

@@ -1,25 +1,28 @@
-"""The offload tier on disk, entropy-coded: the same records in fewer bytes, decoded at load.
+"""The offload tier on disk, entropy-coded in blocks: the same records in fewer bytes, each
+block decoded when an answer first reads it.
 
 A record of an offload code (:mod:`sekv_core.store.codes`) holds fixed-width fields
 (``record_fields``: a key's direction codes; a value's tier codes and scale bytes), and a
-field's codes crowd the centre of its range. So the file holds, per (layer, KV head, field), a
-*stream* of that field over every span token's row, coded with a static rANS coder (``rans.c``)
-under a discretised Gaussian table fitted to it (two fp16 numbers: centre and spread, the
-spread picked from :data:`SPREADS` times the stream's deviation by the length it codes to).
-Every symbol keeps a probability of at least 2^-12, so a stream always codes. Each layer's
-streams are one coding of their own, so layers decode in parallel.
+field's codes crowd the centre of its range. So each (layer, KV head, field) has a table: a
+discretised Gaussian fitted to that field over every span token's row (two fp16 numbers:
+centre and spread, the spread picked from :data:`SPREADS` times the field's deviation by the
+length it codes to). Every symbol keeps a probability of at least 2^-12, so a field always
+codes. A (layer, head)'s rows are cut into blocks of :data:`BLOCK_ROWS`, each coded alone with a
+static rANS coder (``rans.c``): an answer decodes the blocks its zooms touch
+(:class:`OffloadTier`), not the tier.
 
-Lossless: loading decodes the records bit for bit (:func:`expanded`). The build decodes what
-it wrote and keeps a kind's records as they are where that fails, where the coding would not
-be smaller, or where the native library is missing (:func:`compacted`). The tables are rebuilt
-at load from the stored numbers and checked against the build's checksum of them, so a machine
-that rounds one differently refuses the store rather than decode it wrongly.
+Lossless: a block decodes to its records bit for bit. The build decodes what it wrote and keeps
+a kind's records as they are where that fails, where the coding would not be smaller, or where
+the native library is missing (:func:`compacted`). The tables are rebuilt at load from the
+stored numbers and checked against the build's checksum of them, so a machine that rounds one
+differently refuses the store rather than decode it wrongly.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import threading
 
 import numpy as np
 import torch
@@ -30,9 +33,11 @@ from ..threads import each_on_threads
 PROB_BITS = 12  # a table's probabilities are multiples of 2^-PROB_BITS
 TABLE = 256  # entries per stream's table: the widest field (8 bits)
 SPREADS = (0.6, 0.75, 0.9, 1.0, 1.15, 1.35)  # tried multiples of a stream's deviation
+BLOCK_ROWS = 64  # a (layer, head)'s rows coded alone: the least a zoom decodes
+STATE_BYTES = 16  # a block's coding opens with its four coder states
 KINDS = ("k", "v")
 PARAMS = np.float16  # a stream's table's two numbers, as stored (tables are built from them)
-CODED = ("coded", "coded_bytes", "params", "check")  # a coded kind's tensors, ``{kind}_{name}``
+CODED = ("coded", "block_bytes", "params", "check")  # a coded kind's tensors, ``{kind}_{name}``
 
 
 def usable() -> bool:
@@ -57,34 +62,117 @@ def compacted(records: dict[str, torch.Tensor], codes: dict) -> dict[str, torch.
     return out
 
 
-def expanded(tensors: dict[str, torch.Tensor], rows: int, codes: dict) -> dict[str, torch.Tensor]:
-    """The flat fixed-rate records (``k_rows``, ``v_rows``: (L, H, ``rows``, B)) of an offload
-    file's tensors: decoded where coded, else as stored. ValueError where a coding does not
-    decode (or this machine cannot decode it)."""
-    out = {}
-    for kind in KINDS:
-        if f"{kind}_rows" in tensors:
+class OffloadTier:
+    """The offload tier's fixed-rate records as answers read them: ``buffers`` by name
+    (``k_rows``, ``v_rows``: flat (L, H, rows, B) uint8). A kind stored as records is its file's
+    tensor; a coded kind's buffer is filled block by block as reads ask for it (:meth:`fill`),
+    so host memory holds the blocks answers touched. ValueError where a coding does not fit its
+    records (or this machine cannot decode it)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], rows: int, codes: dict) -> None:
+        self.rows, self.buffers = rows, {}
+        self._coded: dict[str, tuple] = {}  # kind -> what decoding a block reads
+        self._done: dict[str, torch.Tensor] = {}  # kind -> (L * H * blocks,) bool
+        self._lock = threading.Lock()  # one decode at a time: a block is written once
+        for kind in KINDS:
             L, H = codes[kind].basis.shape[:2]
-            if tensors[f"{kind}_rows"].numel() != L * H * rows * codes[kind].record_bytes:
-                raise ValueError(f"its {kind} records are not those of its spans")
-            out[f"{kind}_rows"] = tensors[f"{kind}_rows"]
-            continue
-        if not usable():
-            raise ValueError("its offload tier is entropy-coded and the native library is missing")
-        got = {name: tensors[f"{kind}_{name}"] for name in CODED}
-        out[f"{kind}_rows"] = _expand_kind(got, rows, codes[kind])
-    return out
+            B = codes[kind].record_bytes
+            if f"{kind}_rows" in tensors:
+                if tensors[f"{kind}_rows"].numel() != L * H * rows * B:
+                    raise ValueError(f"its {kind} records are not those of its spans")
+                self.buffers[f"{kind}_rows"] = tensors[f"{kind}_rows"]
+                continue
+            if not usable():
+                raise ValueError(
+                    "its offload tier is entropy-coded and the native library is missing"
+                )
+            got = {name: tensors[f"{kind}_{name}"] for name in CODED}
+            self._coded[kind] = _decoder(got, L, H, rows, codes[kind])
+            self._done[kind] = torch.zeros(got["block_bytes"].numel(), dtype=torch.bool)
+            self.buffers[f"{kind}_rows"] = torch.empty(L * H * rows * B, dtype=torch.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the records decoded whole."""
+        return sum(t.numel() for t in self.buffers.values())
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes the tier holds in host memory now: the codings, and the records decoded."""
+        return sum(decoder[0].numel() for decoder in self._coded.values()) + self.decoded_bytes
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of the records in host memory now: the kinds stored as records, and the
+        blocks decoded so far."""
+        nb = -(-self.rows // BLOCK_ROWS)
+        out = 0
+        for kind in KINDS:
+            size = self.buffers[f"{kind}_rows"].numel()
+            if kind not in self._done:
+                out += size
+                continue
+            blocks = torch.nonzero(self._done[kind])[:, 0] % nb
+            rows = (self.rows - blocks * BLOCK_ROWS).clamp(max=BLOCK_ROWS).sum()
+            out += int(rows) * self._coded[kind][5]  # B
+        return out
+
+    def fill(self, first: torch.Tensor, counts: torch.Tensor) -> None:
+        """Decode every block that holds one of the records ``[first[i], first[i] + counts[i])``
+        (host int64 record numbers, a range within one (layer, head)) of each kind."""
+        if not self._coded:
+            return
+        nb = -(-self.rows // BLOCK_ROWS)
+        keep = counts > 0
+        first, counts = first[keep], counts[keep]
+        lh, at = first // self.rows, first % self.rows
+        lo = lh * nb + at // BLOCK_ROWS
+        n = (at + counts - 1) // BLOCK_ROWS - at // BLOCK_ROWS + 1
+        ids = (
+            torch.repeat_interleave(lo, n)
+            + torch.arange(int(n.sum()))
+            - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+        )
+        self._decode(torch.unique(ids))
+
+    def whole(self, kinds: tuple[str, ...] = KINDS) -> dict[str, torch.Tensor]:
+        """The buffers with every block of ``kinds`` decoded (layers on threads)."""
+        with self._lock:
+            for kind, done in self._done.items():
+                if kind not in kinds:
+                    continue
+                decoder, out = self._coded[kind], self.buffers[f"{kind}_rows"]
+                L = decoder[2]
+                blocks = torch.arange(done.numel()).view(L, -1)
+
+                def layer(i: int, decoder=decoder, out=out, blocks=blocks, done=done) -> None:
+                    todo = blocks[i][~done[blocks[i]]].contiguous()
+                    if todo.numel():
+                        _decode_blocks(*decoder, todo, out)
+
+                each_on_threads(layer, range(L))
+                done.fill_(True)
+        return self.buffers
+
+    def _decode(self, ids: torch.Tensor) -> None:
+        with self._lock:
+            for kind, done in self._done.items():
+                todo = ids[~done[ids]].contiguous()
+                if todo.numel():
+                    _decode_blocks(*self._coded[kind], todo, self.buffers[f"{kind}_rows"])
+                    done[todo] = True
 
 
 def _compact_kind(records: torch.Tensor, code) -> dict | None:
-    """Each layer coded alone (its streams under fresh coder states), so layers decode in
-    parallel; one table per stream over all rows. The layers' codings are placed one after
-    another in one buffer of the records' size (its pages past the coding are never touched)."""
+    """Every block of every layer coded alone (:data:`BLOCK_ROWS` rows of a (layer, head)), one
+    table per (layer, head, field) over all its rows. The codings are placed one after another in
+    one buffer of the records' size (its pages past the coding are never touched); each layer's
+    is decoded back and compared before it is kept."""
     widths, flips = code.record_fields()
     B = code.record_bytes
     if int(widths.sum(dim=1).max()) != 8 * B or int(widths.sum(dim=1).min()) != 8 * B:
         return None  # fields that do not cover the record: not this coder's
-    L, H = records.shape[:2]
+    L, H, S = records.shape[:3]
     streams = H * widths.shape[1]  # a layer's
     params = _fit(_histogram(records, widths, flips), widths, H)
     tables = _tables(params, widths, H)
@@ -92,46 +180,63 @@ def _compact_kind(records: torch.Tensor, code) -> dict | None:
     lengths, end = [], 0
     for at in range(L):
         layer, fields = records[at : at + 1], (widths[at : at + 1], flips[at : at + 1])
-        table = tables[at * streams : (at + 1) * streams]
-        piece = _encode(layer, *fields, table)
-        if piece is None or end + piece.numel() > coded.numel():  # not smaller
+        table = np.ascontiguousarray(tables[at * streams : (at + 1) * streams])
+        got = _encode_blocks(layer, *fields, table, coded[end:])
+        if got is None:  # not smaller
             return None
-        if not torch.equal(_decode(piece, torch.empty_like(layer), *fields, table), layer):
+        piece, sizes = got
+        decoder = (piece, _starts(sizes), 1, H, S, B, *fields, torch.from_numpy(table))
+        out = torch.empty_like(layer).view(-1)
+        try:
+            _decode_blocks(*decoder, torch.arange(sizes.numel()), out)
+        except ValueError:
+            return None
+        if not torch.equal(out, layer.reshape(-1)):
             return None  # never written: a coding that does not give the records back
-        coded[end : end + piece.numel()] = piece
         end += piece.numel()
-        lengths.append(piece.numel())
+        lengths.append(sizes)
     return {
         "coded": coded[:end],
-        "coded_bytes": torch.tensor(lengths, dtype=torch.int64),
+        "block_bytes": torch.cat(lengths),
         "params": torch.from_numpy(params),
         "check": _checksum(tables),
     }
 
 
-def _expand_kind(got: dict, rows: int, code) -> torch.Tensor:
+def _decoder(got: dict, L: int, H: int, rows: int, code) -> tuple:
+    """What :func:`_decode_blocks` reads of a coded kind, its tables rebuilt and checked."""
     widths, flips = code.record_fields()
-    L, H, B = widths.shape[0], code.basis.shape[1], code.record_bytes
     streams = H * widths.shape[1]  # a layer's
-    lengths = got["coded_bytes"].tolist()
-    params = got["params"]
-    if len(lengths) != L or params.shape != (streams * L, 2):
+    sizes, params = got["block_bytes"], got["params"]
+    if (
+        widths.shape[0] != L
+        or sizes.dtype != torch.int64
+        or sizes.shape != (L * H * -(-rows // BLOCK_ROWS),)
+        or params.shape != (streams * L, 2)
+    ):
         raise ValueError("its offload coding does not match its layers")
     tables = _tables(params.float().numpy(), widths, H)
     if not torch.equal(_checksum(tables), got["check"]):
         raise ValueError("its offload coding's tables differ on this machine")
-    if sum(lengths) != got["coded"].numel():
-        raise ValueError("its offload coding's layers do not add up to its bytes")
-    out = torch.empty(L, H, rows, B, dtype=torch.uint8)
-    at = np.cumsum([0, *lengths])
+    if bool((sizes < STATE_BYTES).any()) or int(sizes.sum()) != got["coded"].numel():
+        raise ValueError("its offload coding's blocks do not add up to its bytes")
+    table = torch.from_numpy(np.ascontiguousarray(tables))
+    return (
+        got["coded"].contiguous(),
+        _starts(sizes),
+        L,
+        H,
+        rows,
+        code.record_bytes,
+        widths,
+        flips,
+        table,
+    )
 
-    def layer(i: int) -> None:  # each layer's bytes decode alone, into its place
-        coded = got["coded"][at[i] : at[i + 1]]
-        fields = (widths[i : i + 1], flips[i : i + 1])
-        _decode(coded, out[i : i + 1], *fields, tables[i * streams : (i + 1) * streams])
 
-    each_on_threads(layer, range(L))
-    return out.view(-1)
+def _starts(sizes: torch.Tensor) -> torch.Tensor:
+    """(n + 1,) int64 each block's first byte, and the end."""
+    return torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
 
 
 def _stream_widths(widths: torch.Tensor, H: int) -> np.ndarray:
@@ -204,15 +309,16 @@ def _checksum(tables: np.ndarray) -> torch.Tensor:
     return torch.frombuffer(bytearray(digest), dtype=torch.uint8)
 
 
-def _encode(
-    records: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor, freq: np.ndarray
-) -> torch.Tensor | None:
+def _encode_blocks(
+    records: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor, freq: np.ndarray, out
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The blocks of ``records`` (L, H, S, B) coded into the front of ``out`` (uint8): that part
+    of ``out`` and each block's bytes (L * H * blocks,) int64; None where they do not fit."""
     L, H, S, B = records.shape
-    cap = records.numel() + 64  # a coding past the records' own size is not kept anyway
-    out = torch.empty(cap, dtype=torch.uint8)
+    lengths = torch.empty(L * H * -(-S // BLOCK_ROWS), dtype=torch.int64)
     table = torch.from_numpy(np.ascontiguousarray(freq))
     records = records.contiguous()
-    n = library().sekv_rans_encode(
+    n = library().sekv_rans_encode_blocks(
         _ptr(records),
         L,
         H,
@@ -222,22 +328,32 @@ def _encode(
         _ptr(widths),
         _ptr(flips),
         _ptr(table),
+        BLOCK_ROWS,
         _ptr(out),
-        cap,
+        out.numel(),
+        _ptr(lengths),
     )
-    return None if n < 0 else out[cap - n :].clone()
+    return None if n < 0 else (out[:n], lengths)
 
 
-def _decode(
-    coded: torch.Tensor, out: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor, freq
-) -> torch.Tensor:
-    """Decode ``coded`` into the records ``out`` (L, H, S, B) uint8, contiguous."""
-    L, H, S, B = out.shape
-    table = torch.from_numpy(np.ascontiguousarray(freq))
-    coded = coded.contiguous()
-    rc = library().sekv_rans_decode(
+def _decode_blocks(
+    coded: torch.Tensor,
+    starts: torch.Tensor,
+    L: int,
+    H: int,
+    S: int,
+    B: int,
+    widths: torch.Tensor,
+    flips: torch.Tensor,
+    table: torch.Tensor,
+    blocks: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Decode the blocks ``blocks`` (ascending int64) of ``coded`` into their rows of ``out``
+    (flat (L, H, S, B) uint8)."""
+    rc = library().sekv_rans_decode_blocks(
         _ptr(coded),
-        coded.numel(),
+        _ptr(starts),
         L,
         H,
         S,
@@ -246,11 +362,13 @@ def _decode(
         _ptr(widths),
         _ptr(flips),
         _ptr(table),
+        BLOCK_ROWS,
+        _ptr(blocks),
+        blocks.numel(),
         _ptr(out),
     )
     if rc:
         raise ValueError("its offload coding does not decode (corrupt)")
-    return out
 
 
 def _ptr(t: torch.Tensor) -> ctypes.c_void_p:

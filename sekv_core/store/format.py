@@ -28,7 +28,7 @@ from ..models import LoadedModel
 from ..prompt import Context
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 18
+FORMAT_VERSION = 19
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit rows' scales
 # the tensors of a code (a code has those it uses: docs/store-format.md)

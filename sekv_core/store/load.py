@@ -1,18 +1,18 @@
 """A span store loaded from disk and verified: what answering reads, tier by tier.
 
-A load runs four stages:
+A load runs three stages:
 
 1. **verify** — the manifest's digest (no value in it is trusted unchecked), its claims
    against what is asked (format, model, document, settings, the context's length and prompt
    head, positions, sinks), every file's size and sha256, read through the descriptor the
    tensors come from (a store replaced meanwhile fails, it is never read half old, half new);
 2. **read** — the three files' tensors, the token ids and sinks checked against the context;
-3. **decode** — the offload tier's records, entropy-coded on disk, back to fixed-rate records
-   in host memory, bit for bit (:mod:`sekv_core.store.entropy`);
-4. **sketch** — the routing sketch's rows rebuilt from the decoded keys (:func:`sketch_rows`),
-   then the resident tier placed on the model's device.
+   the offload tier's coding, whose blocks answers decode as they first read them
+   (:class:`~sekv_core.store.entropy.OffloadTier`);
+3. **sketch** — the routing sketch's rows: a bounded store's as stored, else rebuilt from the
+   decoded span keys (:func:`sketch_rows`); then the resident tier placed on the model's device.
 
-A build ends with stage 4 on the tables it has just written (:func:`with_sketch`,
+A build ends with stage 3 on the tables it has just written (:func:`with_sketch`,
 :func:`ready`): the files were written from them and its records are the decoded ones.
 
 A store that fails any check raises :class:`StoreInvalid` and is never used
@@ -38,11 +38,11 @@ from ..models import LoadedModel
 from ..prompt import Context
 from ..rope import Rope
 from ..segment import SINK, n_sinks
-from ..sketch import column_major, pack_sketch, span_token_positions
+from ..sketch import column_major, pack_sketch, sketch_dtype, span_token_positions
 from ..summary import STORE_DTYPE, one_thread
 from ..threads import each_on_threads
 from .codes import Code, store_codebooks
-from .entropy import expanded
+from .entropy import OffloadTier
 from .format import (
     DIGEST,
     FILES,
@@ -61,18 +61,18 @@ class StoreInvalid(Exception):
 @dataclass
 class SpanStore:
     """A loaded, verified span store: its ``manifest``, the ``resident`` tables (the device
-    tier and the codes), the ``trace`` (token metadata) and the decoded offload records."""
+    tier and the codes), the ``trace`` (token metadata) and the offload ``tier``."""
 
     path: Path
     manifest: dict[str, Any]
     resident: dict[str, torch.Tensor]
     trace: dict[str, torch.Tensor]
-    offload: dict[str, torch.Tensor]  # k_rows, v_rows: flat fixed-rate records (uint8)
+    tier: OffloadTier
 
-    def offload_records(self, name: str, size: int, ranges: Any) -> torch.Tensor:
-        """Records (n, size) of the flat buffer ``name`` read as records of ``size`` bytes;
-        ``ranges.index`` (n,) the records' numbers."""
-        return self.offload[name].view(-1, size).index_select(0, ranges.index)
+    @property
+    def offload(self) -> dict[str, torch.Tensor]:
+        """The offload records decoded whole: ``k_rows``, ``v_rows`` (flat, uint8)."""
+        return self.tier.whole()
 
     @property
     def n_spans(self) -> int:
@@ -103,30 +103,47 @@ def load_store(
     try:
         codes = store_codebooks(resident, settings.key_code, settings.value_code)
         rows = int((resident["span_ends"] - resident["span_starts"]).sum())
-        records = expanded(offload, rows, codes)
-        with_sketch(resident, records, codes, manifest, loaded, settings)
+        tier = OffloadTier(offload, rows, codes)
+        with_sketch(resident, tier, codes, manifest, loaded, settings)
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
         raise StoreInvalid(f"the offload tier does not decode ({exc})") from None
-    return ready(path, manifest, resident, trace, records, loaded, settings)
+    return ready(path, manifest, resident, trace, tier, loaded, settings)
 
 
 def with_sketch(
     resident: dict[str, torch.Tensor],
-    records: dict[str, torch.Tensor],
+    tier: OffloadTier,
     codes: dict[str, Code],
     manifest: dict[str, Any],
     loaded: LoadedModel,
     settings: StoreSettings,
 ) -> None:
-    """Stage 4 on the tables as the files hold them, the decoded ``records`` and their
-    ``codes`` (:func:`~sekv_core.store.codes.store_codebooks` of those tables): the routing
-    sketch's rows rebuilt from the span keys (:func:`sketch_rows`) and the records' one part,
-    into ``resident``."""
+    """Stage 3 on the tables as the files hold them, the offload ``tier`` and its ``codes``
+    (:func:`~sekv_core.store.codes.store_codebooks` of those tables): the routing sketch's
+    rows, a bounded store's checked (:func:`stored_sketch`), else rebuilt from the decoded
+    span keys (:func:`sketch_rows`), and the records' one part, into ``resident``. ValueError
+    where a stored sketch is missing, not expected or of another shape."""
     rows = int((resident["span_ends"] - resident["span_starts"]).sum())
     resident["part_rows"] = torch.tensor([0, rows])  # the records: one part (L, H, S, B)
-    rope = None if manifest["positions"]["mode"] == "bounded" else Rope(loaded.model)
-    bits = settings.sketch_bits
-    resident["sketch"] = sketch_rows(resident, records["k_rows"], codes["k"], rope, bits)
+    if stored_sketch(manifest):
+        L, H, R = resident["sketch_scale"].shape
+        shape = (L, H, rows, R * settings.sketch_bits // 8)
+        sketch = resident.get("sketch")
+        dtype = sketch_dtype(settings.sketch_bits)
+        if sketch is None or sketch.dtype != dtype or sketch.shape != shape:
+            raise ValueError(f"its sketch is not {dtype} rows {tuple(shape)}")
+        return
+    if "sketch" in resident:
+        raise ValueError("it holds a sketch its kind of store rebuilds")
+    rope, bits = Rope(loaded.model), settings.sketch_bits
+    keys = tier.whole(("k",))["k_rows"]
+    resident["sketch"] = sketch_rows(resident, keys, codes["k"], rope, bits)
+
+
+def stored_sketch(manifest: dict[str, Any]) -> bool:
+    """Whether the store holds its sketch's rows: a bounded store's (a book's: rebuilding them
+    would decode every key at each load); a store within the model's window rebuilds them."""
+    return manifest["positions"]["mode"] == "bounded"
 
 
 def ready(
@@ -134,15 +151,15 @@ def ready(
     manifest: dict[str, Any],
     resident: dict[str, torch.Tensor],
     trace: dict[str, torch.Tensor],
-    records: dict[str, torch.Tensor],
+    tier: OffloadTier,
     loaded: LoadedModel,
     settings: StoreSettings,
 ) -> SpanStore:
     """The store answers read: its sizes checked against the manifest, its resident tier placed
     on the model's device (after :func:`with_sketch`)."""
-    check_sizes(manifest, resident, records, settings)
+    check_sizes(manifest, resident, tier, settings)
     place_resident(resident, loaded, bounded=manifest["positions"]["mode"] == "bounded")
-    return SpanStore(path, manifest, resident, trace, records)
+    return SpanStore(path, manifest, resident, trace, tier)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -276,7 +293,7 @@ def sketch_rows(
 def check_sizes(
     manifest: dict[str, Any],
     resident: dict[str, torch.Tensor],
-    records: dict[str, torch.Tensor],
+    tier: OffloadTier,
     settings: StoreSettings,
 ) -> None:
     """StoreInvalid unless the manifest's sizes (what ingest and answers report) are those of
@@ -287,7 +304,7 @@ def check_sizes(
         "index": files["resident.safetensors"],
         "offloaded": files["offload.safetensors"],
         "trace": files["trace.safetensors"],
-        "offload_records": sum(t.numel() for t in records.values()),
+        "offload_records": tier.nbytes,
         "store": sum(files.values()),
     }
     sizes = manifest.get("bytes")

@@ -4,12 +4,15 @@
  *
  * Records (L, H, S, B) uint8; each layer's record is cut into F fields of widths[l][f] bits
  * (0..8, lowest bits first, covering the record's 8 B bits; 0: none). A field's symbols over a
- * (layer, head)'s S rows form one *stream*, with its own frequency table (PROB_BITS-bit
- * probabilities, every symbol of its 2^width at least 1). Streams follow each other in
- * (layer, head, field) order, rows in order, under four coder states (row r by state r % 4:
- * the steps of a decode overlap); a field may be xored with flips[l][f] before it is coded
- * (an int8 field made to order as its values). */
+ * (layer, head)'s S rows have one frequency table (PROB_BITS-bit probabilities, every symbol of
+ * its 2^width at least 1). A (layer, head)'s rows are cut into blocks of `rows` rows (the last
+ * may be shorter), each coded alone so that a read decodes only the blocks it touches: a
+ * block's coding holds its fields one after another, rows in order, under four coder states
+ * (row r of the block by state r % 4: the steps of a decode overlap); a field may be xored
+ * with flips[l][f] before it is coded (an int8 field made to order as its values). Blocks are
+ * numbered (layer, head, block) in order and placed one after another. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PROB_BITS 12
@@ -79,11 +82,11 @@ int sekv_rans_histogram(const uint8_t *records, int64_t L, int64_t H, int64_t S,
     return 0;
 }
 
-/* Encodes the records with tables freq (L * H * F, TABLE) uint16 (a stream's entries past its
- * 2^width unused) into out[0, cap), written from its end: returns the coded length n (the
- * bytes are out[cap - n, cap)), -1 when they do not fit in cap, -2 for bad fields or a symbol
- * its table gives no probability. */
-int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S, int64_t B,
+/* Encodes records (L, H, S, B) as one run under one set of states, with tables freq
+ * (L * H * F, TABLE) uint16 (a stream's entries past its 2^width unused) into out[0, cap),
+ * written from its end: returns the coded length n (the bytes are out[cap - n, cap)), -1 when
+ * they do not fit in cap, -2 for bad fields or a symbol its table gives no probability. */
+static int64_t encode_run(const uint8_t *records, int64_t L, int64_t H, int64_t S, int64_t B,
                          int64_t F, const int64_t *widths, const int64_t *flips,
                          const uint16_t *freq, uint8_t *out, int64_t cap) {
     int offsets[8 * 256];
@@ -123,6 +126,32 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
     return (int64_t)(out + cap - p);
 }
 
+/* Encodes every block of the records (L, H, S, B) alone, with tables freq (L * H * F, TABLE)
+ * uint16, into out[0, cap) one after another; lengths (L * H * ceil(S / rows)) each block's
+ * bytes. Returns the total, -1 when it does not fit in cap, -2 for bad fields or a symbol its
+ * table gives no probability. */
+int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, int64_t S,
+                                int64_t B, int64_t F, const int64_t *widths, const int64_t *flips,
+                                const uint16_t *freq, int64_t rows, uint8_t *out, int64_t cap,
+                                int64_t *lengths) {
+    int64_t nb = (S + rows - 1) / rows, at = 0;
+    if (rows < 1) return -2;
+    for (int64_t lh = 0; lh < L * H; lh++) {
+        int64_t l = lh / H;
+        for (int64_t j = 0; j < nb; j++) {
+            int64_t n = S - j * rows < rows ? S - j * rows : rows;
+            int64_t got = encode_run(records + (lh * S + j * rows) * B, 1, 1, n, B, F,
+                                     widths + l * F, flips + l * F, freq + lh * F * TABLE,
+                                     out + at, cap - at);
+            if (got < 0) return got;
+            memmove(out + at, out + cap - got, (size_t)got); /* written at the end: moved up */
+            lengths[lh * nb + j] = got;
+            at += got;
+        }
+    }
+    return at;
+}
+
 /* One step of a decode: the next symbol s of state x put into row `row`'s field, then x
  * renormalised by at most one word from p without a branch (a renormalisation is about as
  * likely as not). Unchecked: the caller knows two bytes are left. A macro, so that each of the
@@ -134,7 +163,7 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
         uint32_t need = x < RANS_LOW;                                                         \
         x = need ? (x << 16) | p[0] | ((uint32_t)p[1] << 8) : x;                              \
         p += 2 * need;                                                                        \
-        field_put(block + (row) * B, B, at, s ^ flip);                                        \
+        field_put(rec + (row) * B, B, at, s ^ flip);                                          \
     }
 
 /* DECODE_ROW where fewer than two bytes may be left: returns -1 from the caller if they run out. */
@@ -147,51 +176,93 @@ int64_t sekv_rans_encode(const uint8_t *records, int64_t L, int64_t H, int64_t S
             x = (x << 16) | p[0] | ((uint32_t)p[1] << 8);                                     \
             p += 2;                                                                           \
         }                                                                                     \
-        field_put(block + (row) * B, B, at, s ^ flip);                                        \
+        field_put(rec + (row) * B, B, at, s ^ flip);                                          \
     }
 
-/* Decodes coded[0, n) into records (zeroed here) with the encoder's tables: 0, or -1 when the
- * bytes are not such a coding (run out, left over, or a state the encoder does not end in).
- * Rows four at a time, one per state: the four steps overlap. */
-int sekv_rans_decode(const uint8_t *coded, int64_t n, int64_t L, int64_t H, int64_t S, int64_t B,
-                     int64_t F, const int64_t *widths, const int64_t *flips, const uint16_t *freq,
-                     uint8_t *records) {
+/* A block being decoded: its states, where its bytes are read, its rows (n of them). */
+typedef struct {
+    uint32_t x[STATES];
+    const uint8_t *p, *end;
+    uint8_t *rows;
+    int64_t n;
+} Block;
+
+/* The block's next field (at bit `at`, table fr) decoded into its rows: 0, or -1 when its bytes
+ * run out. Rows four at a time, one per state: the four steps overlap. */
+static int decode_field(Block *k, int64_t B, const uint16_t *fr, const uint32_t *cum,
+                        const uint8_t *symbol_of, int at, uint32_t flip) {
+    const uint8_t *p = k->p, *end = k->end;
+    uint8_t *rec = k->rows;
+    uint32_t x0 = k->x[0], x1 = k->x[1], x2 = k->x[2], x3 = k->x[3];
+    int64_t r = 0;
+    for (; r + STATES <= k->n && end - p >= 2 * STATES; r += STATES) {
+        DECODE_ROW(x0, r)
+        DECODE_ROW(x1, r + 1)
+        DECODE_ROW(x2, r + 2)
+        DECODE_ROW(x3, r + 3)
+    }
+    for (; r < k->n; r++) { /* the last bytes, or the block's last rows */
+        if (r % STATES == 0) DECODE_LAST(x0, r)
+        else if (r % STATES == 1) DECODE_LAST(x1, r)
+        else if (r % STATES == 2) DECODE_LAST(x2, r)
+        else DECODE_LAST(x3, r)
+    }
+    k->x[0] = x0, k->x[1] = x1, k->x[2] = x2, k->x[3] = x3, k->p = p;
+    return 0;
+}
+
+/* Decodes the m blocks `blocks` (ascending numbers) of a coding into their rows of records
+ * (L, H, S, B), zeroed here; block b's bytes are coded[starts[b], starts[b + 1]). A (layer,
+ * head)'s blocks are decoded field by field, each field's table built once. 0, or -1 when a
+ * block's bytes are not such a coding (run out, left over, or a state the encoder does not end
+ * in) or a number is out of order, -2 when memory runs out. */
+int sekv_rans_decode_blocks(const uint8_t *coded, const int64_t *starts, int64_t L, int64_t H,
+                            int64_t S, int64_t B, int64_t F, const int64_t *widths,
+                            const int64_t *flips, const uint16_t *freq, int64_t rows,
+                            const int64_t *blocks, int64_t m, uint8_t *records) {
     int offsets[8 * 256];
     uint32_t cum[TABLE];
     uint8_t symbol_of[PROB_SCALE];
-    const uint8_t *p = coded, *end = coded + n;
-    if (F > 8 * 256 || n < 4 * STATES) return -1;
-    uint32_t xs[STATES] = {0};
-    for (int k = 0; k < STATES; k++)
-        for (int i = 0; i < 4; i++) xs[k] = (xs[k] << 8) | *p++;
-    uint32_t x0 = xs[0], x1 = xs[1], x2 = xs[2], x3 = xs[3];
-    memset(records, 0, (size_t)(L * H * S * B));
-    for (int64_t l = 0; l < L; l++) {
-        if (offsets_of(widths + l * F, F, B, offsets)) return -1;
-        for (int64_t h = 0; h < H; h++) {
-            uint8_t *block = records + (l * H + h) * S * B;
-            for (int64_t f = 0; f < F; f++) {
-                const uint16_t *fr = freq + ((l * H + h) * F + f) * TABLE;
-                int width = (int)widths[l * F + f], at = offsets[f];
-                uint32_t flip = (uint32_t)flips[l * F + f];
-                if (width == 0) continue;
-                if (cumulate(fr, width, cum, symbol_of)) return -1;
-                int64_t r = 0;
-                for (; r + STATES <= S && end - p >= 2 * STATES; r += STATES) {
-                    DECODE_ROW(x0, r)
-                    DECODE_ROW(x1, r + 1)
-                    DECODE_ROW(x2, r + 2)
-                    DECODE_ROW(x3, r + 3)
-                }
-                for (; r < S; r++) { /* the last bytes, or the stream's last rows */
-                    if (r % STATES == 0) DECODE_LAST(x0, r)
-                    else if (r % STATES == 1) DECODE_LAST(x1, r)
-                    else if (r % STATES == 2) DECODE_LAST(x2, r)
-                    else DECODE_LAST(x3, r)
-                }
+    if (F > 8 * 256 || rows < 1) return -1;
+    int64_t nb = (S + rows - 1) / rows, total = L * H * nb;
+    Block *ks = malloc(sizeof(Block) * (size_t)(m > 0 ? m : 1));
+    if (!ks) return -2;
+    int rc = 0;
+    for (int64_t g = 0, e = 0; g < m && !rc; g = e) {
+        int64_t lh = blocks[g] / nb;
+        for (e = g; e < m && blocks[e] / nb == lh; e++) {
+            int64_t b = blocks[e], j = b % nb;
+            Block *k = ks + e;
+            if (b < 0 || b >= total || (e > 0 && b <= blocks[e - 1])) { rc = -1; break; }
+            k->n = S - j * rows < rows ? S - j * rows : rows;
+            k->rows = records + (lh * S + j * rows) * B;
+            k->p = coded + starts[b];
+            k->end = coded + starts[b + 1];
+            if (k->end - k->p < 4 * STATES) { rc = -1; break; }
+            for (int s = 0; s < STATES; s++) {
+                k->x[s] = 0;
+                for (int i = 0; i < 4; i++) k->x[s] = (k->x[s] << 8) | *k->p++;
             }
+            memset(k->rows, 0, (size_t)(k->n * B));
+        }
+        int64_t l = lh / H;
+        if (rc || offsets_of(widths + l * F, F, B, offsets)) { rc = -1; break; }
+        for (int64_t f = 0; f < F && !rc; f++) {
+            const uint16_t *fr = freq + (lh * F + f) * TABLE;
+            int width = (int)widths[l * F + f];
+            if (width == 0) continue;
+            if (cumulate(fr, width, cum, symbol_of)) { rc = -1; break; }
+            for (int64_t i = g; i < e && !rc; i++)
+                rc = decode_field(ks + i, B, fr, cum, symbol_of, offsets[f],
+                                  (uint32_t)flips[l * F + f]);
+        }
+        for (int64_t i = g; i < e && !rc; i++) {
+            Block *k = ks + i;
+            if (k->p != k->end) rc = -1;
+            for (int s = 0; s < STATES; s++)
+                if (k->x[s] != RANS_LOW) rc = -1;
         }
     }
-    if (x0 != RANS_LOW || x1 != RANS_LOW || x2 != RANS_LOW || x3 != RANS_LOW) return -1;
-    return p == end ? 0 : -1;
+    free(ks);
+    return rc;
 }

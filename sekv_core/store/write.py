@@ -28,7 +28,7 @@ from ..prefill import release_freed_memory
 from ..prompt import Context
 from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
-from .entropy import compacted
+from .entropy import KINDS, OffloadTier, compacted
 from .format import (
     DIGEST,
     code_stats,
@@ -38,7 +38,7 @@ from .format import (
     sha256,
     store_manifest,
 )
-from .load import SpanStore, ready, with_sketch
+from .load import SpanStore, ready, sketch_rows, stored_sketch, with_sketch
 from .locks import WRITER, mark_writer
 
 SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, the manifest)
@@ -80,8 +80,14 @@ def write_store(
     resident = {name: _stored(tables[name]) for name in TABLES}
     resident.update(quantize_fixed(tables["fixed_k"].cpu(), tables["fixed_v"].cpu()))
     resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
-    offload = compacted(records, codes)
+    stored = store_codebooks(resident, settings.key_code, settings.value_code)  # as a load reads
+    rows = records["k"].shape[2]
+    tier = OffloadTier({f"{kind}_rows": records[kind].view(-1) for kind in KINDS}, rows, stored)
     manifest = store_manifest(loaded, document, context, settings, positions)
+    if stored_sketch(manifest):  # a bounded store's sketch, of its pre-RoPE keys as decoded
+        bits = settings.sketch_bits
+        resident["sketch"] = sketch_rows(resident, tier.buffers["k_rows"], stored["k"], None, bits)
+    offload = compacted(records, codes)
     manifest["bytes"].update(
         resident=device_bytes(resident, settings.sketch_bits),
         offload_records=sum(r.numel() for r in records.values()),
@@ -94,10 +100,8 @@ def write_store(
     release_freed_memory()
     # the store as a load reads it back, from the tables just written: no second decode
     manifest = json.loads(json.dumps(manifest))
-    decoded = {f"{kind}_rows": records[kind].view(-1) for kind in ("k", "v")}
-    stored = store_codebooks(resident, settings.key_code, settings.value_code)  # as a load reads
-    with_sketch(resident, decoded, stored, manifest, loaded, settings)
-    return ready(path, manifest, resident, trace, decoded, loaded, settings)
+    with_sketch(resident, tier, stored, manifest, loaded, settings)
+    return ready(path, manifest, resident, trace, tier, loaded, settings)
 
 
 def _stored(t: torch.Tensor) -> torch.Tensor:

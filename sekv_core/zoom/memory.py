@@ -338,11 +338,11 @@ class SpanMemory:
 
 
 def offload_reader(store: StoreView) -> OffloadReader:
-    """How the memory reads ``store``'s offload tier: a loaded store holds it whole (mapped or
-    decoded: :class:`FlatRecords`, read by one native gather); a streamed build's store reads
-    it from its part files."""
+    """How the memory reads ``store``'s offload tier: a loaded store's in memory, blocks decoded
+    as they are first read (:class:`FlatRecords`, read by one native gather); a streamed build's
+    store reads it from its part files."""
     if isinstance(store, SpanStore):
-        return FlatRecords({name: store.offload[name] for name in ("k_rows", "v_rows")})
+        return FlatRecords(store.tier.buffers, store.tier.fill)
     return store
 
 

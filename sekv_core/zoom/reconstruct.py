@@ -10,7 +10,7 @@ memory (:class:`FlatRecords`) is read by one native gather on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,12 +53,17 @@ class RecordCode(Protocol):
 
 @dataclass(frozen=True)
 class FlatRecords:
-    """An offload tier held whole in memory (mapped or decoded): its flat byte buffers by name
-    (``k_rows``, ``v_rows``; uint8), which the native gather reads directly."""
+    """An offload tier in memory: its flat byte buffers by name (``k_rows``, ``v_rows``; uint8),
+    which the native gather reads directly, and ``fill(first, counts)`` where a record range
+    must be filled in (decoded) before it is read (a loaded store's
+    :class:`~sekv_core.store.entropy.OffloadTier`)."""
 
     buffers: Mapping[str, torch.Tensor]
+    fill: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
     def offload_records(self, name: str, size: int, ranges: RecordRanges) -> torch.Tensor:
+        if self.fill is not None:
+            self.fill(ranges.first, ranges.counts)
         return self.buffers[name].view(-1, size).index_select(0, ranges.index)  # (a row gather)
 
 
@@ -146,6 +151,9 @@ def _gathered(
         and kernels.usable(*tables, k_buf, v_buf)
     ):
         return None
+    if reader.fill is not None:  # the pairs' record ranges (as record_ranges finds them)
+        first = index.record0[spans] + (layer * index.num_kv_heads + heads) * index.stride[spans]
+        reader.fill(first, index.lengths[spans])
     k_bytes, v_bytes = index.codes["k"].record_bytes, index.codes["v"].record_bytes
     return kernels.gather(index, layer, spans, heads, k_buf, v_buf, k_bytes, v_bytes)
 
