@@ -7,8 +7,8 @@ Builds a store for each sample document, for generated haystacks of 2K, 4K and 8
 needle at half depth, seed 1) and for generated books of the given token counts (seed 1) under
 a scratch $SEKV_HOME, and prints one JSON row per document: tokens, the store's files together
 (as ``du -b`` counts them), the fp16 full KV cache's bytes and their ratio, the build's
-seconds and the median seconds of ``--loads`` loads of the stored document (its four load
-stages: verify, read, decode, sketch).
+seconds and the median seconds of ``--loads`` loads of the stored document (its three load
+stages: verify, read, sketch).
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ from test_store import prepare
 
 import sekv_core.store.entropy as entropy
 from sekv_core.config import StoreSettings
+from sekv_core.rope import Rope
 from sekv_core.store.codes import fit_code, store_codebooks
 from sekv_core.store.format import manifest_digest, nbytes, sha256
 from sekv_core.store.ingest import open_or_build
 from sekv_core.store.load import StoreInvalid, load_store
+from sekv_core.zoom.memory import SpanMemory
 
 needs_native = pytest.mark.skipif(
     not entropy.usable(), reason="needs the native library (a C compiler)"
@@ -109,7 +111,8 @@ def test_a_read_decodes_the_blocks_that_hold_its_records_and_no_other():
     code = fit_code(torch.randn(2, 3, 200, 64) * torch.linspace(3, 0.1, 64), "even:0.175")
     records = joined(coded_parts(code, [300]))  # (2, 3, 300, B): five blocks per (layer, head)
     codes, B = {"k": code, "v": code}, code.record_bytes
-    tier = entropy.OffloadTier(entropy.compacted({"k": records, "v": records}, codes), 300, codes)
+    stored = entropy.compacted({"k": records, "v": records}, codes)
+    tier = entropy.OffloadTier(stored, 300, codes)
     assert tier.decoded_bytes == 0 and tier.nbytes == 2 * records.numel()
     # rows 60..69 of (layer 1, head 2) cross a block's end: two blocks of 64 rows per kind
     first = torch.tensor([(1 * 3 + 2) * 300 + 60])
@@ -122,8 +125,10 @@ def test_a_read_decodes_the_blocks_that_hold_its_records_and_no_other():
     assert tier.decoded_bytes == 2 * 2 * 64 * B
     tier.fill(torch.tensor([299, 0]), torch.tensor([1, 0]))  # the short last block; an empty range
     assert tier.decoded_bytes == 2 * (2 * 64 + 44) * B
+    coded = sum(t.numel() for name, t in stored.items() if name.endswith("_coded"))
+    assert tier.host_bytes == coded + tier.decoded_bytes
     assert torch.equal(tier.whole()["k_rows"], records.flatten())
-    assert tier.decoded_bytes == tier.nbytes
+    assert tier.decoded_bytes == tier.host_bytes == tier.nbytes  # the codings let go
 
 
 def codes_of(store):
@@ -156,6 +161,28 @@ def test_a_store_is_coded_on_disk_and_loads_the_records_it_built(tiny_loaded, tm
     assert again.keys() == on_disk.keys()
     for name, tensor in on_disk.items():
         assert torch.equal(again[name], tensor), name
+
+
+@needs_native
+def test_a_load_decodes_no_value_and_a_zoom_decodes_the_blocks_it_reads(tiny_loaded, tmp_path):
+    """A store within the window decodes its keys at load (its sketch's rows are rebuilt from
+    them) and no value; reconstructing one span decodes the value blocks that hold it, and gives
+    the rows a whole decode gives."""
+    document, context = prepare(tiny_loaded, tmp_path)
+    built, _ = open_or_build(tiny_loaded, document, context)
+    store = load_store(built.path, tiny_loaded, document, context, StoreSettings())
+    tier = store.tier
+    key_bytes = tier.buffers["k_rows"].numel()
+    assert tier.decoded_bytes == key_bytes < tier.nbytes
+    memory = SpanMemory(store, Rope(tiny_loaded.model), "cpu", torch.float32)
+    span, head = torch.tensor([3]), torch.tensor([memory.num_kv_heads - 1])
+    layer = memory.num_layers - 1
+    k, v = memory.reconstruct(layer, span, head, rotate=False)
+    value_bytes = codes_of(store)["v"].record_bytes
+    assert key_bytes < tier.decoded_bytes <= key_bytes + 2 * 64 * value_bytes  # one or two blocks
+    whole = SpanMemory(built, Rope(tiny_loaded.model), "cpu", torch.float32)
+    k2, v2 = whole.reconstruct(layer, span, head, rotate=False)
+    assert torch.equal(k, k2) and torch.equal(v, v2)
 
 
 def forge(store, change) -> None:

@@ -98,7 +98,8 @@ class OffloadTier:
 
     @property
     def host_bytes(self) -> int:
-        """Bytes the tier holds in host memory now: the codings, and the records decoded."""
+        """Bytes the tier holds in host memory now: the codings of kinds not decoded whole, and
+        the records decoded."""
         return sum(decoder[0].numel() for decoder in self._coded.values()) + self.decoded_bytes
 
     @property
@@ -138,10 +139,12 @@ class OffloadTier:
     def whole(self, kinds: tuple[str, ...] = KINDS) -> dict[str, torch.Tensor]:
         """The buffers with every block of ``kinds`` decoded (layers on threads)."""
         with self._lock:
-            for kind, done in self._done.items():
-                if kind not in kinds:
-                    continue
-                decoder, out = self._coded[kind], self.buffers[f"{kind}_rows"]
+            for kind in [k for k in kinds if k in self._done]:
+                decoder, out, done = (
+                    self._coded[kind],
+                    self.buffers[f"{kind}_rows"],
+                    self._done[kind],
+                )
                 L = decoder[2]
                 blocks = torch.arange(done.numel()).view(L, -1)
 
@@ -151,16 +154,23 @@ class OffloadTier:
                         _decode_blocks(*decoder, todo, out)
 
                 each_on_threads(layer, range(L))
-                done.fill_(True)
+                self._release(kind)
         return self.buffers
 
     def _decode(self, ids: torch.Tensor) -> None:
         with self._lock:
-            for kind, done in self._done.items():
+            for kind in list(self._done):
+                done = self._done[kind]
                 todo = ids[~done[ids]].contiguous()
                 if todo.numel():
                     _decode_blocks(*self._coded[kind], todo, self.buffers[f"{kind}_rows"])
                     done[todo] = True
+                    if bool(done.all()):
+                        self._release(kind)
+
+    def _release(self, kind: str) -> None:
+        """A kind decoded whole: its coding let go (its buffer is its records now)."""
+        del self._coded[kind], self._done[kind]
 
 
 def _compact_kind(records: torch.Tensor, code) -> dict | None:
