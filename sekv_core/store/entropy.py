@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -71,7 +72,7 @@ class OffloadTier:
 
     def __init__(self, tensors: dict[str, torch.Tensor], rows: int, codes: dict) -> None:
         self.rows, self.buffers = rows, {}
-        self._coded: dict[str, tuple] = {}  # kind -> what decoding a block reads
+        self._coded: dict[str, Coding] = {}  # the kinds not decoded whole
         self._done: dict[str, torch.Tensor] = {}  # kind -> (L * H * blocks,) bool
         self._lock = threading.Lock()  # one decode at a time: a block is written once
         for kind in KINDS:
@@ -87,7 +88,7 @@ class OffloadTier:
                     "its offload tier is entropy-coded and the native library is missing"
                 )
             got = {name: tensors[f"{kind}_{name}"] for name in CODED}
-            self._coded[kind] = _decoder(got, L, H, rows, codes[kind])
+            self._coded[kind] = _coding(got, L, H, rows, codes[kind])
             self._done[kind] = torch.zeros(got["block_bytes"].numel(), dtype=torch.bool)
             self.buffers[f"{kind}_rows"] = torch.empty(L * H * rows * B, dtype=torch.uint8)
 
@@ -100,7 +101,7 @@ class OffloadTier:
     def host_bytes(self) -> int:
         """Bytes the tier holds in host memory now: the codings of kinds not decoded whole, and
         the records decoded."""
-        return sum(decoder[0].numel() for decoder in self._coded.values()) + self.decoded_bytes
+        return sum(c.coded.numel() for c in self._coded.values()) + self.decoded_bytes
 
     @property
     def decoded_bytes(self) -> int:
@@ -115,7 +116,7 @@ class OffloadTier:
                 continue
             blocks = torch.nonzero(self._done[kind])[:, 0] % nb
             rows = (self.rows - blocks * BLOCK_ROWS).clamp(max=BLOCK_ROWS).sum()
-            out += int(rows) * self._coded[kind][5]  # B
+            out += int(rows) * self._coded[kind].shape[3]
         return out
 
     def fill(self, first: torch.Tensor, counts: torch.Tensor) -> None:
@@ -140,18 +141,14 @@ class OffloadTier:
         """The buffers with every block of ``kinds`` decoded (layers on threads)."""
         with self._lock:
             for kind in [k for k in kinds if k in self._done]:
-                decoder, out, done = (
-                    self._coded[kind],
-                    self.buffers[f"{kind}_rows"],
-                    self._done[kind],
-                )
-                L = decoder[2]
+                coding, done = self._coded[kind], self._done[kind]
+                out, L = self.buffers[f"{kind}_rows"], coding.shape[0]
                 blocks = torch.arange(done.numel()).view(L, -1)
 
-                def layer(i: int, decoder=decoder, out=out, blocks=blocks, done=done) -> None:
+                def layer(i: int, coding=coding, out=out, blocks=blocks, done=done) -> None:
                     todo = blocks[i][~done[blocks[i]]].contiguous()
                     if todo.numel():
-                        _decode_blocks(*decoder, todo, out)
+                        coding.decode(todo, out)
 
                 each_on_threads(layer, range(L))
                 self._release(kind)
@@ -163,7 +160,7 @@ class OffloadTier:
                 done = self._done[kind]
                 todo = ids[~done[ids]].contiguous()
                 if todo.numel():
-                    _decode_blocks(*self._coded[kind], todo, self.buffers[f"{kind}_rows"])
+                    self._coded[kind].decode(todo, self.buffers[f"{kind}_rows"])
                     done[todo] = True
                     if bool(done.all()):
                         self._release(kind)
@@ -195,10 +192,10 @@ def _compact_kind(records: torch.Tensor, code) -> dict | None:
         if got is None:  # not smaller
             return None
         piece, sizes = got
-        decoder = (piece, _starts(sizes), 1, H, S, B, *fields, torch.from_numpy(table))
+        coding = Coding(piece, _starts(sizes), (1, H, S, B), *fields, torch.from_numpy(table))
         out = torch.empty_like(layer).view(-1)
         try:
-            _decode_blocks(*decoder, torch.arange(sizes.numel()), out)
+            coding.decode(torch.arange(sizes.numel()), out)
         except ValueError:
             return None
         if not torch.equal(out, layer.reshape(-1)):
@@ -213,8 +210,40 @@ def _compact_kind(records: torch.Tensor, code) -> dict | None:
     }
 
 
-def _decoder(got: dict, L: int, H: int, rows: int, code) -> tuple:
-    """What :func:`_decode_blocks` reads of a coded kind, its tables rebuilt and checked."""
+@dataclass(frozen=True)
+class Coding:
+    """A coded kind as decoding reads it: its bytes and each block's first byte (``starts``, the
+    end last), the records' shape (L, H, S rows, B bytes), the fields and the tables."""
+
+    coded: torch.Tensor
+    starts: torch.Tensor
+    shape: tuple[int, int, int, int]
+    widths: torch.Tensor
+    flips: torch.Tensor
+    tables: torch.Tensor
+
+    def decode(self, blocks: torch.Tensor, out: torch.Tensor) -> None:
+        """Decode the blocks ``blocks`` (ascending int64) into their rows of ``out`` (flat
+        (L, H, S, B) uint8); ValueError where they are not a coding."""
+        rc = library().sekv_rans_decode_blocks(
+            _ptr(self.coded),
+            _ptr(self.starts),
+            *self.shape,
+            self.widths.shape[1],
+            _ptr(self.widths),
+            _ptr(self.flips),
+            _ptr(self.tables),
+            BLOCK_ROWS,
+            _ptr(blocks),
+            blocks.numel(),
+            _ptr(out),
+        )
+        if rc:
+            raise ValueError("its offload coding does not decode (corrupt)")
+
+
+def _coding(got: dict, L: int, H: int, rows: int, code) -> Coding:
+    """A coded kind's tensors as decoding reads them, its tables rebuilt and checked."""
     widths, flips = code.record_fields()
     streams = H * widths.shape[1]  # a layer's
     sizes, params = got["block_bytes"], got["params"]
@@ -231,17 +260,8 @@ def _decoder(got: dict, L: int, H: int, rows: int, code) -> tuple:
     if bool((sizes < STATE_BYTES).any()) or int(sizes.sum()) != got["coded"].numel():
         raise ValueError("its offload coding's blocks do not add up to its bytes")
     table = torch.from_numpy(np.ascontiguousarray(tables))
-    return (
-        got["coded"].contiguous(),
-        _starts(sizes),
-        L,
-        H,
-        rows,
-        code.record_bytes,
-        widths,
-        flips,
-        table,
-    )
+    shape = (L, H, rows, code.record_bytes)
+    return Coding(got["coded"].contiguous(), _starts(sizes), shape, widths, flips, table)
 
 
 def _starts(sizes: torch.Tensor) -> torch.Tensor:
@@ -344,41 +364,6 @@ def _encode_blocks(
         _ptr(lengths),
     )
     return None if n < 0 else (out[:n], lengths)
-
-
-def _decode_blocks(
-    coded: torch.Tensor,
-    starts: torch.Tensor,
-    L: int,
-    H: int,
-    S: int,
-    B: int,
-    widths: torch.Tensor,
-    flips: torch.Tensor,
-    table: torch.Tensor,
-    blocks: torch.Tensor,
-    out: torch.Tensor,
-) -> None:
-    """Decode the blocks ``blocks`` (ascending int64) of ``coded`` into their rows of ``out``
-    (flat (L, H, S, B) uint8)."""
-    rc = library().sekv_rans_decode_blocks(
-        _ptr(coded),
-        _ptr(starts),
-        L,
-        H,
-        S,
-        B,
-        widths.shape[1],
-        _ptr(widths),
-        _ptr(flips),
-        _ptr(table),
-        BLOCK_ROWS,
-        _ptr(blocks),
-        blocks.numel(),
-        _ptr(out),
-    )
-    if rc:
-        raise ValueError("its offload coding does not decode (corrupt)")
 
 
 def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
