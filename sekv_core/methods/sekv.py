@@ -244,7 +244,7 @@ class SeKV(Method):
             "resident_tier_bytes": resident,
             "zoom_peak_bytes": self.spans.peak_cached_bytes,
             "local_window_bytes": local,
-            "offloaded_bytes": self.store.tier.host_bytes,  # in host memory now
+            "offloaded_bytes": self.store.tier.decoded_bytes,  # records in host memory now
             "store_bytes": self.store.bytes["store"],  # the store's files on disk
         }
 

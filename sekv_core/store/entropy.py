@@ -98,15 +98,9 @@ class OffloadTier:
         return sum(t.numel() for t in self.buffers.values())
 
     @property
-    def host_bytes(self) -> int:
-        """Bytes the tier holds in host memory now: the codings of kinds not decoded whole, and
-        the records decoded."""
-        return sum(c.coded.numel() for c in self._coded.values()) + self.decoded_bytes
-
-    @property
     def decoded_bytes(self) -> int:
         """Bytes of the records in host memory now: the kinds stored as records, and the
-        blocks decoded so far."""
+        blocks decoded so far (a loaded store's coding stays in its file, memory-mapped)."""
         nb = -(-self.rows // BLOCK_ROWS)
         out = 0
         for kind in KINDS:

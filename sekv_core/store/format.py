@@ -151,7 +151,8 @@ def map_safetensors(
 ) -> dict[str, torch.Tensor]:
     """Memory-map the tensors (``names``: only those) of a safetensors file — a path, or a
     file open for binary reading (the maps stay valid after it is replaced or deleted) — as
-    flat read-only torch views (no copy)."""
+    read-only torch views of their shapes (no copy). safetensors' own reader copies every
+    tensor it returns."""
     if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as f:
             return map_safetensors(f, names)
@@ -167,12 +168,11 @@ def map_safetensors(
         start, stop = meta["data_offsets"]
         dtype = np.dtype(dtypes[meta["dtype"]])
         count = (stop - start) // dtype.itemsize
+        shape = tuple(meta["shape"])
         if count == 0:
-            out[name] = torch.zeros(0, dtype=getattr(torch, dtype.name))
+            out[name] = torch.zeros(shape, dtype=getattr(torch, dtype.name))
             continue
-        array = np.memmap(
-            source, dtype=dtype, mode="r", offset=8 + header_len + start, shape=(count,)
-        )
+        array = np.memmap(source, dtype=dtype, mode="r", offset=8 + header_len + start, shape=shape)
         with warnings.catch_warnings():  # read-only map: torch warns it is not writable
             warnings.simplefilter("ignore")
             out[name] = torch.from_numpy(array)

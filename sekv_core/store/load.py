@@ -21,7 +21,6 @@ A store that fails any check raises :class:`StoreInvalid` and is never used
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -51,6 +50,8 @@ from .format import (
     FORMAT_VERSION,
     device_bytes,
     manifest_digest,
+    map_safetensors,
+    sha256,
 )
 
 
@@ -95,10 +96,9 @@ def load_store(
     try:
         manifest = read_manifest(path)
         check_claims(manifest, loaded, document, context, settings)
-        contents = {name: verified_bytes(manifest, path / name) for name in FILES}
+        resident, offload, trace = (verified_tensors(manifest, path / name) for name in FILES)
     except OSError as exc:  # FileNotFoundError and the like: gone or replaced while read
         raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
-    resident, offload, trace = (_tensors(name, contents[name]) for name in FILES)
     check_tokens(trace, resident, context, manifest["positions"]["sinks"])
     try:
         codes = store_codebooks(resident, settings.key_code, settings.value_code)
@@ -207,8 +207,11 @@ def check_claims(
             raise StoreInvalid(f"{'.'.join(keys)} is {found!r}, expected {value!r}")
 
 
-def verified_bytes(manifest: dict[str, Any], file: Path) -> bytes:
-    """The content of ``file`` once it has the size and sha256 the manifest lists."""
+def verified_tensors(manifest: dict[str, Any], file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``file`` once it has the size and sha256 the manifest lists, read through
+    the descriptor that was checked. The offload file is memory-mapped (its coding stays in the
+    file: answers decode the blocks they read; a store replaced meanwhile stays mapped as it
+    was verified); the others are read."""
     listed = manifest.get("files")
     meta = listed.get(file.name) if isinstance(listed, dict) else None
     meta = meta if isinstance(meta, dict) else {}
@@ -216,17 +219,15 @@ def verified_bytes(manifest: dict[str, Any], file: Path) -> bytes:
         size = os.fstat(f.fileno()).st_size
         if size != meta.get("bytes"):
             raise StoreInvalid(f"{file.name} is {size} bytes, expected {meta.get('bytes')}")
-        content = f.read()
-    if hashlib.sha256(content).hexdigest() != meta.get("sha256"):
-        raise StoreInvalid(f"{file.name} checksum mismatch (corrupt)")
-    return content
-
-
-def _tensors(name: str, content: bytes) -> dict[str, torch.Tensor]:
-    try:
-        return load_bytes(content)
-    except Exception as exc:  # safetensors raises its own error types
-        raise StoreInvalid(f"{name}: unreadable tensors ({exc})") from None
+        if sha256(f) != meta.get("sha256"):
+            raise StoreInvalid(f"{file.name} checksum mismatch (corrupt)")
+        try:
+            if file.name == "offload.safetensors":
+                return map_safetensors(f)
+            f.seek(0)
+            return load_bytes(f.read())
+        except Exception as exc:  # safetensors raises its own error types
+            raise StoreInvalid(f"{file.name}: unreadable tensors ({exc})") from None
 
 
 def check_tokens(
