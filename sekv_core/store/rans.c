@@ -82,42 +82,35 @@ int sekv_rans_histogram(const uint8_t *records, int64_t L, int64_t H, int64_t S,
     return 0;
 }
 
-/* Encodes records (L, H, S, B) as one run under one set of states, with tables freq
- * (L * H * F, TABLE) uint16 (a stream's entries past its 2^width unused) into out[0, cap),
- * written from its end: returns the coded length n (the bytes are out[cap - n, cap)), -1 when
- * they do not fit in cap, -2 for bad fields or a symbol its table gives no probability. */
-static int64_t encode_run(const uint8_t *records, int64_t L, int64_t H, int64_t S, int64_t B,
-                         int64_t F, const int64_t *widths, const int64_t *flips,
-                         const uint16_t *freq, uint8_t *out, int64_t cap) {
-    int offsets[8 * 256];
-    uint32_t cum[TABLE];
+/* Encodes one block's n records (B bytes each, fields at `offsets`, widths and flips of its
+ * layer) with its (layer, head)'s tables freq (F, TABLE) and their cumulative frequencies cums
+ * (F, TABLE) into out[0, cap), written from its end: returns the coded length g (the bytes are
+ * out[cap - g, cap)), -1 when they do not fit in cap, -2 for a symbol its table gives no
+ * probability. */
+static int64_t encode_block(const uint8_t *rec, int64_t n, int64_t B, int64_t F,
+                            const int *offsets, const int64_t *widths, const int64_t *flips,
+                            const uint16_t *freq, const uint32_t *cums, uint8_t *out,
+                            int64_t cap) {
     uint8_t *p = out + cap;
     uint32_t xs[STATES];
     for (int k = 0; k < STATES; k++) xs[k] = RANS_LOW;
-    if (F > 8 * 256) return -2;
-    for (int64_t l = L - 1; l >= 0; l--) {
-        if (offsets_of(widths + l * F, F, B, offsets)) return -2;
-        for (int64_t h = H - 1; h >= 0; h--) {
-            const uint8_t *block = records + (l * H + h) * S * B;
-            for (int64_t f = F - 1; f >= 0; f--) {
-                const uint16_t *fr = freq + ((l * H + h) * F + f) * TABLE;
-                int width = (int)widths[l * F + f];
-                uint32_t flip = (uint32_t)flips[l * F + f];
-                if (width == 0) continue;
-                if (cumulate(fr, width, cum, NULL)) return -2;
-                for (int64_t r = S - 1; r >= 0; r--) {
-                    uint32_t s = field_get(block + r * B, B, offsets[f], width) ^ flip;
-                    uint32_t fs = fr[s], x = xs[r % STATES];
-                    if (fs == 0) return -2;
-                    if (x >= ((RANS_LOW >> PROB_BITS) << 16) * fs) { /* one word out */
-                        if (p - out < 2) return -1;
-                        *--p = (uint8_t)(x >> 8);
-                        *--p = (uint8_t)(x & 255u); /* the word's low byte first */
-                        x >>= 16;
-                    }
-                    xs[r % STATES] = ((x / fs) << PROB_BITS) + (x % fs) + cum[s];
-                }
+    for (int64_t f = F - 1; f >= 0; f--) {
+        const uint16_t *fr = freq + f * TABLE;
+        const uint32_t *cum = cums + f * TABLE;
+        int width = (int)widths[f];
+        uint32_t flip = (uint32_t)flips[f];
+        if (width == 0) continue;
+        for (int64_t r = n - 1; r >= 0; r--) {
+            uint32_t s = field_get(rec + r * B, B, offsets[f], width) ^ flip;
+            uint32_t fs = fr[s], x = xs[r % STATES];
+            if (fs == 0) return -2;
+            if (x >= ((RANS_LOW >> PROB_BITS) << 16) * fs) { /* one word out */
+                if (p - out < 2) return -1;
+                *--p = (uint8_t)(x >> 8);
+                *--p = (uint8_t)(x & 255u); /* the word's low byte first */
+                x >>= 16;
             }
+            xs[r % STATES] = ((x / fs) << PROB_BITS) + (x % fs) + cum[s];
         }
     }
     if (p - out < 4 * STATES) return -1;
@@ -127,29 +120,45 @@ static int64_t encode_run(const uint8_t *records, int64_t L, int64_t H, int64_t 
 }
 
 /* Encodes every block of the records (L, H, S, B) alone, with tables freq (L * H * F, TABLE)
- * uint16, into out[0, cap) one after another; lengths (L * H * ceil(S / rows)) each block's
- * bytes. Returns the total, -1 when it does not fit in cap, -2 for bad fields or a symbol its
- * table gives no probability. */
+ * uint16 (a stream's entries past its 2^width unused), into out[0, cap) one after another;
+ * lengths (L * H * ceil(S / rows)) each block's bytes. Returns the total, -1 when it does not
+ * fit in cap (or a block would code to over twice its records), -2 for bad fields or a symbol
+ * its table gives no probability, -3 when memory runs out. */
 int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, int64_t S,
                                 int64_t B, int64_t F, const int64_t *widths, const int64_t *flips,
                                 const uint16_t *freq, int64_t rows, uint8_t *out, int64_t cap,
                                 int64_t *lengths) {
-    int64_t nb = (S + rows - 1) / rows, at = 0;
-    if (rows < 1) return -2;
-    for (int64_t lh = 0; lh < L * H; lh++) {
+    int offsets[8 * 256];
+    int64_t nb = (S + rows - 1) / rows, at = 0, scap = 2 * rows * B + 4 * STATES;
+    if (rows < 1 || F > 8 * 256) return -2;
+    uint32_t *cums = malloc(sizeof(uint32_t) * (size_t)(F * TABLE));
+    uint8_t *scratch = malloc((size_t)scap);
+    int64_t rc = 0;
+    if (!cums || !scratch) rc = -3;
+    for (int64_t lh = 0; lh < L * H && !rc; lh++) {
         int64_t l = lh / H;
-        for (int64_t j = 0; j < nb; j++) {
+        const uint16_t *fr = freq + lh * F * TABLE;
+        if (offsets_of(widths + l * F, F, B, offsets)) rc = -2;
+        for (int64_t f = 0; f < F && !rc; f++) /* each field's table cumulated once */
+            if (widths[l * F + f] && cumulate(fr + f * TABLE, (int)widths[l * F + f],
+                                              cums + f * TABLE, NULL))
+                rc = -2;
+        for (int64_t j = 0; j < nb && !rc; j++) {
             int64_t n = S - j * rows < rows ? S - j * rows : rows;
-            int64_t got = encode_run(records + (lh * S + j * rows) * B, 1, 1, n, B, F,
-                                     widths + l * F, flips + l * F, freq + lh * F * TABLE,
-                                     out + at, cap - at);
-            if (got < 0) return got;
-            memmove(out + at, out + cap - got, (size_t)got); /* written at the end: moved up */
+            int64_t got = encode_block(records + (lh * S + j * rows) * B, n, B, F, offsets,
+                                       widths + l * F, flips + l * F, fr, cums, scratch, scap);
+            if (got < 0 || at + got > cap) {
+                rc = got < 0 ? got : -1;
+                break;
+            }
+            memcpy(out + at, scratch + scap - got, (size_t)got);
             lengths[lh * nb + j] = got;
             at += got;
         }
     }
-    return at;
+    free(cums);
+    free(scratch);
+    return rc ? rc : at;
 }
 
 /* One step of a decode: the next symbol s of state x put into row `row`'s field, then x
