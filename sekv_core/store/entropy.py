@@ -46,6 +46,11 @@ def usable() -> bool:
     return library() is not None
 
 
+def blocks_of(rows: int) -> int:
+    """Blocks of a (layer, head)'s ``rows`` rows (the last holds the rest)."""
+    return -(-rows // BLOCK_ROWS)
+
+
 def compacted(records: dict[str, torch.Tensor], codes: dict) -> dict[str, torch.Tensor]:
     """The offload file's tensors for each kind's records (``records[kind]``: (L, H, S, B) uint8,
     contiguous, a layer's rows in order) in ``codes`` (kind -> code): the kind's coding
@@ -101,7 +106,7 @@ class OffloadTier:
     def decoded_bytes(self) -> int:
         """Bytes of the records in host memory now: the kinds stored as records, and the
         blocks decoded so far (a loaded store's coding stays in its file, memory-mapped)."""
-        nb = -(-self.rows // BLOCK_ROWS)
+        nb = blocks_of(self.rows)
         out = 0
         for kind in KINDS:
             size = self.buffers[f"{kind}_rows"].numel()
@@ -118,7 +123,7 @@ class OffloadTier:
         (host int64 record numbers, a range within one (layer, head)) of each kind."""
         if not self._coded:
             return
-        nb = -(-self.rows // BLOCK_ROWS)
+        nb = blocks_of(self.rows)
         keep = counts > 0
         first, counts = first[keep], counts[keep]
         lh, at = first // self.rows, first % self.rows
@@ -244,7 +249,7 @@ def _coding(got: dict, L: int, H: int, rows: int, code) -> Coding:
     if (
         widths.shape[0] != L
         or sizes.dtype != torch.int64
-        or sizes.shape != (L * H * -(-rows // BLOCK_ROWS),)
+        or sizes.shape != (L * H * blocks_of(rows),)
         or params.shape != (streams * L, 2)
     ):
         raise ValueError("its offload coding does not match its layers")
@@ -339,7 +344,7 @@ def _encode_blocks(
     """The blocks of ``records`` (L, H, S, B) coded into the front of ``out`` (uint8): that part
     of ``out`` and each block's bytes (L * H * blocks,) int64; None where they do not fit."""
     L, H, S, B = records.shape
-    lengths = torch.empty(L * H * -(-S // BLOCK_ROWS), dtype=torch.int64)
+    lengths = torch.empty(L * H * blocks_of(S), dtype=torch.int64)
     table = torch.from_numpy(np.ascontiguousarray(freq))
     records = records.contiguous()
     n = library().sekv_rans_encode_blocks(

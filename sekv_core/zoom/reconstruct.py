@@ -62,8 +62,6 @@ class FlatRecords:
     fill: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
     def offload_records(self, name: str, size: int, ranges: RecordRanges) -> torch.Tensor:
-        if self.fill is not None:
-            self.fill(ranges.first, ranges.counts)
         return self.buffers[name].view(-1, size).index_select(0, ranges.index)  # (a row gather)
 
 
@@ -100,6 +98,8 @@ def reconstruct(
     Keys are rotated to their positions by ``rope``; without one they stay pre-RoPE (bounded
     memories rotate them where the pool places them).
     """
+    if isinstance(reader, FlatRecords) and reader.fill is not None:  # decoded on first read
+        reader.fill(first_records(index, layer, spans, heads), index.lengths[spans])
     gathered = _gathered(reader, index, layer, spans, heads)
     order = None
     if gathered is None:
@@ -151,11 +151,15 @@ def _gathered(
         and kernels.usable(*tables, k_buf, v_buf)
     ):
         return None
-    if reader.fill is not None:  # the pairs' record ranges (as record_ranges finds them)
-        first = index.record0[spans] + (layer * index.num_kv_heads + heads) * index.stride[spans]
-        reader.fill(first, index.lengths[spans])
     k_bytes, v_bytes = index.codes["k"].record_bytes, index.codes["v"].record_bytes
     return kernels.gather(index, layer, spans, heads, k_buf, v_buf, k_bytes, v_bytes)
+
+
+def first_records(
+    index: RecordIndex, layer: int, spans: torch.Tensor, heads: torch.Tensor
+) -> torch.Tensor:
+    """(n,) each (span, head) pair's first record of ``layer`` in the flat offload buffers."""
+    return index.record0[spans] + (layer * index.num_kv_heads + heads) * index.stride[spans]
 
 
 def record_ranges(
@@ -164,7 +168,7 @@ def record_ranges(
     """The records of (span, head) pairs of ``layer`` in a flat offload buffer of records
     (``<kind>_rows``; the same for both kinds), and each record's place in its span (T,)."""
     counts = index.lengths[spans]
-    first = index.record0[spans] + (layer * index.num_kv_heads + heads) * index.stride[spans]
+    first = first_records(index, layer, spans, heads)
     starts = torch.cumsum(counts, 0) - counts  # each pair's first row among all T rows
     pair = torch.repeat_interleave(counts)  # (T,) each row's pair
     along = torch.arange(pair.numel()) - starts[pair]
