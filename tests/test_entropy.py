@@ -125,6 +125,9 @@ def test_a_read_decodes_the_blocks_that_hold_its_records_and_no_other():
     assert tier.decoded_bytes == 2 * 2 * 64 * B
     tier.fill(torch.tensor([299, 0]), torch.tensor([1, 0]))  # the short last block; an empty range
     assert tier.decoded_bytes == 2 * (2 * 64 + 44) * B
+    tier.fill(torch.tensor([300 + 10]), torch.tensor([150]))  # (layer 0, head 1): three blocks
+    assert tier.decoded_bytes == 2 * (2 * 64 + 44 + 3 * 64) * B
+    assert torch.equal(tier.buffers["v_rows"].view(2, 3, 300, B)[0, 1, :192], records[0, 1, :192])
     assert torch.equal(tier.whole()["k_rows"], records.flatten())
     assert tier.decoded_bytes == tier.nbytes and not tier._coded  # the codings let go
 

@@ -78,7 +78,7 @@ class OffloadTier:
     def __init__(self, tensors: dict[str, torch.Tensor], rows: int, codes: dict) -> None:
         self.rows, self.buffers = rows, {}
         self._coded: dict[str, Coding] = {}  # the kinds not decoded whole
-        self._done: dict[str, torch.Tensor] = {}  # kind -> (L * H * blocks,) bool
+        self._done: dict[str, np.ndarray] = {}  # kind -> (L * H * blocks,) bool
         self._lock = threading.Lock()  # one decode at a time: a block is written once
         for kind in KINDS:
             L, H = codes[kind].basis.shape[:2]
@@ -94,7 +94,7 @@ class OffloadTier:
                 )
             got = {name: tensors[f"{kind}_{name}"] for name in CODED}
             self._coded[kind] = _coding(got, L, H, rows, codes[kind])
-            self._done[kind] = torch.zeros(got["block_bytes"].numel(), dtype=torch.bool)
+            self._done[kind] = np.zeros(got["block_bytes"].numel(), dtype=bool)
             self.buffers[f"{kind}_rows"] = torch.empty(L * H * rows * B, dtype=torch.uint8)
 
     @property
@@ -113,28 +113,30 @@ class OffloadTier:
             if kind not in self._done:
                 out += size
                 continue
-            blocks = torch.nonzero(self._done[kind])[:, 0] % nb
-            rows = (self.rows - blocks * BLOCK_ROWS).clamp(max=BLOCK_ROWS).sum()
+            blocks = np.flatnonzero(self._done[kind]) % nb
+            rows = np.minimum(self.rows - blocks * BLOCK_ROWS, BLOCK_ROWS).sum()
             out += int(rows) * self._coded[kind].shape[3]
         return out
 
     def fill(self, first: torch.Tensor, counts: torch.Tensor) -> None:
         """Decode every block that holds one of the records ``[first[i], first[i] + counts[i])``
-        (host int64 record numbers, a range within one (layer, head)) of each kind."""
+        (host int64 record numbers, a range within one (layer, head)) of each kind. Called at
+        every zoom of every layer: in numpy, and a range's first and last block only where no
+        range spans more than two (a span's rows, every range of a decode step)."""
         if not self._coded:
             return
-        nb = blocks_of(self.rows)
+        nb, first, counts = blocks_of(self.rows), first.numpy(), counts.numpy()
         keep = counts > 0
         first, counts = first[keep], counts[keep]
         lh, at = first // self.rows, first % self.rows
         lo = lh * nb + at // BLOCK_ROWS
-        n = (at + counts - 1) // BLOCK_ROWS - at // BLOCK_ROWS + 1
-        ids = (
-            torch.repeat_interleave(lo, n)
-            + torch.arange(int(n.sum()))
-            - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
-        )
-        self._decode(torch.unique(ids))
+        hi = lh * nb + (at + counts - 1) // BLOCK_ROWS
+        if (hi - lo <= 1).all():
+            ids = np.concatenate([lo, hi])
+        else:
+            n = hi - lo + 1
+            ids = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())
+        self._decode(ids)
 
     def whole(self, kinds: tuple[str, ...] = KINDS) -> dict[str, torch.Tensor]:
         """The buffers with every block of ``kinds`` decoded (layers on threads)."""
@@ -142,26 +144,27 @@ class OffloadTier:
             for kind in [k for k in kinds if k in self._done]:
                 coding, done = self._coded[kind], self._done[kind]
                 out, L = self.buffers[f"{kind}_rows"], coding.shape[0]
-                blocks = torch.arange(done.numel()).view(L, -1)
+                blocks = np.arange(done.size).reshape(L, -1)
 
                 def layer(i: int, coding=coding, out=out, blocks=blocks, done=done) -> None:
-                    todo = blocks[i][~done[blocks[i]]].contiguous()
-                    if todo.numel():
-                        coding.decode(todo, out)
+                    todo = blocks[i][~done[blocks[i]]]
+                    if todo.size:
+                        coding.decode(torch.from_numpy(todo), out)
 
                 each_on_threads(layer, range(L))
                 self._release(kind)
         return self.buffers
 
-    def _decode(self, ids: torch.Tensor) -> None:
+    def _decode(self, ids: np.ndarray) -> None:
         with self._lock:
             for kind in list(self._done):
                 done = self._done[kind]
-                todo = ids[~done[ids]].contiguous()
-                if todo.numel():
-                    self._coded[kind].decode(todo, self.buffers[f"{kind}_rows"])
+                todo = ids[~done[ids]]
+                if todo.size:
+                    todo = np.unique(todo)  # ascending, once each
+                    self._coded[kind].decode(torch.from_numpy(todo), self.buffers[f"{kind}_rows"])
                     done[todo] = True
-                    if bool(done.all()):
+                    if done.all():
                         self._release(kind)
 
     def _release(self, kind: str) -> None:
