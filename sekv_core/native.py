@@ -131,6 +131,6 @@ def _cpu() -> str:
 
 def usable(*tensors: torch.Tensor) -> bool:
     """The kernels can take these tensors: on the CPU, contiguous, outside autograd."""
-    return all(
-        t.is_cpu and t.is_contiguous() and not t.requires_grad for t in tensors
-    ) and (library() is not None)
+    return all(t.is_cpu and t.is_contiguous() and not t.requires_grad for t in tensors) and (
+        library() is not None
+    )
