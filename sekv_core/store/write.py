@@ -34,6 +34,7 @@ from .format import (
     code_stats,
     device_bytes,
     manifest_digest,
+    map_safetensors,
     quantize_fixed,
     sha256,
     store_manifest,
@@ -73,8 +74,9 @@ def write_store(
 
     tables : :data:`TABLES` plus ``fixed_k``, ``fixed_v`` (L, H, F, D) float (keys post-RoPE
         at original positions, pre-RoPE when bounded); codes : the offload codes ``k``, ``v``;
-    records : each kind's fixed-rate records (L, H, S, B) uint8, contiguous (the store returned
-        holds them: no copy); trace : :func:`~sekv_core.store.format.trace_tensors`;
+    records : each kind's fixed-rate records (L, H, S, B) uint8, contiguous; emptied once
+        written (the store returned keeps what a load decodes at once, a store within the
+        window's keys, without a copy); trace : :func:`~sekv_core.store.format.trace_tensors`;
     report : manifest sections the builder adds (``stats``, ``timings``, a stream's report).
     """
     resident = {name: _stored(tables[name]) for name in TABLES}
@@ -97,8 +99,14 @@ def write_store(
     files = {"resident.safetensors": resident, "offload.safetensors": offload}
     write_atomically(path, {**files, "trace.safetensors": trace}, manifest)
     del files, offload  # the coding: written
+    # the store as a load reads it back: its coding mapped from the file just written, the
+    # records a load decodes at once (a store within the window's keys) the build's own
+    kept = () if stored_sketch(manifest) else ("k",)
+    mapped = map_safetensors(path / "offload.safetensors")
+    mapped.update({f"{kind}_rows": records[kind].view(-1) for kind in kept})
+    tier = OffloadTier(mapped, rows, stored)
+    records.clear()  # the rest is the file's: answers decode the blocks they read
     release_freed_memory()
-    # the store as a load reads it back, from the tables just written: no second decode
     manifest = json.loads(json.dumps(manifest))
     with_sketch(resident, tier, stored, manifest, loaded, settings)
     return ready(path, manifest, resident, trace, tier, loaded, settings)
