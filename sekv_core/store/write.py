@@ -28,7 +28,7 @@ from ..prefill import release_freed_memory
 from ..prompt import Context
 from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
-from .entropy import KINDS, OffloadTier, compacted
+from .entropy import OffloadTier, compacted
 from .format import (
     DIGEST,
     code_stats,
@@ -84,11 +84,10 @@ def write_store(
     resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
     stored = store_codebooks(resident, settings.key_code, settings.value_code)  # as a load reads
     rows = records["k"].shape[2]
-    tier = OffloadTier({f"{kind}_rows": records[kind].view(-1) for kind in KINDS}, rows, stored)
     manifest = store_manifest(loaded, document, context, settings, positions)
     if stored_sketch(manifest):  # a bounded store's sketch, of its pre-RoPE keys as decoded
         bits = settings.sketch_bits
-        resident["sketch"] = sketch_rows(resident, tier.buffers["k_rows"], stored["k"], None, bits)
+        resident["sketch"] = sketch_rows(resident, records["k"].view(-1), stored["k"], None, bits)
     offload = compacted(records, codes)
     manifest["bytes"].update(
         resident=device_bytes(resident, settings.sketch_bits),
