@@ -9,17 +9,21 @@
 
 The CLI (``sekv ask``, ``chat``, ``ingest``) is a thin layer over :class:`Library`.
 
-A collection (a folder, or several files; :mod:`sekv_core.collection`) keeps one span store per
-document, built when the library opens (an unchanged document's store is found, not rebuilt). A
-question is routed to the document whose passages match its words best
-(:mod:`sekv_core.collection_router`) and answered from that document alone, through the same
-:class:`~sekv_core.engine.Session` a single file uses; its store is loaded then and kept for
-later questions, at most ``keep`` stores at a time (the least recently used goes). Every source
-names its file and page. ``retrieve`` reads BM25 passages of the whole collection instead.
+A collection (a folder, or several files; :mod:`sekv_core.collection`) is kept in the
+collection index (:mod:`sekv_core.index`): opening it reads only the files that are new or
+changed. A question ranks the documents by words and meaning (:mod:`sekv_core.index.ranking`)
+and is answered from the best document and those that score near it (:data:`READ_TOGETHER`
+at most) read together in one softmax
+(:func:`sekv_core.together.ask_together`); a document's span store is built the first time a
+question is routed to it (``build_all``: when the library opens, as ``sekv ingest`` does) and
+kept for later questions, at most ``keep`` sessions at a time (the least recently used goes).
+Every source names its file and page. ``retrieve`` reads BM25 passages of the whole collection
+instead; ``full`` answers from the best document alone.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections import OrderedDict
@@ -29,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from .collection import Selection, Skipped, joined_document, select_documents
-from .collection_router import ROUTED, CollectionRouter, Ranked
 from .config import MAX_TOKENS, MethodSettings, check_question
-from .documents import Document, check_tokens
+from .documents import Document, check_tokens, load_document
 from .engine import Answer, Session
 from .errors import SekvError
+from .index.catalog import Catalog, Indexed, SyncProgress
+from .index.embedder import load_embedder
+from .index.ranking import Finder, Ranked
 from .methods import METHODS, SeKV
 from .models import LoadedModel, load_model
 from .prompt import Context, Turn, chat_template, encode_context, encode_question
@@ -41,21 +47,26 @@ from .sampling import Sampling
 from .store.ingest import open_or_build, store_path
 from .store.load import StoreInvalid, check_claims, read_manifest
 from .store.shelf import mark_used
+from .together import NotTogether, ask_together
 
 KEEP = 3  # routed documents whose sessions (and stores) stay loaded for later questions
+READ_TOGETHER = 3  # the most documents a collection's answer reads at once: ...
+TOGETHER_MARGIN = 0.1  # ... the best, and those that score within this of it
+ROUTED = 5  # documents an answer's routing lists
 
 
 @dataclass(frozen=True)
 class IngestProgress:
     """Where opening a library stands: the document being read (``name``), documents read of
-    those that need it (the others' stores are found), context tokens read of theirs."""
+    those that need it (the others' stores are found), context tokens read of theirs
+    (``unit``: what is counted instead of tokens)."""
 
     name: str
     documents_done: int
     documents: int
     tokens_done: int
     tokens: int
-    unit: str = "tokens"  # "characters": a long document being tokenised (its tokens unknown)
+    unit: str = "tokens"  # "characters": a long document being tokenised; "bytes": indexing
 
 
 Progress = Callable[[IngestProgress], None]
@@ -63,18 +74,22 @@ Progress = Callable[[IngestProgress], None]
 
 @dataclass
 class Entry:
-    """A document of a library: read and tokenised; with its store's place and sizes once
-    found or built (methods that keep a span store)."""
+    """A document of a library: its file (``indexed``: as the collection index knows it), read
+    and tokenised once a question needs it; with its store's place and sizes once found or
+    built (methods that keep a span store)."""
 
-    document: Document
-    context: Context
+    path: Path
+    indexed: Indexed | None = None
+    document: Document | None = None
+    context: Context | None = None
     store: Path | None = None
     cache_hit: bool = False
     bytes: dict[str, int] | None = None  # the store manifest's sizes
 
     @property
-    def tokens(self) -> int:
-        return len(self.context) - self.context.doc_start
+    def tokens(self) -> int | None:
+        """The document's tokens (None: not read by this library)."""
+        return None if self.context is None else len(self.context) - self.context.doc_start
 
 
 def open_documents(
@@ -85,8 +100,9 @@ def open_documents(
     progress: Progress | None = None,
     max_tokens: int | None = MAX_TOKENS,
     keep: int = KEEP,
+    build_all: bool = False,
 ) -> Library:
-    """Read the documents ``paths`` name, load ``model`` (None: the embedded default; a name or
+    """Open the documents ``paths`` name, load ``model`` (None: the embedded default; a name or
     path, or a model loaded already) and prepare them for ``method``; see :class:`Library`.
 
     A document of a collection that cannot be read is skipped (``Library.skipped``) and
@@ -94,20 +110,28 @@ def open_documents(
     named alone that cannot be read and for a selection with no readable document.
     """
     settings = settings or MethodSettings(warn=_python_warning)
-    named = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    if not isinstance(paths, Sequence) or not all(isinstance(p, (str, Path)) for p in paths):
+        raise TypeError("paths must be a path, or a sequence of paths")
+    named = list(paths)
+    if any(str(p) == "" for p in named):
+        raise ValueError("paths holds an empty path; name a file or a folder")
     selection = select_documents(named, max_tokens, settings.warn)
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
-    return Library(loaded, selection, method, settings, progress, max_tokens, keep)
+    return Library(loaded, selection, method, settings, progress, max_tokens, keep, build_all)
 
 
 class Library:
     """The documents of ``selection`` prepared for ``method``: :meth:`ask` answers questions.
 
     One file named alone is prepared as a session over it when the library opens (its store
-    built or found). A collection's documents get their stores when it opens (``progress``
-    over them all); their sessions are prepared when a question is routed to them.
+    built or found). A collection is synced with the collection index when it opens
+    (``progress`` over the files read now); its documents are read, and their stores built,
+    when a question is routed to them (``build_all``: every store when it opens).
     ``max_tokens``: a document of more tokens without a store is refused (in a collection:
-    skipped). ``keep``: sessions held at once.
+    skipped). ``keep``: sessions held at once. ``catalog``: the collection index (default:
+    ``$SEKV_HOME``'s). Calls from several threads are served one at a time.
     """
 
     def __init__(
@@ -119,6 +143,8 @@ class Library:
         progress: Progress | None = None,
         max_tokens: int | None = MAX_TOKENS,
         keep: int = KEEP,
+        build_all: bool = False,
+        catalog: Catalog | None = None,
     ) -> None:
         if method not in METHODS:
             raise SekvError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
@@ -127,25 +153,42 @@ class Library:
         self.collection = selection.collection
         self.skipped: list[Skipped] = list(selection.skipped)
         self.keep = max(1, keep)
+        self.max_tokens = max_tokens
+        self.progress = progress
+        self.lock = threading.RLock()  # one question (or opening) at a time
         self.template = chat_template(loaded.tokenizer)
         self.stored = issubclass(METHODS[method], SeKV)  # answers from span stores
-        self.entries = self._read(selection.documents, max_tokens, progress)
         self.sessions: OrderedDict[int, Session] = OrderedDict()  # least recently used first
-        self.router: CollectionRouter | None = None
+        self.catalog: Catalog | None = None
+        self.finder: Finder | None = None
         self.joined: Session | None = None  # a collection's retrieve: one session over all
-        self.last: int | None = None  # the document the last question went to
-        self.answered: Session | None = None  # the session of the last answer
+        self.answered: Session | None = None  # the session of the last answer (its first)
+        self.index_s = 0.0  # seconds the collection index took to open and sync
         if not self.collection:
+            self.entries = self._read_alone(selection.documents[0], max_tokens, progress)
             self._session(0, progress)
-        elif method == "retrieve":
-            joined = joined_document([e.document for e in self.entries])
-            self.joined = Session(loaded, joined, method, self.settings)
-        else:
-            if self.stored:
-                self._ingest(progress)
-            self.router = CollectionRouter()
-            for e in self.entries:
-                self.router.add(e.document.text, e.context.offsets)
+            return
+        self.entries = self._index(selection, catalog, progress)
+        if method == "retrieve":
+            documents = [self._document(i) for i in range(len(self.entries))]
+            self.joined = Session(loaded, joined_document(documents), method, self.settings)
+        elif self.stored and build_all:
+            self.build_stores(progress)
+
+    def close(self) -> None:
+        """Let go of the sessions held and the collection index."""
+        with self.lock:
+            self.sessions.clear()
+            self.joined = self.answered = None
+            if self.catalog is not None:
+                self.catalog.close()
+                self.catalog = None
+
+    def __enter__(self) -> Library:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def ask(
         self,
@@ -158,58 +201,87 @@ class Library:
         allow_repeats: bool = False,
     ) -> Answer:
         """Answer ``question`` (see :meth:`sekv_core.engine.Session.ask`): in a collection from
-        the document it routes to. Each source carries its document's ``path``; a
-        collection's answer lists the documents routing ranked first (``routing["documents"]``)
-        and adds ``route_s`` to its timings and the memory of the stores held to its memory."""
+        the documents it ranks first, read together. Each source carries its document's
+        ``path``; a collection's answer lists the documents ranked first and why
+        (``routing["documents"]``), adds ``route_s`` to its timings and the memory of the
+        stores held to its memory."""
         check_question(question)
-        start = time.perf_counter()
-        ranking = self.rank(question)
-        route_s = time.perf_counter() - start
-        session = self.answered = self.session_for(question, ranking)
-        answer = session.ask(
-            question, max_new_tokens, on_text, sampling, stop, history, allow_repeats
-        )
-        for source in answer.sources:
-            source["path"] = answer.document["path"]
-        if self.collection:
-            self._collection_facts(answer, ranking, route_s)
-        return answer
+        with self.lock:
+            start = time.perf_counter()
+            ranking = self.rank(question)
+            route_s = time.perf_counter() - start
+            sessions = self.sessions_for(question, ranking)
+            self.answered = sessions[0]
+            answer = None
+            if len(sessions) > 1:
+                try:
+                    answer = ask_together(
+                        sessions, question, max_new_tokens, on_text, sampling, stop, history,
+                        allow_repeats,
+                    )  # fmt: skip
+                except NotTogether:
+                    sessions = sessions[:1]
+            if answer is None:
+                answer = sessions[0].ask(
+                    question, max_new_tokens, on_text, sampling, stop, history, allow_repeats
+                )
+                for source in answer.sources:
+                    source["path"] = answer.document["path"]
+            if self.collection:
+                self._collection_facts(answer, ranking, route_s, sessions)
+            return answer
 
     def rank(self, question: str) -> list[Ranked]:
-        """The collection's documents for ``question``, best first (empty: nothing to route)."""
-        return self.router.rank(question) if self.router is not None else []
+        """The collection's documents for ``question``, best first (empty: one file alone)."""
+        if not self.collection:
+            return []
+        with self.lock:
+            if self.finder is None:
+                files = [e.indexed for e in self.entries]
+                self.finder = Finder(self.catalog, files, load_embedder())
+            return self.finder.rank(question)
+
+    def sessions_for(self, question: str, ranking: list[Ranked] | None = None) -> list[Session]:
+        """The sessions ``question`` is answered from, the best first: a collection's best
+        documents (read and their stores built if need be) for SeKV: the best, and those within
+        :data:`TOGETHER_MARGIN` of its score (:data:`READ_TOGETHER` at most); the best one for
+        the other methods."""
+        with self.lock:
+            if self.joined is not None:
+                return [self.joined]
+            if not self.collection:
+                return [self._session(0)]
+            ranking = self.rank(question) if ranking is None else ranking
+            count = READ_TOGETHER if self.stored else 1
+            near = [r for r in ranking[:count] if r.score >= ranking[0].score - TOGETHER_MARGIN]
+            chosen = [r.index for r in near] or [0]
+            return [self._session(i, self.progress) for i in chosen]
 
     def session_for(self, question: str, ranking: list[Ranked] | None = None) -> Session:
-        """The session ``question`` is answered from (a collection's: prepared if need be).
-        A question that shares no word with any document stays with the last document asked
-        (a chat's follow-up), else goes to the first."""
-        if self.joined is not None:
-            return self.joined
-        if not self.collection:
-            return self._session(0)
-        ranking = self.rank(question) if ranking is None else ranking
-        best = ranking[0].index if ranking[0].score > 0 or self.last is None else self.last
-        self.last = best
-        return self._session(best)
+        """The session that answers ``question`` first (the best document's)."""
+        return self.sessions_for(question, ranking)[0]
 
     def room(self, question: str = "") -> int:
-        """Window tokens left for the question part and the answer in the session ``question``
-        goes to (a chat keeps its earlier turns within it)."""
-        return self.session_for(question).room()
+        """Window tokens left for the question part and the answer in the sessions
+        ``question`` goes to (a chat keeps its earlier turns within it)."""
+        return min(s.room() for s in self.sessions_for(question))
 
     def question_ids(self, question: str, history: Sequence[Turn] = ()) -> list[int]:
         """The question part of the prompt: ``history``'s turns, then ``question``."""
         return encode_question(self.loaded.tokenizer, self.template, question, history)
 
     def documents(self) -> list[dict[str, Any]]:
-        """Each document: path, sha256, tokens, pages, its ``store`` (path, whether it was found
-        rather than built; None for methods without one), ``memory`` (the store's resident and
-        offloaded bytes, its bytes on disk, the document's fp16 full KV) and whether its
-        session is ``held`` now."""
+        """Each document: path, sha256, tokens (None: not read by this library), words,
+        pages, its ``store`` (path, whether it was found rather than built; None: none yet, or
+        a method without one), ``memory`` (the store's resident and offloaded bytes, its bytes
+        on disk, the document's fp16 full KV; what is known) and whether its session is
+        ``held`` now."""
         out = []
         for i, e in enumerate(self.entries):
-            doc, b = e.document, e.bytes or {}
-            memory = {"full_kv_bytes": self.loaded.spec.kv_bytes(len(e.context), 2)}
+            doc, b, ix = e.document, e.bytes or {}, e.indexed
+            memory = {}
+            if e.context is not None:
+                memory["full_kv_bytes"] = self.loaded.spec.kv_bytes(len(e.context), 2)
             if e.bytes is not None:
                 memory |= {
                     "resident_bytes": b["resident"],
@@ -218,10 +290,11 @@ class Library:
                 }
             out.append(
                 {
-                    "path": str(doc.path),
-                    "sha256": doc.sha256,
+                    "path": str(e.path),
+                    "sha256": doc.sha256 if doc is not None else ix.sha256,
                     "tokens": e.tokens,
-                    "pages": doc.pages,
+                    "words": ix.words if ix is not None else None,
+                    "pages": doc.pages if doc is not None else ix.pages,
                     "store": None
                     if e.store is None
                     else {"path": str(e.store), "cache_hit": e.cache_hit},
@@ -234,16 +307,16 @@ class Library:
     def memory(self) -> dict[str, int]:
         """The library's memory in all: ``resident_bytes`` the sessions held now keep resident
         between answers (a span store's resident tier; a full cache), ``resident_all_bytes``
-        what every document's resident tier would take at once, ``full_kv_bytes`` every
-        document's fp16 full KV cache, and the ``tokens`` of all."""
+        what every store known would take at once, ``full_kv_bytes`` the fp16 full KV cache of
+        every document read, and the ``tokens`` of those."""
         held = list(self.sessions.values()) + ([self.joined] if self.joined else [])
         rows = self.documents()
         return {
             "documents": len(rows),
-            "tokens": sum(r["tokens"] for r in rows),
+            "tokens": sum(r["tokens"] or 0 for r in rows),
             "resident_bytes": sum(_between_answers(s) for s in held),
             "resident_all_bytes": sum(r["memory"].get("resident_bytes", 0) for r in rows),
-            "full_kv_bytes": sum(r["memory"]["full_kv_bytes"] for r in rows),
+            "full_kv_bytes": sum(r["memory"].get("full_kv_bytes", 0) for r in rows),
         }
 
     def to_json(self, answer: Answer) -> dict[str, Any]:
@@ -256,67 +329,102 @@ class Library:
             out["in_all"] = self.memory()
         return out
 
-    def _read(
-        self, documents: list[Document], max_tokens: int | None, progress: Progress | None = None
+    def build_stores(self, progress: Progress | None = None) -> None:
+        """Find every document's store, building those missing (or stale) one after the other
+        (``sekv ingest``); a store is loaded to be built, then let go. A document that cannot
+        be read now, or is too long without a store, is skipped."""
+        with self.lock:
+            for i in range(len(self.entries)):
+                try:
+                    self._document(i)
+                except SekvError as exc:
+                    self._skip(self.entries[i].path, str(exc))
+            todo = [e for e in self.entries if e.context is not None and not self._found(e)]
+            warn = self.settings.warn
+            total = sum(len(e.context) for e in todo)
+            done = 0
+            for k, entry in enumerate(todo):
+                name = entry.path.name
+
+                def report(d: int, _t: int, name: str = name, k: int = k, at: int = done) -> None:
+                    if progress:
+                        progress(IngestProgress(name, k, len(todo), at + d, total))
+
+                report(0, 0)
+                store, entry.cache_hit = open_or_build(
+                    self.loaded, entry.document, entry.context, self.settings.store, report, warn
+                )
+                entry.store, entry.bytes = store.path, store.manifest["bytes"]
+                del store
+                done += len(entry.context)
+            if progress and todo:
+                progress(IngestProgress("", len(todo), len(todo), total, total))
+
+    def _read_alone(
+        self, document: Document, max_tokens: int | None, progress: Progress | None
     ) -> list[Entry]:
-        """Tokenise every document; one over ``max_tokens`` without a store is refused (in a
-        collection: skipped with a warning). A file named alone reports the characters
-        tokenised to ``progress`` (``unit`` ``characters``) when it is long."""
+        """A file named alone, tokenised (characters reported to ``progress`` when long); over
+        ``max_tokens`` without a store it is refused."""
+        told = None
+        if progress is not None:
+            name = document.path.name
+
+            def told(done: int, total: int) -> None:
+                progress(IngestProgress(name, 0, 1, done, total, "characters"))
+
+        context = encode_context(self.loaded.tokenizer, self.template, document.text, told)
+        entry = Entry(document.path, None, document, context)
+        if not self._stored_already(entry):
+            check_tokens(document, entry.tokens, max_tokens)
+        return [entry]
+
+    def _index(
+        self, selection: Selection, catalog: Catalog | None, progress: Progress | None
+    ) -> list[Entry]:
+        """Sync the collection's files with the index; the files it could not read skipped."""
+        start = time.perf_counter()
+        self.catalog = catalog or Catalog(warn=self.settings.warn)
+
+        def told(p: SyncProgress) -> None:
+            if progress is not None:
+                progress(IngestProgress(p.name, p.done, p.total, p.chars_done, p.chars, "bytes"))
+
+        synced = self.catalog.sync(
+            selection.files, selection.folders, load_embedder, self.max_tokens, told
+        )
         entries = []
-        for document in documents:
-            told = None
-            if progress is not None and not self.collection:
-                name = document.path.name
-
-                def told(done: int, total: int, name: str = name) -> None:
-                    progress(IngestProgress(name, 0, 1, done, total, "characters"))
-
-            context = encode_context(self.loaded.tokenizer, self.template, document.text, told)
-            entry = Entry(document, context)
-            try:
-                if not self._stored_already(entry):
-                    check_tokens(document, entry.tokens, max_tokens)
-            except SekvError as exc:
-                if not self.collection:
-                    raise
-                self._skip(document.path, str(exc))
-                continue
-            entries.append(entry)
+        for f in synced.files:
+            if f.content is None:
+                self._skip(f.path, f.error)
+            else:
+                entries.append(Entry(f.path, f))
+        self.synced = synced
+        self.index_s = time.perf_counter() - start
         if not entries:
             raise SekvError(f"none of the {len(self.skipped)} documents could be read")
         return entries
 
+    def _document(self, index: int) -> Document:
+        """Document ``index``, read and tokenised (once); a file edited since it was indexed
+        is read as it is now."""
+        entry = self.entries[index]
+        if entry.document is None:
+            document = load_document(entry.path, self.max_tokens)
+            context = encode_context(self.loaded.tokenizer, self.template, document.text)
+            entry.document, entry.context = document, context
+            if not self._stored_already(entry):
+                check_tokens(document, entry.tokens, self.max_tokens)
+        return entry.document
+
     def _stored_already(self, entry: Entry) -> bool:
+        if not self.stored:
+            return False
         return store_path(self.loaded, entry.document, entry.context, self.settings.store).exists()
 
     def _skip(self, path: Path, reason: str) -> None:
         self.skipped.append(Skipped(path, reason))
         if self.settings.warn:
             self.settings.warn(f"skipped: {reason}")
-
-    def _ingest(self, progress: Progress | None) -> None:
-        """Find every document's store, building those missing (or stale) one after the other;
-        a store is loaded to be built, then let go."""
-        todo = [e for e in self.entries if not self._found(e)]
-        warn = self.settings.warn
-        total = sum(len(e.context) for e in todo)
-        done = 0
-        for k, entry in enumerate(todo):
-            name = entry.document.path.name
-
-            def report(d: int, _t: int, name: str = name, k: int = k, before: int = done) -> None:
-                if progress:
-                    progress(IngestProgress(name, k, len(todo), before + d, total))
-
-            report(0, 0)
-            store, entry.cache_hit = open_or_build(
-                self.loaded, entry.document, entry.context, self.settings.store, report, warn
-            )
-            entry.store, entry.bytes = store.path, store.manifest["bytes"]
-            del store
-            done += len(entry.context)
-        if progress and todo:
-            progress(IngestProgress("", len(todo), len(todo), total, total))
 
     def _found(self, entry: Entry) -> bool:
         """Whether ``entry``'s store is on disk with a manifest that describes it (its files
@@ -337,38 +445,51 @@ class Library:
         if index in self.sessions:
             self.sessions.move_to_end(index)
             return self.sessions[index]
-        while len(self.sessions) >= self.keep:
+        self._document(index)
+        while len(self.sessions) >= max(self.keep, READ_TOGETHER if self.collection else 1):
             self.sessions.popitem(last=False)
         entry = self.entries[index]
-        name = entry.document.path.name
+        name = entry.path.name
 
         def report(done: int, total: int) -> None:
             if progress:
                 progress(IngestProgress(name, 0, 1, done, total))
 
+        if self.collection and self.stored and not self._found(entry):
+            entry.cache_hit = False
         session = Session(
             self.loaded, entry.document, self.method, self.settings, report, context=entry.context
         )
-        if isinstance(session.method, SeKV) and entry.bytes is None:  # built or found just now
-            entry.store, entry.cache_hit = session.method.store.path, session.method.cache_hit
+        if isinstance(session.method, SeKV):
+            entry.store = session.method.store.path
+            entry.cache_hit = session.method.cache_hit
             entry.bytes = session.method.store.bytes
         self.sessions[index] = session
         return session
 
-    def _collection_facts(self, answer: Answer, ranking: list[Ranked], route_s: float) -> None:
-        """A collection answer's routing (the documents ranked first), timings and memory."""
+    def _collection_facts(
+        self, answer: Answer, ranking: list[Ranked], route_s: float, sessions: list[Session]
+    ) -> None:
+        """A collection answer's routing (the documents ranked first and why), timings and
+        memory."""
         answer.routing["documents"] = [
-            {"path": str(self.entries[r.index].document.path), "score": round(r.score, 3)}
+            {
+                "path": str(self.entries[r.index].path),
+                **r.to_json(),
+                "passage": self.catalog.passage_text(r.passage),
+            }  # fmt: skip
             for r in ranking[:ROUTED]
         ]
+        answer.routing["read_together"] = [s.document_info()["path"] for s in sessions]
         if ranking:
             answer.timings["route_s"] = round(route_s, 4)
             for key in ("total_s", "first_token_s"):
                 answer.timings[key] = round(answer.timings[key] + route_s, 4)
-        if isinstance(self.answered.method, SeKV):  # its zoom is over: the pools go
-            self.answered.method.spans.drop_pools()
-        in_all = self.memory()  # the answering store counted with its zoom's peak
-        held = in_all["resident_bytes"] - _between_answers(self.answered)
+        for session in sessions:
+            if isinstance(session.method, SeKV):  # its zoom is over: the pools go
+                session.method.spans.drop_pools()
+        in_all = self.memory()  # the answering stores counted with their zoom's peak
+        held = in_all["resident_bytes"] - sum(_between_answers(s) for s in sessions)
         answer.memory["held_resident_bytes"] = held + answer.memory["resident_bytes"]
         answer.memory["collection_resident_bytes"] = in_all["resident_all_bytes"]
         answer.memory["collection_full_kv_bytes"] = in_all["full_kv_bytes"]

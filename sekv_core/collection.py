@@ -17,7 +17,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import MAX_TOKENS
@@ -38,12 +38,17 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Selection:
-    """The documents read, in order, and those skipped. ``collection``: a folder or several
-    paths were named (answers name each source's file); False: one file named alone."""
+    """What ``paths`` name. One file named alone (``collection`` False): ``documents`` holds it,
+    read. A collection (a folder or several paths): ``files``, in order, not read here (the
+    collection index reads a file only when it is new or changed: :mod:`sekv_core.index`),
+    ``folders`` the folders named (their indexed files that are gone are dropped), and the
+    entries ``skipped`` as not documents at all."""
 
     documents: list[Document]
     skipped: list[Skipped]
     collection: bool
+    files: list[Path] = field(default_factory=list)
+    folders: list[Path] = field(default_factory=list)
 
 
 def is_collection(paths: Sequence[str | Path]) -> bool:
@@ -56,34 +61,29 @@ def select_documents(
     max_tokens: int | None = MAX_TOKENS,
     warn: Callable[[str], None] | None = None,
 ) -> Selection:
-    """Read the documents ``paths`` name (files and folders; see the module's docstring).
-
-    ``max_tokens``: a file too big for that many tokens is refused before it is read
-    (:func:`sekv_core.documents.load_document`). ``warn`` is told of each skipped document.
-    Raises SekvError for a single file that cannot be read, and when nothing can be read.
+    """What ``paths`` name (files and folders; see the module's docstring): a single file is
+    read (``max_tokens``: one too big for that many tokens is refused before it is read,
+    :func:`sekv_core.documents.load_document`); a collection's files are listed. ``warn`` is
+    told of each entry skipped. Raises SekvError for a single file that cannot be read, and
+    when a collection names no file at all.
     """
     if not paths:
         raise SekvError("no documents named; pass a file, several files or a folder")
     if not is_collection(paths):
         return Selection([load_document(paths[0], max_tokens)], [], collection=False)
     files, skipped = document_files(paths)
-    documents = []
-    for path in files:
-        try:
-            documents.append(load_document(path, max_tokens))
-        except SekvError as exc:
-            skipped.append(Skipped(path, str(exc)))
     skipped.sort(key=lambda s: str(s.path))
     if warn:
         for s in skipped:
             warn(f"skipped: {s.reason}")
-    if not documents:
+    if not files:
         named = ", ".join(f"'{p}'" for p in paths[:3]) + (", …" if len(paths) > 3 else "")
         if skipped:
             raise SekvError(f"none of the {len(skipped)} documents in {named} could be read")
         where = "that directory" if len(paths) == 1 else "those directories"
         raise SekvError(f"no documents in {named}: no .pdf, .txt or .md file in {where}")
-    return Selection(documents, skipped, collection=True)
+    folders = [Path(p) for p in paths if Path(p).is_dir()]
+    return Selection([], skipped, collection=True, files=files, folders=folders)
 
 
 def document_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[Skipped]]:
