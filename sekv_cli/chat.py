@@ -83,10 +83,14 @@ def chat(
     last = None  # the last answer
     rows = library.documents()
     name = Path(rows[0]["path"]).name if len(rows) == 1 else f"{len(rows)} documents"
-    tokens = sum(r["tokens"] for r in rows)
+    size = (
+        f"{rows[0]['tokens']:,} tokens"
+        if len(rows) == 1 and rows[0]["tokens"] is not None
+        else f"{sum(r['words'] or 0 for r in rows):,} words"
+    )
     err.print(
         Text(name, style="bold")
-        + Text(f": {tokens:,} tokens, method {method}. Ask a question; /help for commands.")
+        + Text(f": {size}, method {method}. Ask a question; /help for commands.")
     )
     while True:
         try:

@@ -163,7 +163,7 @@ class TokenCount(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         unit = task.fields.get("unit", "tokens")
-        if unit == "characters":
+        if unit in ("characters", "bytes"):
             speed = f"{task.speed / 1e6:,.1f}M/s" if task.speed else "–/s"
         else:
             speed = f"{task.speed:,.0f} tok/s" if task.speed else "– tok/s"

@@ -107,7 +107,11 @@ class ProgressLog:
 
 
 def counted(done: float, total: float | None, unit: str = "tokens") -> str:
-    """``1,234/5,678 tokens``; characters in millions (``12.3M/57.2M characters``)."""
+    """``1,234/5,678 tokens``; characters in millions (``12.3M/57.2M characters``), bytes in
+    MB."""
+    if unit == "bytes":
+        whole = "?" if total is None else f"{total / 1e6:.1f}"
+        return f"{done / 1e6:.1f}/{whole} MB"
     if unit == "characters":
         whole = "?" if total is None else f"{total / 1e6:.1f}M"
         return f"{done / 1e6:.1f}M/{whole} characters"

@@ -129,25 +129,28 @@ def _source_list(answer: Answer, with_files: bool = False) -> str:
 
 def _collection(answer: Answer, documents: list[dict[str, Any]]) -> str:
     """The collection's documents, the one answered from first, then by routing score: each
-    with its tokens, pages, score and store's resident bytes; the answered one links to its
-    text below."""
+    with its words, pages, score, why it ranks there and store's resident bytes; the answered
+    one links to its text below."""
     scores = {r["path"]: r["score"] for r in answer.routing.get("documents", [])}
+    why = {r["path"]: r["why"] for r in answer.routing.get("documents", [])}
     here = answer.document.get("path")
     rows = sorted(documents, key=lambda d: (d["path"] != here, -scores.get(d["path"], 0.0)))
     out = []
     for d in rows:
         path = escape(d["path"])
         cell = f'<a href="#document">{path}</a> (answered from)' if d["path"] == here else path
-        score = f"{scores[d['path']]:.1f}" if d["path"] in scores else "–"
+        score = f"{scores[d['path']]:.2f} ({why[d['path']]})" if d["path"] in scores else "–"
+        words = f"{d['words']:,}" if d.get("words") is not None else "–"
         resident = d["memory"].get("resident_bytes")
         out.append(
-            f'<tr><td class="path">{cell}</td><td>{d["tokens"]:,}</td><td>{d["pages"]}</td>'
+            f'<tr><td class="path">{cell}</td><td>{words}</td><td>{d["pages"]}</td>'
             f"<td>{score}</td><td>{human_bytes(resident) if resident else '–'}</td></tr>"
         )
-    head = "<tr><th>document</th><th>tokens</th><th>pages</th><th>score</th><th>resident</th></tr>"
+    head = "<tr><th>document</th><th>words</th><th>pages</th><th>score</th><th>resident</th></tr>"
     return (
         f'<section><h2>Documents</h2><p class="facts">{len(documents)} documents; the question '
-        "went to the one whose passages share its words best (BM25 score).</p>"
+        "went to those whose best passage matches its meaning and words best (score: cosine "
+        "+ 0.1 × normalised BM25; why: which of the two ranked it among the first).</p>"
         f"<table>{head}{''.join(out)}</table></section>"
     )
 

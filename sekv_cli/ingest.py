@@ -134,8 +134,9 @@ def ingest_collection(
     start = time.perf_counter()
     settings = MethodSettings(warn=warn)
     library, _ = open_library(
-        paths, model, "sekv", settings, threads, max_tokens=max_tokens, verb="Ingesting"
-    )
+        paths, model, "sekv", settings, threads, max_tokens=max_tokens, verb="Ingesting",
+        build_all=True,
+    )  # fmt: skip
     rows = library.documents()
     data = {
         "documents": rows,

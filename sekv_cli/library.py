@@ -41,11 +41,12 @@ def open_library(
     question: str | None = None,
     max_tokens: int = MAX_TOKENS,
     verb: str = "Reading",
+    build_all: bool = False,
 ) -> tuple[Library, float]:
     """Read the documents ``paths`` name (an unreadable one of a collection: a warning), check
     ``question`` and ``$SEKV_HOME``, load the model, then open the library for ``method``
     (progress on stderr, labelled ``verb``). Returns (library, seconds spent reading documents
-    and loading the model)."""
+    and loading the model). ``build_all``: every document's store now (``sekv ingest``)."""
     start = time.perf_counter()
     with common.reading_notice(paths):
         selection = select_documents(paths, max_tokens, common.warn)
@@ -58,21 +59,28 @@ def open_library(
     load_s = time.perf_counter() - start
     alone = None if selection.collection else selection.documents[0].path.name
     with library_progress(verb, alone) as progress:
-        library = Library(loaded, selection, method, settings, progress, max_tokens)
+        library = Library(
+            loaded, selection, method, settings, progress, max_tokens, build_all=build_all
+        )
     if library.collection:
-        say_opened(library, len(selection.documents) + len(selection.skipped))
+        say_opened(library, len(selection.files) + len(selection.skipped))
     return library, load_s
 
 
 def say_opened(library: Library, named: int) -> None:
-    """One stderr line: documents, tokens, stores built now and found; how many skipped."""
+    """One stderr line: documents, how many the collection index read now (new or changed),
+    stores built now and found; how many skipped."""
     rows = library.documents()
-    tokens = sum(r["tokens"] for r in rows)
-    line = f"{len(rows)} document{'s' if len(rows) != 1 else ''}, {tokens:,} tokens"
+    line = f"{len(rows)} document{'s' if len(rows) != 1 else ''}"
+    synced = getattr(library, "synced", None)
+    if synced is not None:
+        now = synced.read + synced.followed
+        line += f" ({now} file{'s' if now != 1 else ''} indexed now, {synced.unchanged} unchanged)"
     stores = [r["store"] for r in rows if r["store"] is not None]
     if stores:
         built = sum(not s["cache_hit"] for s in stores)
-        line += f" ({built} read now, {len(stores) - built} from their stores)"
+        tokens = sum(r["tokens"] or 0 for r in rows)
+        line += f"; stores: {built} read now, {len(stores) - built} found ({tokens:,} tokens)"
     if library.skipped:
         line += f"; {len(library.skipped)} of {named} skipped (unreadable, see above)"
     common.err.print(Text(line), soft_wrap=True)
@@ -90,19 +98,20 @@ def library_progress(
         with common.prefill_progress(f"{verb} {alone}") as update:
             yield lambda p: update(p.tokens_done, p.tokens, p.unit)
         return
-    eta = Eta()
+    etas: dict[str, Eta] = {}  # one per unit: indexing (bytes), then reading (tokens)
 
     def label(p: IngestProgress) -> str:
         left = p.documents - p.documents_done
+        what = "Indexing" if p.unit == "bytes" else verb
         if not p.name:  # the last report: every document read
-            return f"{verb}: {p.documents} of {p.documents} documents done"
-        return f"{verb} {p.name} ({p.documents_done} of {p.documents} done, {left} left)"
+            return f"{what}: {p.documents} of {p.documents} documents done"
+        return f"{what} {p.name} ({p.documents_done} of {p.documents} done, {left} left)"
 
     if not common.err.is_terminal:
         log = ProgressLog(verb, lambda line: common.err.print(Text(line), soft_wrap=True))
 
         def update_log(p: IngestProgress) -> None:
-            log.label = label(p)
+            log.label, log.unit = label(p), p.unit
             log.update(p.tokens_done, p.tokens)
 
         yield update_log
@@ -120,8 +129,10 @@ def library_progress(
         task = bar.add_task(verb, total=None, eta=None)
 
         def update_bar(p: IngestProgress) -> None:
-            left = eta.update(p.tokens_done, p.tokens)
+            left = etas.setdefault(p.unit, Eta()).update(p.tokens_done, p.tokens)
             done, total = p.tokens_done, p.tokens
-            bar.update(task, description=label(p), completed=done, total=total, eta=left)
+            bar.update(
+                task, description=label(p), completed=done, total=total, eta=left, unit=p.unit
+            )
 
         yield update_bar

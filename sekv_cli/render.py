@@ -77,24 +77,41 @@ def print_zoom(result: Answer, verbose: bool = False) -> None:
         f"{human_bytes(mem['offloaded_bytes'])} (host), full KV {human_bytes(mem['full_kv_bytes'])}"
     )
     if ranked := result.routing.get("documents"):
-        print_routed(ranked, mem)
+        print_routed(ranked, mem, result.routing.get("read_together"))
     if verbose:
         print_diagnostics(result)
 
 
-def print_routed(ranked: list[dict[str, Any]], mem: dict[str, int]) -> None:
-    """A collection's answer: the documents its words ranked first (BM25 of their best
-    passage), and the resident memory of the stores held against that of all."""
-    line = Text("documents: ")
-    for i, row in enumerate(ranked):
-        line.append(f"{', ' if i else ''}{row['path']} {row['score']:.1f}")
-    out.print(line)
+def print_routed(
+    ranked: list[dict[str, Any]], mem: dict[str, int], together: list[str] | None = None
+) -> None:
+    """A collection's answer: the documents ranked first, each with its score, why (its best
+    passage's words, meaning or both) and that passage; those read together marked ``*``; the
+    resident memory of the stores held against that of all."""
+    read = set(together or [])
+    out.print(Text(f"documents (* read for this answer; {len(read)} read together):"))
+    for row in ranked:
+        mark = "*" if row["path"] in read else " "
+        line = Text(f"{mark} {row['path']} ")
+        line.append(
+            f"{row['score']:.2f} by {row['why']} (meaning {row['meaning']:.2f}, words "
+            f"{row['words']:.2f}), p. {row['page']}: ",
+            style="dim",
+        )
+        line.append(preview(row.get("passage", "")))
+        out.print(line, no_wrap=True, overflow="ellipsis")
     if "held_resident_bytes" in mem:
         out.print(
-            f"stores held: resident {human_bytes(mem['held_resident_bytes'])}; every document's "
-            f"at once {human_bytes(mem['collection_resident_bytes'])}, full KV of all "
-            f"{human_bytes(mem['collection_full_kv_bytes'])}"
+            f"stores held: resident {human_bytes(mem['held_resident_bytes'])}; every store "
+            f"known at once {human_bytes(mem['collection_resident_bytes'])}, full KV of the "
+            f"documents read {human_bytes(mem['collection_full_kv_bytes'])}"
         )
+
+
+def preview(text: str, width: int = 90) -> str:
+    """``text`` on one line, quoted, cut at ``width`` characters."""
+    flat = " ".join(text.split())
+    return f'"{flat[:width]}{"…" if len(flat) > width else ""}"'
 
 
 def print_diagnostics(result: Answer) -> None:

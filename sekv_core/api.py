@@ -255,7 +255,10 @@ class Library:
             count = READ_TOGETHER if self.stored else 1
             near = [r for r in ranking[:count] if r.score >= ranking[0].score - TOGETHER_MARGIN]
             chosen = [r.index for r in near] or [0]
-            return [self._session(i, self.progress) for i in chosen]
+            sessions = [self._session(i, self.progress) for i in chosen]
+            while len(self.sessions) > max(self.keep, len(chosen)):  # least recently used
+                self.sessions.pop(next(i for i in self.sessions if i not in chosen))
+            return sessions
 
     def session_for(self, question: str, ranking: list[Ranked] | None = None) -> Session:
         """The session that answers ``question`` first (the best document's)."""
@@ -334,11 +337,16 @@ class Library:
         (``sekv ingest``); a store is loaded to be built, then let go. A document that cannot
         be read now, or is too long without a store, is skipped."""
         with self.lock:
-            for i in range(len(self.entries)):
+            readable = []
+            for i, entry in enumerate(self.entries):
                 try:
                     self._document(i)
+                    readable.append(entry)
                 except SekvError as exc:
-                    self._skip(self.entries[i].path, str(exc))
+                    self._skip(entry.path, str(exc))
+            if len(readable) < len(self.entries):  # sessions and finder follow the entries
+                self.entries, self.finder = readable, None
+                self.sessions.clear()
             todo = [e for e in self.entries if e.context is not None and not self._found(e)]
             warn = self.settings.warn
             total = sum(len(e.context) for e in todo)
@@ -389,8 +397,10 @@ class Library:
             if progress is not None:
                 progress(IngestProgress(p.name, p.done, p.total, p.chars_done, p.chars, "bytes"))
 
+        # the index reads what any run could (the default limit): --max-tokens applies when a
+        # document is read for an answer, so an index entry never depends on it
         synced = self.catalog.sync(
-            selection.files, selection.folders, load_embedder, self.max_tokens, told
+            selection.files, selection.folders, load_embedder, MAX_TOKENS, told
         )
         entries = []
         for f in synced.files:
@@ -401,7 +411,9 @@ class Library:
         self.synced = synced
         self.index_s = time.perf_counter() - start
         if not entries:
-            raise SekvError(f"none of the {len(self.skipped)} documents could be read")
+            named = selection.folders or selection.files
+            where = ", ".join(f"'{p}'" for p in named[:3]) + (", …" if len(named) > 3 else "")
+            raise SekvError(f"none of the {len(self.skipped)} documents in {where} could be read")
         return entries
 
     def _document(self, index: int) -> Document:
@@ -440,14 +452,12 @@ class Library:
         return True
 
     def _session(self, index: int, progress: Progress | None = None) -> Session:
-        """Document ``index``'s session, prepared if it is not held (the least recently used
-        let go first when ``keep`` are)."""
+        """Document ``index``'s session, prepared if it is not held (:meth:`sessions_for` lets
+        the least recently used go past ``keep``)."""
         if index in self.sessions:
             self.sessions.move_to_end(index)
             return self.sessions[index]
         self._document(index)
-        while len(self.sessions) >= max(self.keep, READ_TOGETHER if self.collection else 1):
-            self.sessions.popitem(last=False)
         entry = self.entries[index]
         name = entry.path.name
 

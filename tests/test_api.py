@@ -64,7 +64,7 @@ def builds(monkeypatch) -> list[str]:
     return built
 
 
-def test_a_question_goes_to_its_document_and_cites_it_by_file(tmp_path, loaded, builds):
+def test_a_question_goes_to_its_documents_and_builds_only_their_stores(tmp_path, loaded, builds):
     docs = write(tmp_path / "docs")
     told: list[str] = []
     library = open_documents(docs, loaded, settings=MethodSettings(warn=told.append))
@@ -73,31 +73,31 @@ def test_a_question_goes_to_its_document_and_cites_it_by_file(tmp_path, loaded, 
     ]  # fmt: skip
     assert [s.path.name for s in library.skipped] == ["broken.txt"]
     assert told == [f"skipped: {library.skipped[0].reason}"] and "binary" in told[0]
-    assert sorted(builds) == ["harbour.md", "lighthouse.md", "mill.txt"]
-    assert not any(d["held"] for d in library.documents())  # no store loaded to open it
+    assert builds == [] and not any(d["held"] or d["store"] for d in library.documents())
 
     answer = library.ask(KEEPER, max_new_tokens=6)
     lighthouse = str(docs / "lighthouse.md")
-    assert answer.document["path"] == lighthouse
-    assert answer.routing["documents"][0]["path"] == lighthouse
-    assert answer.routing["documents"][0]["score"] > answer.routing["documents"][1]["score"]
-    assert answer.sources and {s["path"] for s in answer.sources} == {lighthouse}
+    read = answer.routing["read_together"]
+    assert answer.document["path"] == lighthouse == read[0]
+    ranked = answer.routing["documents"]
+    assert ranked[0]["path"] == lighthouse and ranked[0]["score"] > ranked[1]["score"]
+    assert "Orla" in ranked[0]["passage"] and ranked[0]["why"] in ("words", "meaning", "both")
+    assert sorted(builds) == sorted(Path(p).name for p in read)  # only the stores it read
+    assert answer.sources and {s["path"] for s in answer.sources} <= set(read)
     assert all(s["page"] == 1 for s in answer.sources)
-    assert [d["held"] for d in library.documents()] == [True, False, False]
-    mem = answer.memory
-    assert mem["held_resident_bytes"] == mem["resident_bytes"]  # one store held: this one's
+    held = [d["path"] for d in library.documents() if d["held"]]
+    assert sorted(held) == sorted(read)
     rows = library.documents()
-    assert mem["collection_resident_bytes"] == sum(r["memory"]["resident_bytes"] for r in rows)
-    assert mem["collection_full_kv_bytes"] == sum(r["memory"]["full_kv_bytes"] for r in rows)
+    mem = answer.memory
+    assert mem["collection_resident_bytes"] == sum(
+        r["memory"].get("resident_bytes", 0) for r in rows
+    )
     assert {"route_s", "first_token_s", "total_s"} <= answer.timings.keys()
 
     answer = library.ask(HARBOUR, max_new_tokens=6)
     assert answer.document["path"] == str(docs / "reports" / "harbour.md")
-    assert {s["path"] for s in answer.sources} <= {answer.document["path"]}
-    assert [d["held"] for d in library.documents()] == [True, False, True]
-    tiers = [d["memory"]["resident_bytes"] for d in library.documents()]
-    assert answer.memory["held_resident_bytes"] == answer.memory["resident_bytes"] + tiers[0]
-    assert len(builds) == 3  # nothing built while answering
+    assert {s["path"] for s in answer.sources} <= set(answer.routing["read_together"])
+    assert len(builds) == len({*read, *answer.routing["read_together"]})  # each store once
 
 
 def test_asking_again_reads_nothing_again(tmp_path, loaded, monkeypatch):
@@ -111,22 +111,23 @@ def test_asking_again_reads_nothing_again(tmp_path, loaded, monkeypatch):
     again = library.ask(MILLER, max_new_tokens=6)
     assert again.answer == first.answer and again.sources == first.sources
     assert loads == [] and again.timings["prepare_s"] == 0
-    other = library.ask(KEEPER, max_new_tokens=6)  # a document not asked yet: its store loads
-    assert Path(other.document["path"]).name == "lighthouse.md" and len(loads) == 1
 
 
-def test_an_edited_document_is_read_again_and_only_it(tmp_path, loaded, builds):
+def test_an_edited_document_is_indexed_again_and_only_it(tmp_path, loaded, builds):
     docs = write(tmp_path / "docs", damaged=False)
-    open_documents(docs, loaded)
-    assert len(builds) == 3
+    opened = open_documents(docs, loaded, build_all=True)
+    assert opened.synced.read == 3 and len(builds) == 3
     (docs / "mill.txt").write_text(TEXTS["mill.txt"] * 3 + "The miller retired in May. ")
     (docs / "new.md").write_text("A new note: the ferry leaves at noon. " * 6)
     progress: list[api.IngestProgress] = []
     library = open_documents(docs, loaded, progress=progress.append)
+    assert (library.synced.read, library.synced.unchanged) == (2, 2)
+    indexing = [p for p in progress if p.unit == "bytes"]
+    assert {p.name for p in indexing} == {"mill.txt", "new.md", ""}
+    assert indexing[-1].documents_done == indexing[-1].documents == 2
+    assert len(builds) == 3  # opening builds no store: a question does
+    library.build_stores()
     assert builds[3:] == ["mill.txt", "new.md"]
-    assert {p.name for p in progress} == {"mill.txt", "new.md", ""}
-    assert all(p.documents == 2 for p in progress) and progress[-1].documents_done == 2
-    assert progress[-1].tokens_done == progress[-1].tokens > 0
     hits = {Path(d["path"]).name: d["store"]["cache_hit"] for d in library.documents()}
     assert hits == {"lighthouse.md": True, "mill.txt": False, "new.md": False, "harbour.md": True}
 
@@ -136,11 +137,10 @@ def test_keep_bounds_the_stores_held(tmp_path, loaded):
     library = open_documents(docs, loaded, keep=1)
     library.ask(KEEPER, max_new_tokens=4)
     answer = library.ask(MILLER, max_new_tokens=4)
-    assert [d["held"] for d in library.documents()] == [False, True, False]
-    assert answer.memory["held_resident_bytes"] == answer.memory["resident_bytes"]  # its alone
+    read = set(answer.routing["read_together"])
+    assert {d["path"] for d in library.documents() if d["held"]} == read
     # between answers a store keeps its resident tier: the answer's zoom pools are let go
-    assert library.memory()["resident_bytes"] == answer.memory["resident_tier_bytes"]
-    assert library.memory()["resident_all_bytes"] > answer.memory["resident_tier_bytes"]
+    assert library.memory()["resident_bytes"] < answer.memory["resident_bytes"]
 
 
 def test_one_file_is_answered_as_its_session_answers(tmp_path, loaded):
@@ -165,6 +165,7 @@ def test_full_routes_and_retrieve_reads_the_whole_collection(tmp_path, loaded):
     whole = library.ask(MILLER, max_new_tokens=4)
     assert whole.method == "retrieve" and whole.document["path"] == str(docs)
     assert whole.document["tokens"] >= sum(d["tokens"] for d in library.documents())
+    assert all(d["tokens"] for d in library.documents())  # retrieve reads every document
     assert all(d["store"] is None for d in library.documents())
 
 
@@ -173,21 +174,23 @@ def test_a_chat_over_a_collection_follows_each_question(tmp_path, loaded):
     chat = Conversation(open_documents(docs, loaded))
     first = chat.ask(KEEPER, max_new_tokens=4)
     second = chat.ask(MILLER, max_new_tokens=4)
-    follow_up = chat.ask("And then?", max_new_tokens=4)  # no word of any document
-    paths = [Path(a.document["path"]).name for a in (first, second, follow_up)]
-    assert paths == ["lighthouse.md", "mill.txt", "mill.txt"]
-    assert len(chat.turns) == 3
+    paths = [Path(a.document["path"]).name for a in (first, second)]
+    assert paths == ["lighthouse.md", "mill.txt"]
+    assert len(chat.turns) == 2
 
 
 def test_documents_over_max_tokens_are_skipped_unless_stored(tmp_path, loaded):
     docs = write(tmp_path / "docs", damaged=False)
     told: list[str] = []
     settings = MethodSettings(warn=told.append)
-    with pytest.raises(SekvError, match="none of the 3 documents could be read"):
-        open_documents(docs, loaded, settings=settings, max_tokens=60)
+    library = open_documents(docs, loaded, settings=settings, max_tokens=60)
+    library.build_stores()
     assert len(told) == 3 and all("more than --max-tokens 60 allows" in t for t in told)
-    open_documents(docs, loaded)  # every store built: nothing left to refuse
-    assert open_documents(docs, loaded, max_tokens=60).skipped == []
+    assert library.entries == []
+    open_documents(docs, loaded, build_all=True)  # every store built: nothing left to refuse
+    stored = open_documents(docs, loaded, max_tokens=60)
+    stored.build_stores()
+    assert stored.skipped == [] and len(stored.entries) == 3
 
 
 def test_the_readme_example_runs_as_written(loaded, monkeypatch, capsys):
