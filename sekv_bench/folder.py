@@ -4,18 +4,21 @@ across the whole collection.
 :func:`write_collection` writes ``documents`` reports (:func:`sekv_bench.book.make_book`, each
 its own seed) of ``tokens / documents`` tokens each; ``facts`` of them, spread over the
 collection, hold one planted fact each (names, codes, sums), asked in its own words and
-paraphrased (the paraphrase shares only the place name, which every report names).
-:func:`bench_folder` then measures, in one run and side by side:
+paraphrased (the paraphrase shares only the place name, which every report names). Pairs of
+facts are also asked in one question (:data:`KINDS` ``two documents``): the answer needs a
+fact from each of two files. :func:`bench_folder` then measures, in one run and side by side:
 
-- SeKV over the collection (:class:`sekv_core.api.Library`: routed to one document, answered
-  from its store): answers right, the fact's document among the sources, a source holding the
-  fact's sentence, the document routed to;
+- SeKV over the collection (:class:`sekv_core.api.Library`: ranked by words and meaning, the
+  best documents read together): answers right, the fact's documents among those read and
+  among the sources, a source holding the fact's sentence, the document ranked first;
 - ``retrieve`` over the same collection (BM25 passages of every document filling the window)
-  and full KV given the fact's own document alone (the model's ceiling): answers right;
-- the collection's ingest, then the first answer of a library opened on the ingested
-  collection (opening: reading, tokenising and indexing every document; first token: routing,
-  loading one store and reading the question); resident bytes per document, per 1K tokens, held
-  while answering and for every store at once;
+  and full KV given the fact's own document alone (the model's ceiling; for a two-document
+  question the first fact's document): answers right;
+- the first answer on the collection never opened before (index built, stores built only for
+  the documents the question reads): seconds to its first token and what they went to; then
+  the collection's ingest (every store), opening the indexed collection again (no document
+  read), resident bytes per document, per 1K tokens, held while answering and for every store
+  at once;
 - a document added to the ingested collection: how many documents a new library reads again.
 """
 
@@ -33,13 +36,14 @@ from typing import Any
 from sekv_core.api import Library
 from sekv_core.collection import select_documents
 from sekv_core.config import MethodSettings
+from sekv_core.documents import load_document
 from sekv_core.engine import Answer, Session
 from sekv_core.models import LoadedModel
 
 from .book import Fact, make_book, planted_facts
 from .score import is_correct
 
-KINDS = ("exact", "paraphrased")
+KINDS = ("exact", "paraphrased", "two documents")
 METHODS = ("sekv", "retrieve", "full (own document)")
 
 
@@ -89,6 +93,20 @@ def found(answer: Answer, path: Path, chars: tuple[int, int]) -> tuple[bool, boo
     return bool(here), sentence
 
 
+def questions(planted: list[Planted]) -> list[tuple[str, str, list[Planted]]]:
+    """(kind, question, the facts it needs): each fact in its own words and paraphrased, and
+    consecutive pairs of facts asked in one question."""
+    out = []
+    for p in planted:
+        out += [("exact", p.fact.question, [p]), ("paraphrased", p.fact.paraphrase, [p])]
+    for a, b in zip(planted[::2], planted[1::2], strict=False):
+        both = (
+            f"{a.fact.question.rstrip('?')}, and {b.fact.question[0].lower()}{b.fact.question[1:]}"
+        )
+        out.append(("two documents", both, [a, b]))
+    return out
+
+
 def bench_folder(
     loaded: LoadedModel,
     out: Path,
@@ -104,14 +122,31 @@ def bench_folder(
     """Run the benchmark on a collection written under ``out/collection``; rows go to
     ``out/results.jsonl``, the summary to ``out/summary.json`` and ``out/results.md``."""
     settings = settings or MethodSettings()
-    facts = facts or max(1, documents // 4)
+    facts = facts or max(2, documents // 4)
     folder = out / "collection"
     planted = write_collection(loaded.tokenizer, folder, documents, tokens, facts, seed)
+    asked = questions(planted)
+
+    start = time.perf_counter()  # never opened: index, then stores for what it reads
+    fresh = Library(loaded, select_documents([folder]), "sekv", settings, progress)
+    index_s = time.perf_counter() - start
+    first = fresh.ask(asked[1][1], max_new_tokens)  # the first fact, paraphrased
+    cold = {
+        "index_s": round(index_s, 2),
+        "first_token_s": round(index_s + first.timings["first_token_s"], 2),
+        "route_s": first.timings.get("route_s"),
+        "stores_built": sum(not d["store"]["cache_hit"] for d in fresh.documents() if d["store"]),
+        "stores_s": first.timings["prepare_s"],
+    }
+    fresh.close()
+    del fresh
 
     start = time.perf_counter()
-    ingested = Library(loaded, select_documents([folder]), "sekv", settings, progress)
+    ingested = Library(loaded, select_documents([folder]), "sekv", settings, progress,
+                       build_all=True)  # fmt: skip
     ingest_s = time.perf_counter() - start
     built = sum(not d["store"]["cache_hit"] for d in ingested.documents())
+    ingested.close()
     del ingested
 
     start = time.perf_counter()  # a library opened on the ingested collection
@@ -121,52 +156,54 @@ def bench_folder(
 
     rows, first_token_s = [], None
     with (out / "results.jsonl").open("w") as results:
-        for p in planted:
-            alone = Session(loaded, library_document(library, p.path), "full", settings)
-            chars = fact_chars(alone.document.text, p.fact)
-            for kind, question in zip(KINDS, (p.fact.question, p.fact.paraphrase), strict=True):
-                answers = {
-                    "sekv": library.ask(question, max_new_tokens),
-                    "retrieve": retrieve.ask(question, max_new_tokens),
-                    "full (own document)": alone.ask(question, max_new_tokens),
-                }
-                sekv, full = answers["sekv"], answers["full (own document)"]
-                if first_token_s is None:
-                    first_token_s = sekv.timings["first_token_s"]
-                row = {
-                    "document": p.path.name,
-                    "kind": kind,
-                    "question": question,
-                    "expected": p.fact.answer,
-                    "routed": Path(sekv.document["path"]).name,
-                    "routed_right": sekv.document["path"] == str(p.path),
-                    "sources_document": found(sekv, p.path, chars)[0],
-                    "sources_sentence": found(sekv, p.path, chars)[1],
-                    "full_sources_sentence": found(full, p.path, chars)[1],
-                    "held_resident_bytes": sekv.memory["held_resident_bytes"],
-                    "resident_bytes": sekv.memory["resident_bytes"],
-                }
-                for method, answer in answers.items():
-                    row[f"{method}_correct"] = is_correct(answer.answer, [p.fact.answer], "all")
-                    row[f"{method}_answer"] = answer.answer[:80]
-                    row[f"{method}_first_token_s"] = answer.timings["first_token_s"]
-                    row[f"{method}_resident_bytes"] = answer.memory["resident_bytes"]
-                rows.append(row)
-                results.write(json.dumps(row) + "\n")
-                if on_row:
-                    on_row(row)
+        for kind, question, needed in asked:
+            alone = Session(loaded, load_document(needed[0].path), "full", settings)
+            answers = {
+                "sekv": library.ask(question, max_new_tokens),
+                "retrieve": retrieve.ask(question, max_new_tokens),
+                "full (own document)": alone.ask(question, max_new_tokens),
+            }
+            sekv, full = answers["sekv"], answers["full (own document)"]
+            if first_token_s is None:
+                first_token_s = sekv.timings["first_token_s"]
+            read = sekv.routing.get("read_together", [sekv.document["path"]])
+            where = [found(sekv, p.path, fact_chars(load_document(p.path).text, p.fact))
+                     for p in needed]  # fmt: skip
+            row = {
+                "documents": [p.path.name for p in needed],
+                "kind": kind,
+                "question": question,
+                "expected": [p.fact.answer for p in needed],
+                "ranked_first": Path(sekv.document["path"]).name,
+                "ranked_right": sekv.document["path"] == str(needed[0].path)
+                or (len(needed) > 1 and sekv.document["path"] == str(needed[1].path)),
+                "read": [Path(r).name for r in read],
+                "read_right": all(str(p.path) in read for p in needed),
+                "sources_document": all(w[0] for w in where),
+                "sources_sentence": all(w[1] for w in where),
+                "full_sources_sentence": found(
+                    full, needed[0].path, fact_chars(alone.document.text, needed[0].fact)
+                )[1],
+                "held_resident_bytes": sekv.memory["held_resident_bytes"],
+                "resident_bytes": sekv.memory["resident_bytes"],
+            }
+            expected = [p.fact.answer for p in needed]
+            for method, answer in answers.items():
+                row[f"{method}_correct"] = is_correct(answer.answer, expected, "all")
+                row[f"{method}_answer"] = answer.answer[:80]
+                row[f"{method}_first_token_s"] = answer.timings["first_token_s"]
+                row[f"{method}_resident_bytes"] = answer.memory["resident_bytes"]
+            rows.append(row)
+            results.write(json.dumps(row) + "\n")
+            if on_row:
+                on_row(row)
             del alone
 
     added = added_document(loaded, folder, settings)
-    summary = summarize(rows, library, ingest_s, built, open_s, first_token_s, added)
+    summary = summarize(rows, library, ingest_s, built, open_s, first_token_s, added, cold)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "results.md").write_text(markdown(summary))
     return {"rows": rows, "summary": summary}
-
-
-def library_document(library: Library, path: Path):
-    """The library's document read from ``path``."""
-    return next(e.document for e in library.entries if e.document.path == path)
 
 
 def added_document(loaded: LoadedModel, folder: Path, settings: MethodSettings) -> dict[str, Any]:
@@ -177,11 +214,12 @@ def added_document(loaded: LoadedModel, folder: Path, settings: MethodSettings) 
     path.write_text(f"# Added report {stamp}\n\nThe added report was filed at {stamp}.\n")
     try:
         start = time.perf_counter()
-        library = Library(loaded, select_documents([folder]), "sekv", settings)
+        library = Library(loaded, select_documents([folder]), "sekv", settings, build_all=True)
         seconds = time.perf_counter() - start
         rows = library.documents()
         read = [Path(r["path"]).name for r in rows if not r["store"]["cache_hit"]]
         mine = next(r["store"]["path"] for r in rows if r["path"] == str(path))
+        library.close()
     finally:
         path.unlink(missing_ok=True)
     shutil.rmtree(mine, ignore_errors=True)
@@ -200,11 +238,12 @@ def summarize(
     open_s: float,
     first_token_s: float | None,
     added: dict[str, Any],
+    cold: dict[str, Any],
 ) -> dict[str, Any]:
     """Every figure of the run, per kind of question where it differs."""
     docs = library.documents()
     in_all = library.memory()
-    resident = [d["memory"]["resident_bytes"] for d in docs]
+    resident = [d["memory"]["resident_bytes"] for d in docs if "resident_bytes" in d["memory"]]
     by_kind = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
     out: dict[str, Any] = {
         "documents": len(docs),
@@ -215,15 +254,18 @@ def summarize(
         "open_s": round(open_s, 2),
         "first_token_s": first_token_s,
         "resident_per_document_bytes": round(statistics.mean(resident)),
-        "resident_per_1k_tokens_bytes": round(1000 * sum(resident) / in_all["tokens"]),
+        "resident_per_1k_tokens_bytes": round(1000 * sum(resident) / max(1, in_all["tokens"])),
         "resident_all_bytes": in_all["resident_all_bytes"],
         "held_while_answering_bytes": max((r["held_resident_bytes"] for r in rows), default=0),
         "full_kv_all_bytes": in_all["full_kv_bytes"],
         "added": added,
+        "cold": cold,
+        "index": library.catalog.counts() if library.catalog else {},
     }
     for kind, part in by_kind.items():
         out[kind] = {
-            "routed_right": share(part, "routed_right"),
+            "ranked_right": share(part, "ranked_right"),
+            "read_right": share(part, "read_right"),
             "sources_document": share(part, "sources_document"),
             "sources_sentence": share(part, "sources_sentence"),
             "full_sources_sentence": share(part, "full_sources_sentence"),
@@ -243,22 +285,25 @@ def mib(n: float | None) -> str:
 
 def markdown(s: dict[str, Any]) -> str:
     """The summary as one side-by-side table and the collection's figures."""
-    e, p = s["exact"], s["paraphrased"]
+    kinds = [k for k in KINDS if s[k]["ranked_right"] != "0/0"]
+
+    def cells(key: str) -> str:
+        return " / ".join(s[k][key] for k in kinds)
+
     lines = [
-        f"# Folder: {s['documents']} documents, {s['tokens']:,} tokens, {s['questions']} "
-        "questions (exact words / paraphrased)",
+        f"# Folder: {s['documents']} documents, {s['tokens']:,} tokens read, {s['questions']} "
+        f"questions ({' / '.join(kinds)})",
         "",
-        "| | sekv (routed) | retrieve (collection) | full KV (own document) |",
+        "| | sekv (ranked, read together) | retrieve (collection) | full KV (own document) |",
         "|---|---|---|---|",
         "| answers right | "
-        + " | ".join(f"{e[f'{m}_correct']} / {p[f'{m}_correct']}" for m in METHODS)
+        + " | ".join(" / ".join(s[k][f"{m}_correct"] for k in kinds) for m in METHODS)
         + " |",
-        f"| routed to the fact's document | {e['routed_right']} / {p['routed_right']} | – | – |",
-        f"| fact's document among sources | {e['sources_document']} / "
-        f"{p['sources_document']} | – | – |",
-        f"| a source holds the fact's sentence | {e['sources_sentence']} / "
-        f"{p['sources_sentence']} | – | {e['full_sources_sentence']} / "
-        f"{p['full_sources_sentence']} |",
+        f"| the fact's document ranked first | {cells('ranked_right')} | – | – |",
+        f"| the facts' documents read | {cells('read_right')} | – | – |",
+        f"| the facts' documents among sources | {cells('sources_document')} | – | – |",
+        f"| a source holds each fact's sentence | {cells('sources_sentence')} | – | "
+        f"{cells('full_sources_sentence')} |",
         "| first token, median | "
         + " | ".join(f"{s[f'{m}_first_token_s_median']} s" for m in METHODS)
         + " |",
@@ -266,10 +311,15 @@ def markdown(s: dict[str, Any]) -> str:
         + " | ".join(mib(s[f"{m}_resident_bytes_mean"]) for m in METHODS)
         + " |",
         "",
-        f"- ingest: {s['ingest_s']} s ({s['ingest_built']} of {s['documents']} documents read; "
-        "the others' stores found)",
-        f"- opening the ingested collection: {s['open_s']} s (read, tokenise, index every "
-        f"document); its first answer's first token: {s['first_token_s']} s more",
+        f"- first answer on the folder never opened: first token after {s['cold']['first_token_s']}"
+        f" s (index {s['cold']['index_s']} s, {s['cold']['stores_built']} stores built in "
+        f"{s['cold']['stores_s']} s, ranking {s['cold']['route_s']} s)",
+        f"- ingest (every store): {s['ingest_s']} s ({s['ingest_built']} of {s['documents']} "
+        "documents read; the others' stores found)",
+        f"- opening the ingested collection: {s['open_s']} s (the index checked, no document "
+        f"read); its first answer's first token: {s['first_token_s']} s more",
+        f"- the index: {s['index'].get('passages', 0):,} passages, "
+        f"{s['index'].get('bytes', 0) / 2**20:.1f} MiB",
         f"- resident tier: {mib(s['resident_per_document_bytes'])} per document, "
         f"{s['resident_per_1k_tokens_bytes']:,} bytes per 1K tokens; held while answering at "
         f"most {mib(s['held_while_answering_bytes'])}, every store at once "

@@ -167,10 +167,11 @@ def folder_bench(
     out: Path = typer.Option(Path("sekv-folder"), help="Directory for the collection and results."),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """A folder of generated reports, facts planted in some, each asked in its own words and
-    paraphrased across the collection: SeKV routed to one document vs retrieve over the whole
-    collection vs full KV given the fact's own document; routing, sources, first token,
-    resident memory per document, and a document added (only it read)."""
+    """A folder of generated reports, facts planted in some, each asked in its own words,
+    paraphrased, and two at a time across the collection: SeKV (documents ranked by words and
+    meaning, the best read together) vs retrieve over the whole collection vs full KV given
+    the fact's own document; ranking, sources, the first answer on a folder never opened, first
+    token, resident memory per document, and a document added (only it read)."""
     settings = checked_settings(sets)
     from sekv_bench.folder import bench_folder
 
@@ -188,7 +189,7 @@ def folder_bench(
             max_new_tokens,
             seed,
             on_row=lambda r: log.print(
-                f"{r['document']} {r['kind']}: routed to {r['routed']}; sekv "
+                f"{'+'.join(r['documents'])} {r['kind']}: read {'+'.join(r['read'])}; sekv "
                 f"{'ok' if r['sekv_correct'] else 'miss'} ({r['sekv_answer'][:40]!r}), retrieve "
                 f"{'ok' if r['retrieve_correct'] else 'miss'}, full "
                 f"{'ok' if r['full (own document)_correct'] else 'miss'}"

@@ -25,17 +25,21 @@ def test_the_collection_is_the_same_each_time_facts_in_some_documents(tmp_path, 
 
 def test_bench_folder_reports_every_figure(tmp_path, tiny_model_dirs):
     out = tmp_path / "run"
-    args = ["bench", "folder", "--documents", "3", "--tokens", "600", "--facts", "1",
+    args = ["bench", "folder", "--documents", "3", "--tokens", "600", "--facts", "2",
             "--max-new-tokens", "3", "--model", str(tiny_model_dirs["qwen2"]), "--out", str(out),
             "--json"]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert len(data["rows"]) == 2 and {r["kind"] for r in data["rows"]} == {
-        "exact", "paraphrased",
+    assert len(data["rows"]) == 5 and {r["kind"] for r in data["rows"]} == {
+        "exact", "paraphrased", "two documents",
     }  # fmt: skip
+    two = next(r for r in data["rows"] if r["kind"] == "two documents")
+    assert len(two["documents"]) == 2 and len(two["expected"]) == 2
     s = data["summary"]
-    assert s["documents"] == 3 and s["ingest_built"] == 3
+    assert s["documents"] == 3 and s["cold"]["stores_built"] >= 1  # only what it read
+    assert s["cold"]["stores_built"] + s["ingest_built"] == 3
+    assert s["index"]["passages"] > 0 and s["cold"]["first_token_s"] > 0
     assert s["added"]["read"] == ["added-report.md"] and s["added"]["documents"] == 4
     assert not (out / "collection" / "added-report.md").exists()
     assert s["resident_per_document_bytes"] > 0 and s["held_while_answering_bytes"] > 0
