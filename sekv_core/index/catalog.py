@@ -69,6 +69,7 @@ CREATE TABLE passages(
 CREATE INDEX passages_content ON passages(content);
 CREATE VIRTUAL TABLE passage_words USING fts5(text, tokenize = 'porter unicode61');
 """
+TABLE_NAMES = re.findall(r"CREATE (?:VIRTUAL )?TABLE (\w+)", TABLES)
 
 
 class IndexDamaged(Exception):
@@ -118,8 +119,9 @@ def default_path() -> Path:
 
 class Catalog:
     """The index file at ``path`` (default ``$SEKV_HOME/index.sqlite``), opened, checked and
-    made if need be. ``warn`` is told when a damaged file is moved aside and rebuilt. One
-    connection, used by one thread at a time (a lock serialises callers)."""
+    made if need be. ``warn`` is told when a damaged file is moved aside and rebuilt; one that
+    is only busy, read-only or on a full disk is kept (:class:`SekvError`). One connection,
+    used by one thread at a time (a lock serialises callers)."""
 
     def __init__(self, path: Path | None = None, warn: Callable[[str], None] | None = None) -> None:
         self.path = Path(path) if path is not None else default_path()
@@ -127,6 +129,8 @@ class Catalog:
         self.lock = threading.RLock()
         try:
             self.db = self._open()
+        except sqlite3.OperationalError as exc:  # busy, read-only, full: not damage
+            raise _unusable(self.path, exc) from None
         except (IndexDamaged, sqlite3.DatabaseError) as exc:
             self.db = self.rebuild(exc)
 
@@ -162,6 +166,9 @@ class Catalog:
                 return db
             if app != APP_ID:
                 raise IndexDamaged("it is not a sekv collection index")
+            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+            if not set(TABLE_NAMES) <= names:
+                raise IndexDamaged(f"it lacks the table {min(set(TABLE_NAMES) - names)}")
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
             if meta.get("schema") != str(SCHEMA) or meta.get("embedder") != EMBEDDER:
                 raise IndexDamaged(
@@ -212,6 +219,8 @@ class Catalog:
         with self.lock:
             try:
                 return self._sync(files, folders, embedder, max_tokens, progress)
+            except sqlite3.OperationalError as exc:  # busy, read-only, full: not damage
+                raise _unusable(self.path, exc) from None
             except sqlite3.DatabaseError as exc:
                 self.rebuild(exc)
                 return self._sync(files, folders, embedder, max_tokens, progress)
@@ -291,48 +300,69 @@ class Catalog:
             else:
                 self._transaction(lambda db: db.execute("DELETE FROM files WHERE path=?", (path,)))
             return
-        content = self._content_id(document.sha256)
-        if content is None:
+        st = st or os.stat(named)
+        cut_up = None  # the passages and their vectors, made only if the index lacks the text
+        while not self._add_file(path, st, document, cut_up):
             passages = cut(document)
             vectors = None
             if embedder is not None:
                 vectors = embedder().embed([document.text[a:b] for a, b, _ in passages])
-            content = self._add_content(document, passages, vectors)
-        self._write_file(path, st or os.stat(named), content, None)
+            cut_up = (passages, vectors)
+        self._collect()
 
-    def _content_id(self, sha256: str) -> int | None:
-        row = self.db.execute("SELECT id FROM contents WHERE sha256=?", (sha256,)).fetchone()
-        return row[0] if row else None
+    def _add_file(
+        self,
+        path: str,
+        st: os.stat_result,
+        document: Document,
+        cut_up: tuple[list[tuple[int, int, int]], np.ndarray | None] | None,
+    ) -> bool:
+        """Record the file with its text in one transaction, so that a text is never seen
+        unheld (another process's :meth:`_collect` would drop it); the text and its passages
+        (``cut_up``) are inserted unless the index has them (another process may have
+        inserted the same bytes meanwhile: then theirs is kept). False, with nothing written,
+        when the text must be inserted and ``cut_up`` is None."""
 
-    def _add_content(
-        self, document: Document, passages: list[tuple[int, int, int]], vectors: np.ndarray | None
-    ) -> int:
-        """Insert a text and its passages in one transaction (another process may have
-        inserted the same bytes meanwhile: then theirs is kept)."""
-
-        def insert(db: sqlite3.Connection) -> int:
+        def insert(db: sqlite3.Connection) -> bool:
             row = db.execute("SELECT id FROM contents WHERE sha256=?", (document.sha256,))
             if (found := row.fetchone()) is not None:
-                return found[0]
-            cursor = db.execute(
-                "INSERT INTO contents(sha256, chars, words, pages) VALUES (?, ?, ?, ?)",
-                (document.sha256, len(document.text), len(words(document.text)), document.pages),
+                content = found[0]
+            elif cut_up is None:
+                return False
+            else:
+                content = self._insert_content(db, document, *cut_up)
+            db.execute(
+                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (path, *_stamp(st), content, None),
             )
-            content = cursor.lastrowid
-            for k, (a, b, page) in enumerate(passages):
-                blob = b"" if vectors is None else vectors[k].astype(np.float16).tobytes()
-                pid = db.execute(
-                    "INSERT INTO passages(content, start, end, page, embedding) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (content, a, b, page, blob),
-                ).lastrowid
-                db.execute(
-                    "INSERT INTO passage_words(rowid, text) VALUES (?, ?)",
-                    (pid, document.text[a:b]),
-                )
-            return content
+            return True
 
         return self._transaction(insert)
+
+    def _insert_content(
+        self,
+        db: sqlite3.Connection,
+        document: Document,
+        passages: list[tuple[int, int, int]],
+        vectors: np.ndarray | None,
+    ) -> int:
+        """Insert a text and its passages (within the caller's transaction)."""
+        cursor = db.execute(
+            "INSERT INTO contents(sha256, chars, words, pages) VALUES (?, ?, ?, ?)",
+            (document.sha256, len(document.text), len(words(document.text)), document.pages),
+        )
+        content = cursor.lastrowid
+        for k, (a, b, page) in enumerate(passages):
+            blob = b"" if vectors is None else vectors[k].astype(np.float16).tobytes()
+            pid = db.execute(
+                "INSERT INTO passages(content, start, end, page, embedding) VALUES (?, ?, ?, ?, ?)",
+                (content, a, b, page, blob),
+            ).lastrowid
+            db.execute(
+                "INSERT INTO passage_words(rowid, text) VALUES (?, ?)",
+                (pid, document.text[a:b]),
+            )
+        return content
 
     def _write_file(
         self, path: str, st: os.stat_result, content: int | None, error: str | None
@@ -349,6 +379,7 @@ class Catalog:
         self._transaction(
             lambda db: db.execute("UPDATE OR REPLACE files SET path=? WHERE path=?", (new, old))
         )
+        self._collect()  # a file moved over another replaces its row (and maybe its text)
 
     def _drop(self, paths: list[str]) -> int:
         def drop(db: sqlite3.Connection) -> int:
@@ -536,6 +567,13 @@ STOPWORDS = frozenset(
 def fts_terms(question: str) -> list[str]:
     """The question's words FTS5 looks for: lower-cased, function words left out, once each."""
     return list(dict.fromkeys(w for w in words(question) if w not in STOPWORDS))
+
+
+def _unusable(path: Path, exc: sqlite3.Error) -> SekvError:
+    return SekvError(
+        f"cannot use the collection index {path} ({one_line(exc)}): another sekv may be "
+        "writing it for long, or its folder is read-only or full"
+    )
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
