@@ -261,3 +261,9 @@ def read_fact(session: Session, text: str, fact: Fact, zoom: list[dict[str, Any]
         return False
     lo, hi = context.doc_start + min(tokens), context.doc_start + max(tokens) + 1
     return any(z["start"] < hi and z["end"] > lo for z in zoom)
+
+
+def fact_chars(text: str, fact: Fact) -> tuple[int, int]:
+    """Characters of the fact's sentence in the document text ((-1, -1) if not found)."""
+    start = text.find(fact.fact.rstrip("."))
+    return (start, start + len(fact.fact)) if start >= 0 else (-1, -1)

@@ -23,7 +23,7 @@ from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.models import LoadedModel
 
-from .book import peak_rss_bytes, planted_facts, write_book
+from .book import fact_chars, peak_rss_bytes, planted_facts, write_book
 from .rows import resident_share
 from .score import is_correct
 
@@ -76,6 +76,7 @@ def bench_books(
                             "expected": fact.answer,
                             "answer": answer.answer[:160],
                             "correct": is_correct(answer.answer, [fact.answer], "all"),
+                            "source_holds": holds(answer.sources, fact_chars(document.text, fact)),
                             "resident_share": resident_share(answer.memory, 4),
                             "prepare_s": round(prepare_s, 1),
                             "answer_s": answer.timings["answer_s"],
@@ -103,6 +104,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "length": n,
             "kind": k,
             "correct": sum(r["correct"] for r in part),
+            "source_holds": sum(r.get("source_holds", False) for r in part),
             "questions": len(part),
             "resident_share": round(sum(r["resident_share"] for r in part) / len(part), 4),
         }
@@ -123,12 +125,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             for k in KINDS:
                 s = next((x for x in summary if (x["method"], x["length"], x["kind"]) == (m, n, k)),
                          None)  # fmt: skip
-                cells.append(f"{s['correct']}/{s['questions']}" if s else "–")
+                cells.append(f"{s['correct']}/{s['questions']} ({s['source_holds']})" if s else "–")
         shares = [x["resident_share"] for x in summary if x["method"] == m]
         cells.append(f"{min(shares):.1%}–{max(shares):.1%}" if shares else "–")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return (
-        "# Books: correct answers (exact-word / paraphrased questions)\n\n"
-        + "\n".join(lines)
-        + "\n"
+        "# Books: correct answers (exact-word / paraphrased questions; in brackets: a source "
+        "holds the fact's sentence)\n\n" + "\n".join(lines) + "\n"
     )
+
+
+def holds(sources: list[dict[str, Any]], chars: tuple[int, int]) -> bool:
+    """Whether a source overlaps the characters of the fact's sentence."""
+    return any(s["chars"][0] < chars[1] and s["chars"][1] > chars[0] for s in sources)

@@ -40,7 +40,7 @@ from sekv_core.documents import load_document
 from sekv_core.engine import Answer, Session
 from sekv_core.models import LoadedModel
 
-from .book import Fact, make_book, planted_facts
+from .book import Fact, fact_chars, make_book, planted_facts
 from .score import is_correct
 
 KINDS = ("exact", "paraphrased", "two documents")
@@ -77,12 +77,6 @@ def write_collection(
             path.write_text(text)
         out += [Planted(f, path) for f in planted]
     return out
-
-
-def fact_chars(text: str, fact: Fact) -> tuple[int, int]:
-    """Characters of the fact's sentence in the document text ((-1, -1) if not found)."""
-    start = text.find(fact.fact.rstrip("."))
-    return (start, start + len(fact.fact)) if start >= 0 else (-1, -1)
 
 
 def found(answer: Answer, path: Path, chars: tuple[int, int]) -> tuple[bool, bool]:

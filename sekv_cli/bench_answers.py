@@ -1,4 +1,4 @@
-"""`sekv bench needle|qa|books|sources|folder`: how well methods answer, side by side.
+"""`sekv bench needle|qa|books|sources|folder|index`: how well methods answer, side by side.
 
 The commands register on :data:`sekv_cli.bench.bench_app`; :mod:`sekv_cli.main` takes the app
 from here, so that every bench command is on it.
@@ -198,6 +198,36 @@ def folder_bench(
         )
     if json_out:
         print_json(result)
+        return
+    typer.echo((out / "results.md").read_text(), nl=False)
+
+
+@bench_app.command("index")
+@handle_errors
+def index_bench(
+    documents: int = typer.Option(1000, "--documents", min=2, help="Generated reports."),
+    tokens: int = typer.Option(1_000_000, "--tokens", min=100, help="Tokens of all of them."),
+    sizes: str = typer.Option("100,300,1000", help="Folder sizes indexed, comma-separated."),
+    model: str | None = MODEL_OPTION,
+    threads: int | None = THREADS_OPTION,
+    out: Path = typer.Option(Path("sekv-index"), help="Directory for the reports and indexes."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """The collection index alone as a folder grows: build speed, bytes per 1K tokens, opening
+    an indexed folder, ranking a question, the planted facts' documents ranked first, peak
+    RSS (the model's tokenizer counts tokens; no answer is generated)."""
+    from sekv_bench.index_scale import bench_index
+
+    loaded = load_model_quietly(model, resolve_threads(threads))
+    rows = bench_index(
+        loaded.tokenizer, out, documents, tokens, comma_list(sizes, int, "--sizes"),
+        on_size=lambda r: log.print(
+            f"{r['documents']} documents: built in {r['build_s']} s, opened in {r['open_s']} s, "
+            f"ranked in {r['rank_s_median']} s"
+        ),
+    )  # fmt: skip
+    if json_out:
+        print_json(rows)
         return
     typer.echo((out / "results.md").read_text(), nl=False)
 
