@@ -8,8 +8,10 @@ routes in two stages (:class:`sekv_core.methods.sekv.SeKV`):
 1. the question is read once with the usual per-layer routing; the exact attention its tokens
    pay each zoomed span, summed over layers and heads, less what a question about nothing in
    particular (:data:`NEUTRAL_QUESTION`, read the same way once per session) pays it, ranks the
-   spans (:func:`specific`); so does the BM25 score of each span's sentence for the question's
-   words (:mod:`sekv_core.lexical`), and the two rankings are fused (:func:`fuse`);
+   spans (:func:`specific`); so do the BM25 score of each span's sentence for the question's
+   words (:mod:`sekv_core.lexical`) and the cosine of its sentence's embedding and the
+   question's (:class:`sekv_core.methods.book_reading.SentenceMeaning`), and the rankings are
+   fused (:func:`fuse`);
 2. the best spans grow into passages — their sentences with ``context`` sentences on each side —
    added best first while they fit ``budget`` tokens; every layer and KV head then reads the
    same passages for the whole answer, each in document order, the best passage last, right

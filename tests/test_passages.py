@@ -115,3 +115,34 @@ def test_passages_are_placed_by_their_best_score_the_best_last():
     # three passages (runs of chosen spans): 1-2 (best 0.5), 4 (0.9), 7-9 (0.3)
     assert placement(chosen, scores).tolist() == [0, 1, 1, 0, 2, 0, 0, 0, 0, 0]
     assert not placement(torch.zeros(4, dtype=torch.bool), torch.ones(4)).any()
+
+
+def test_a_books_sentences_rank_its_spans_by_meaning(tmp_path):
+    """Each span scores its sentence's cosine with the question (the index's sentences, made
+    once per text); a paraphrase finds the fact's sentence; an edited file is not used."""
+    import numpy as np
+
+    from sekv_core.documents import load_document
+    from sekv_core.index.catalog import Catalog
+    from sekv_core.methods.book_reading import SentenceMeaning
+
+    sentences = [
+        "The harbour master counted forty fishing boats along the north pier this spring.",
+        "Our cooperative bakery sells rye loaves and seed rolls from a stall every Saturday.",
+        "The ferry to Holm leaves the stone quay at seven o'clock each and every morning.",
+        "Snow closed the mountain pass for three whole weeks during the long winter months.",
+    ]
+    path = tmp_path / "book.md"
+    path.write_text(" ".join(sentences))
+    document = load_document(path)
+    starts = [document.text.index(s) for s in sentences]
+    span_chars = np.array([starts[0], starts[0] + 20, starts[1], starts[2], starts[2] + 9,
+                           starts[3]])  # fmt: skip
+    meaning = SentenceMeaning(document, span_chars)
+    scores = meaning.scores("When does the boat to the island depart?")
+    assert scores.shape == (6,) and int(scores.argmax()) in (3, 4)
+    assert scores[3] == scores[4] and scores[0] == scores[1]  # one sentence, one score
+    with Catalog() as catalog:  # kept in the index: a second reading embeds nothing
+        assert catalog.counts()["contents"] == 1
+    path.write_text("Edited since the store was built. " * 3)
+    assert SentenceMeaning(document, span_chars).scores("ferry") is None

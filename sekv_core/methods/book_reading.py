@@ -3,15 +3,22 @@
 The question is read with the usual per-layer routing over the bounded memory; the attention its
 tokens pay each zoomed span, summed over layers and heads, less what the neutral question pays
 them (read the same way), ranks the spans; so do the question's words, by BM25 over the book's
-sentences.
+sentences, and its meaning, by the cosine of each span's sentence embedding and the question's
+(:class:`SentenceMeaning`: the book's sentences as the collection index holds them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
 import torch
 from transformers import DynamicCache
 
 from ..decode import PositionedStep
+from ..documents import Document
+from ..index.catalog import Catalog
+from ..index.embedder import load_embedder
 from ..lexical import LexicalIndex
 from ..models import LoadedModel
 from ..passages import NEUTRAL_QUESTION
@@ -60,3 +67,37 @@ def word_scores(index: LexicalIndex, sentences: torch.Tensor, question: str) -> 
     each span's index into the texts of ``index``); 0 where the sentence shares none."""
     per_sentence = torch.from_numpy(index.scores(question)).float()
     return per_sentence[sentences.long()].clamp(min=0)
+
+
+class SentenceMeaning:
+    """A book's sentences as the collection index holds them (embedded once per text, kept in
+    ``$SEKV_HOME/index.sqlite``): :meth:`scores` gives each span the cosine of its sentence's
+    embedding and a question's.
+
+    ``span_chars`` (N,): each span's first character in ``document.text``. Raises SekvError
+    where the index cannot be used; :meth:`usable` is False when the file on disk is no longer
+    the document read (edited since): its sentences would not be the store's."""
+
+    def __init__(
+        self,
+        document: Document,
+        span_chars: np.ndarray,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        with Catalog(warn=warn) as catalog:
+            indexed = catalog.sync([document.path], embedder=load_embedder).files[0]
+            self.usable = indexed.content is not None and indexed.sha256 == document.sha256
+            passages = catalog.passages([indexed.content] if self.usable else [])
+        self.vectors = passages.vectors.astype(np.float32)  # (P, dims) unit rows
+        starts = passages.chars[:, 0]  # (P,) sorted: passages in document order
+        last = max(len(starts) - 1, 0)
+        self.span_passage = np.clip(np.searchsorted(starts, span_chars, side="right") - 1, 0, last)
+
+    def scores(self, question: str) -> torch.Tensor | None:
+        """(N,) float32: the cosine of each span's sentence and ``question``, never below 0;
+        None where the index holds no sentence of this document."""
+        if not self.usable or not len(self.vectors):
+            return None
+        query = load_embedder().embed([question])[0]  # (dims,)
+        cosine = self.vectors @ query  # (P,)
+        return torch.from_numpy(cosine[self.span_passage]).float().clamp(min=0)
