@@ -161,6 +161,9 @@ def folder_bench(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the generated collection."),
     max_new_tokens: int = typer.Option(32, min=1, help="Longest answer, in tokens."),
+    ingest: bool = typer.Option(
+        True, help="Build every store before the questions (--no-ingest: as questions need them)."
+    ),
     sets: list[str] = SET_OPTION,
     model: str | None = MODEL_OPTION,
     threads: int | None = THREADS_OPTION,
@@ -195,6 +198,7 @@ def folder_bench(
                 f"{'ok' if r['full (own document)_correct'] else 'miss'}"
             ),
             progress=progress,
+            ingest=ingest,
         )
     if json_out:
         print_json(result)
