@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,6 +52,54 @@ def check_window(
             f"{window:,} tokens including the question and answer; split the document, use "
             "--method sekv (it streams long documents) or a model with a longer window"
         )
+
+
+def answer_room(window: int, room: int, question_tokens: int) -> int:
+    """Answer tokens left in a ``window`` whose ``room`` after the context holds a question
+    part of ``question_tokens`` (an error when none are)."""
+    left = room - question_tokens
+    if left < 1:
+        raise SekvError(
+            f"question too long: {question_tokens} tokens leave no room in the "
+            f"{window:,}-token window; shorten it"
+        )
+    return left
+
+
+def stream_answer(
+    tokens: Iterable[int], stream: TextStream, on_text: Callable[[str], None] | None = None
+) -> tuple[float | None, float]:
+    """Push answer ``tokens`` through ``stream`` until they end or it stops, handing its text
+    deltas to ``on_text``. Returns the seconds to the first token (None: no token) and to the
+    end."""
+    start = time.perf_counter()
+    first_token_s = None
+    for token in tokens:
+        if first_token_s is None:
+            first_token_s = time.perf_counter() - start
+        delta = stream.push(token)
+        if delta and on_text:
+            on_text(delta)
+        if stream.stopped:
+            break
+    rest = stream.flush()
+    if rest and on_text:
+        on_text(rest)
+    return first_token_s, time.perf_counter() - start
+
+
+def answer_timings(
+    prepare_s: float, first_token_s: float | None, answer_s: float, n: int
+) -> dict[str, float]:
+    """An answer's timings (seconds; ``n`` tokens decoded), as :class:`Answer` reports them."""
+    decode_s = answer_s - (first_token_s or answer_s)
+    return {
+        "total_s": round(prepare_s + answer_s, 4),
+        "prepare_s": round(prepare_s, 4),
+        "first_token_s": round(prepare_s + (first_token_s or answer_s), 4),
+        "answer_s": round(answer_s, 4),
+        "decode_tokens_per_s": round((n - 1) / decode_s, 2) if n > 1 and decode_s > 0 else 0.0,
+    }
 
 
 class Session:
@@ -114,39 +162,12 @@ class Session:
         check_question(question)
         tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
         q_ids = self.question_ids(question, history)
-        room = self.room() - len(q_ids)
-        if room < 1:
-            raise SekvError(
-                f"question too long: {len(q_ids)} tokens leave no room in the "
-                f"{spec.window:,}-token window; shorten it"
-            )
-        max_new_tokens = min(max_new_tokens, room)
+        max_new_tokens = min(max_new_tokens, answer_room(spec.window, self.room(), len(q_ids)))
         stream = TextStream(tokenizer, stop, allow_repeats)
-        start = time.perf_counter()
-        first_token_s = None
-        for token in self.method.generate(q_ids, max_new_tokens, sampling, forcing):
-            if first_token_s is None:
-                first_token_s = time.perf_counter() - start
-            delta = stream.push(token)
-            if delta and on_text:
-                on_text(delta)
-            if stream.stopped:
-                break
-        rest = stream.flush()
-        if rest and on_text:
-            on_text(rest)
-        answer_s = time.perf_counter() - start
+        tokens = self.method.generate(q_ids, max_new_tokens, sampling, forcing)
+        first_token_s, answer_s = stream_answer(tokens, stream, on_text)
         n = len(stream.ids)
-        decode_s = answer_s - (first_token_s or answer_s)
-        prepare_s = self.prepare_s if self._prepared_pending else 0.0
-        self._prepared_pending = False
-        timings = {
-            "total_s": round(prepare_s + answer_s, 4),
-            "prepare_s": round(prepare_s, 4),
-            "first_token_s": round(prepare_s + (first_token_s or answer_s), 4),
-            "answer_s": round(answer_s, 4),
-            "decode_tokens_per_s": round((n - 1) / decode_s, 2) if n > 1 and decode_s > 0 else 0.0,
-        }
+        timings = answer_timings(self.take_prepare_s(), first_token_s, answer_s, n)
         memory = dict(self.method.memory())
         memory["full_kv_bytes"] = spec.kv_bytes(len(self.context), 2)  # fp16: every share's unit
         memory["resident_share"] = round(memory["resident_bytes"] / memory["full_kv_bytes"], 5)
@@ -168,6 +189,12 @@ class Session:
     def question_ids(self, question: str, history: Sequence[Turn] = ()) -> list[int]:
         """The question part of the prompt: ``history``'s turns, then ``question``."""
         return encode_question(self.loaded.tokenizer, self.template, question, history)
+
+    def take_prepare_s(self) -> float:
+        """The preparation time, for the first answer to report (0 for later ones)."""
+        prepare_s = self.prepare_s if self._prepared_pending else 0.0
+        self._prepared_pending = False
+        return prepare_s
 
     def room(self, question: str = "") -> int:
         """Window tokens left after the document for the question part and the answer (the

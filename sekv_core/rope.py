@@ -73,6 +73,14 @@ class Rope:
         cos, sin = self.tables(positions, k)
         return k * cos + rotate_half(k) * sin
 
+    def shift(self, x: torch.Tensor, by: int) -> torch.Tensor:
+        """Post-RoPE vectors (..., D) at any positions -> at those positions + ``by`` (negative:
+        back): one rotation by ``by`` positions' angles (the rotary scaling left out)."""
+        cos, sin = self.tables(torch.tensor([abs(by)]), x)  # (1, D)
+        norm = (cos.square() + sin.square()).sqrt()  # attention_scaling (1 for plain RoPE)
+        sin = sin if by >= 0 else -sin
+        return (x * cos + rotate_half(x) * sin) / norm
+
     def unrotate(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Post-RoPE keys (..., T, D) at ``positions`` -> pre-RoPE (inverse rotation)."""
         cos, sin = self.tables(positions, k)

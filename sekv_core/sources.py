@@ -67,8 +67,7 @@ def answer_sources(
     ends: np.ndarray | None = None,
 ) -> list[Source]:
     """The answer's sources, best first (none when it paid the document no attention)."""
-    weight = attention[..., context.doc_start :].float().amax(dim=(0, 1))  # (Td,)
-    mass = weight.cpu().double().numpy()
+    mass = token_weights(attention, context)
     total = float(mass.sum())
     if not len(mass) or total <= 0:
         return []
@@ -99,6 +98,12 @@ def answer_sources(
         )
     sources.sort(key=lambda s: -s.share)
     return sources
+
+
+def token_weights(attention: torch.Tensor, context: Context) -> np.ndarray:
+    """(Td,) float64 each document token's weight: the most attention ``attention``
+    (L, H, T) gave it in any layer and head."""
+    return attention[..., context.doc_start :].float().amax(dim=(0, 1)).cpu().double().numpy()
 
 
 def sentence_ends(text: str) -> np.ndarray:

@@ -28,7 +28,7 @@ from ..zoom.attention import Observer, ZoomPolicy, sekv_attention
 from ..zoom.memory import SpanMemory
 from ..zoom.router import SketchRouter, TrainedRouter
 from .base import Method, Progress
-from .book_reading import neutral_attention, question_attention, word_scores
+from .book_reading import SentenceMeaning, neutral_attention, question_attention, word_scores
 
 MIN_ZOOM = 32
 STARVED_SHARE = 0.05  # a zoom under this share of the span tokens routes with half the sketch
@@ -51,6 +51,7 @@ class SeKV(Method):
     neutral: tuple[int, torch.Tensor] | None = None  # books: (budget, neutral_attention)
     sentence_words: LexicalIndex | None = None  # books: BM25 over the book's sentences
     sentences: torch.Tensor | None = None  # books: (N,) sentence index of each span
+    meaning: SentenceMeaning | None = None  # books: the book's sentences, embedded
     trained: RouterFile | None = None  # the trained router in use; None: training-free
 
     def prepare(self, progress: Progress | None = None) -> None:
@@ -66,6 +67,10 @@ class SeKV(Method):
         self.spans = SpanMemory(self.store, Rope(loaded.model), loaded.device, loaded.dtype)
         self.trained = self.find_trained_router()
         self.check_router_spans()
+        if self.spans.bounded:  # a book: its sentences embedded (once per text) with its store
+            offsets = self.store.trace["offsets"]
+            first_chars = offsets[self.spans.starts.long(), 0].numpy()
+            self.meaning = SentenceMeaning(self.document, first_chars, self.settings.warn)
 
     def uses_trained_router(self) -> bool:
         """Whether a trained router found routes this answer: not for a book (a streamed,
@@ -156,6 +161,13 @@ class SeKV(Method):
             return len(self.context)
         return self.spans.n_sinks + self.max_band()
 
+    def begin_answer(self) -> ZoomPolicy:
+        """A new answer's policy (kept as :attr:`policy`), the memory's pools and counters
+        cleared."""
+        self.policy = self.new_policy()
+        self.spans.clear()
+        return self.policy
+
     def generate(
         self,
         question_ids: list[int],
@@ -164,8 +176,7 @@ class SeKV(Method):
         forcing: Forcing | None = None,
     ) -> Iterator[int]:
         model, device, spans = self.loaded.model, self.loaded.device, self.spans
-        self.policy = policy = self.new_policy()
-        spans.clear()  # a new answer: no pools, fresh counters
+        policy = self.begin_answer()
         if spans.bounded:  # a book: zoomed tokens are packed right before the question
             policy.budget = min(policy.budget, self.max_band())
             spans.pool_end = spans.n_sinks + policy.budget
@@ -185,15 +196,18 @@ class SeKV(Method):
     def pin_passages(self, question_ids: list[int]) -> None:
         """Books, two-stage routing (:mod:`sekv_core.passages`): read the question once with
         per-layer routing, rank spans by the attention its tokens paid them beyond what the
-        neutral question pays and by their sentence's BM25 score for the question's words,
-        fuse the two rankings, and pin the passages around the best for every layer and KV
-        head of the answer."""
+        neutral question pays, by their sentence's BM25 score for the question's words and by
+        its meaning (the cosine of its embedding and the question's), fuse the rankings, and
+        pin the passages around the best for every layer and KV head of the answer."""
         spans, first = self.spans, self.policy
         assert first is not None
         baseline = self.neutral_attention(first)
         first.attribute = False  # the answer's sources come from the passages' reading
         asked = question_attention(self.loaded, spans, question_ids, first)
-        scores = passages.fuse(passages.specific(asked, baseline), self.word_scores(question_ids))
+        rankings = [passages.specific(asked, baseline), self.word_scores(question_ids)]
+        if (meaning := self.meaning_scores(question_ids)) is not None:
+            rankings.append(meaning.to(asked.device))
+        scores = passages.fuse(*rankings)
         # a budget asked for is the passages' size too: tokens every layer and KV head reads
         budget = min(self.settings.budget or self.settings.passages, self.max_band())
         if self.settings.memory_share is not None:
@@ -227,6 +241,13 @@ class SeKV(Method):
         tokenizer = self.loaded.tokenizer
         question = question_text(tokenizer, chat_template(tokenizer), question_ids)
         return word_scores(self.sentence_words, self.span_sentences(), question)
+
+    def meaning_scores(self, question_ids: list[int]) -> torch.Tensor | None:
+        """(N,) the cosine of each span's sentence and the question (None: no embeddings)."""
+        if self.meaning is None:
+            return None
+        tokenizer = self.loaded.tokenizer
+        return self.meaning.scores(question_text(tokenizer, chat_template(tokenizer), question_ids))
 
     def span_sentences(self) -> torch.Tensor:
         """(N,) sentence index of each span (:func:`sekv_core.passages.span_sentences`)."""

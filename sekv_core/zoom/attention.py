@@ -13,6 +13,10 @@ model to it for the duration of a block. Within the model window, keys are store
 their original positions and local tokens take positions after the context, so nothing is
 re-rotated; a book's memory is *bounded* (see :mod:`sekv_core.zoom.memory` for its positions).
 
+Several memories within the window can be read together (:class:`MemoryGroup`): each routes
+and zooms by its own policy, and their entries join the same softmax, the local tokens after
+the last context's end (:func:`group_attention`).
+
 The streamed ingest (:mod:`sekv_core.store.stream`) runs the same function for each chunk of a book,
 with a :class:`LocalWindow`: the previous tokens at full resolution join the local part, and the
 chunk's own K/V are captured for the store.
@@ -37,6 +41,7 @@ from .trace import ZoomTrace
 
 NAME = "sekv"
 NEIGHBOURS = MethodSettings.neighbours  # see ZoomPolicy.neighbours and :func:`widen`
+ABSENT = torch.finfo(torch.float32).min  # the bias of an entry left out (as a pool's free slot)
 
 Observer = Callable[["ZoomPolicy", SpanMemory, int, torch.Tensor, float, torch.Tensor], None]
 """observer(policy, memory, layer, q, scaling, zoom): told of every routing decision (the
@@ -95,6 +100,50 @@ class LocalWindow:
         k = self.keys[layer].to(key.dtype)
         k = k * self.cos + rotate_half(k) * self.sin  # (H, W, D)
         return torch.cat([k, key], dim=1), torch.cat([self.values[layer].to(value.dtype), value], 1)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One memory of a :class:`MemoryGroup`, routed by its own ``policy`` (its zoom budget,
+    pools and trace).
+
+    Its context begins with the chat template's ``head`` (tokens at positions below it), the
+    same in every context: a member that does not ``read_head`` leaves its copy out of the
+    softmax (another member holds it). ``shift`` moves the document's tokens after the head
+    that many positions on: its keys are rotated on at use, and it routes with the queries
+    rotated back, as if the question came right after its own context.
+    """
+
+    memory: SpanMemory
+    policy: ZoomPolicy
+    head: int = 0
+    read_head: bool = True
+    shift: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryGroup:
+    """Several memories read in ONE softmax ("parallel context windows").
+
+    Each memory keeps its keys at its own positions (contexts within the window: none
+    ``bounded``; a member may be shifted on), and the local tokens take positions after the
+    last context's end (:attr:`local_start`), so every RoPE distance stays inside the window.
+    """
+
+    members: tuple[GroupMember, ...]
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise ValueError("a memory group needs at least one memory")
+        if any(m.memory.bounded for m in self.members):
+            raise ValueError("bounded memories (beyond the window) cannot be read together")
+        if any(m.shift < 0 for m in self.members):
+            raise ValueError("a memory is shifted on, never back")
+
+    @property
+    def local_start(self) -> int:
+        """The local tokens' first position: after every (shifted) context."""
+        return max(m.memory.context_len + m.shift for m in self.members)
 
 
 def mixed_attention(
@@ -175,14 +224,16 @@ def sekv_attention_forward(
     sekv_memory: SpanMemory | None = None,
     sekv_policy: ZoomPolicy | None = None,
     sekv_window: LocalWindow | None = None,
+    sekv_group: MemoryGroup | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query (1, Hq, Tq, D), key/value (1, Hkv, Tl, D) local.
 
-    Without a memory (the first chunk of a streamed ingest), attention runs over the window and
-    the local tokens only.
+    Reads one memory (``sekv_memory`` routed by ``sekv_policy``) or several at once
+    (``sekv_group``: :func:`group_attention`). Without a memory (the first chunk of a streamed
+    ingest), attention runs over the window and the local tokens only.
     """
-    if (sekv_memory is None or sekv_policy is None) and sekv_window is None:
+    if sekv_group is None and (sekv_memory is None or sekv_policy is None) and sekv_window is None:
         raise RuntimeError("sekv attention called without sekv_memory / sekv_policy")
     layer = module.layer_idx
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -194,14 +245,45 @@ def sekv_attention_forward(
         k_loc, v_loc = sekv_window.extend(layer, k_loc, v_loc)
         if sekv_window.moments is not None:
             sekv_window.moments.add(layer, query[0], Hkv)
+    if sekv_group is not None:
+        out = group_attention(sekv_group, layer, q, k_loc, v_loc, scaling)
+        return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
     if sekv_memory is None or sekv_policy is None:
         empty = q.new_zeros(Hkv, 0, D)
         bias = q.new_zeros(Hkv, 0)
         out, _ = mixed_attention(q, k_loc, v_loc, empty, empty, bias, scaling, with_mass=False)
         return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
     memory, policy = sekv_memory, sekv_policy
-    zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
+    read = read_memory(memory, policy, layer, q, scaling)
+    # a streamed chunk (no mass tracked) runs the fused kernel
+    out, mass = mixed_attention(
+        q, k_loc, v_loc, read.keys, read.values, read.bias, scaling, with_mass=policy.track_mass
+    )
+    if mass is not None:
+        trace_attention(memory, policy, layer, read, mass, Hq)
+    return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
 
+
+@dataclass(frozen=True)
+class MemoryRead:
+    """What one attention call reads from one memory: K, V (Hkv, F + C, D) its sinks and
+    anchors then its pool's C slots, the additive bias (Hkv, F + C) float32 (absent slots: the
+    float32 minimum), and each slot's span ``owner`` and span token ``slots`` (Hkv, C), -1
+    free."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    bias: torch.Tensor
+    owner: torch.Tensor
+    slots: torch.Tensor
+
+
+def read_memory(
+    memory: SpanMemory, policy: ZoomPolicy, layer: int, q: torch.Tensor, scaling: float
+) -> MemoryRead:
+    """Route queries ``q`` (Hkv, G, Tq, D) over ``memory``'s spans, bring the layer's pool to
+    the picks, and hand out the memory's entries for the call."""
+    zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
     pool = memory.zoom_pool(layer, zoom, policy.budget)
     if policy.ordered:
         pool_k, pool_v, pool_bias, owner, slots = pool.in_document_order(q.dtype, memory.placement)
@@ -209,24 +291,86 @@ def sekv_attention_forward(
     else:  # (Hkv, C, D) every slot in the model dtype; inactive ones absent
         k_mem, v_mem, bias = memory.pool_entries(layer, pool, q.dtype)
         owner, slots = pool.owner, pool.token
-    # a streamed chunk (no mass tracked) runs the fused kernel
-    out, mass = mixed_attention(
-        q, k_loc, v_loc, k_mem, v_mem, bias, scaling, with_mass=policy.track_mass
-    )
-    if mass is not None and not policy.ordered:  # a decoding step: one native call on the CPU
-        if policy.trace.add_step(layer, memory, mass, owner, slots, Hq, policy.attribute):
-            mass = None
-    if mass is not None:  # (Hkv, Tq, M)
-        P = owner.shape[1]
-        pool_mass = mass[:, :, -P:].sum(dim=1) / (Hq * Tq)  # (Hkv, P)
-        policy.trace.add_mass(owner, pool_mass, memory.n_spans)
-    if mass is not None and policy.attribute:
+    return MemoryRead(k_mem, v_mem, bias, owner, slots)
+
+
+def trace_attention(
+    memory: SpanMemory,
+    policy: ZoomPolicy,
+    layer: int,
+    read: MemoryRead,
+    mass: torch.Tensor,
+    q_heads: int,
+) -> None:
+    """Record in the policy's trace the attention ``mass`` (Hkv, Tq, F + C) the queries paid
+    the entries of ``read``: each zoomed span's share and (``policy.attribute``) what the
+    answer drew on."""
+    owner, slots = read.owner, read.slots
+    if not policy.ordered:  # a decoding step: one native call on the CPU
+        if policy.trace.add_step(layer, memory, mass, owner, slots, q_heads, policy.attribute):
+            return
+    Tq, P = mass.shape[1], owner.shape[1]
+    pool_mass = mass[:, :, -P:].sum(dim=1) / (q_heads * Tq)  # (Hkv, P)
+    policy.trace.add_mass(owner, pool_mass, memory.n_spans)
+    if policy.attribute:
         # the last query predicts the next answer token: what the answer drew on
         positions = torch.cat([memory.fixed_positions[layer], memory.token_positions(slots)], 1)
         policy.trace.add_answer(
-            layer, memory.num_layers, positions, mass[:, -1] / Hq, memory.context_len
+            layer, memory.num_layers, positions, mass[:, -1] / q_heads, memory.context_len
         )
-    return out.reshape(Hq, Tq, D).transpose(0, 1)[None].contiguous(), None
+
+
+def group_attention(
+    group: MemoryGroup,
+    layer: int,
+    q: torch.Tensor,
+    k_local: torch.Tensor,
+    v_local: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """Queries ``q`` (Hkv, G, Tq, D) over every memory of ``group`` and the local window
+    ``k_local``, ``v_local`` (Hkv, Tl, D) in ONE softmax: each memory routes and zooms by its
+    own policy, their entries are concatenated into one :func:`mixed_attention` call, and the
+    attention is split back so that each policy's trace records its own memory's share.
+    Returns the output (Hkv, G, Tq, D)."""
+    reads = [read_member(m, layer, q, scaling) for m in group.members]
+    with_mass = any(m.policy.track_mass for m in group.members)
+    out, mass = mixed_attention(
+        q,
+        k_local,
+        v_local,
+        torch.cat([r.keys for r in reads], dim=1),
+        torch.cat([r.values for r in reads], dim=1),
+        torch.cat([r.bias for r in reads], dim=1),
+        scaling,
+        with_mass=with_mass,
+    )
+    if mass is not None:  # (Hkv, Tq, sum of E): each memory's entries in turn
+        parts = mass.split([r.keys.shape[1] for r in reads], dim=2)
+        Hq = q.shape[0] * q.shape[1]
+        for member, read, part in zip(group.members, reads, parts, strict=True):
+            if member.policy.track_mass:
+                trace_attention(member.memory, member.policy, layer, read, part.contiguous(), Hq)
+    return out
+
+
+def read_member(member: GroupMember, layer: int, q: torch.Tensor, scaling: float) -> MemoryRead:
+    """:func:`read_memory` of a group's member: keys after its head shifted on by
+    ``member.shift`` (its routing sees the queries shifted back), its head's entries absent
+    unless it ``read_head``."""
+    memory, shift = member.memory, member.shift
+    if shift == 0 and member.read_head:
+        return read_memory(memory, member.policy, layer, q, scaling)
+    routed = memory.rope.shift(q, -shift) if shift else q
+    read = read_memory(memory, member.policy, layer, routed, scaling)
+    positions = torch.cat([memory.fixed_positions[layer], memory.token_positions(read.slots)], 1)
+    document = positions >= member.head  # (Hkv, E) entries after the template's head
+    keys, bias = read.keys, read.bias
+    if shift:
+        keys = torch.where(document[..., None], memory.rope.shift(keys, shift), keys)
+    if not member.read_head:
+        bias = bias.masked_fill(~document, ABSENT)
+    return MemoryRead(keys, read.values, bias, read.owner, read.slots)
 
 
 def route(
