@@ -12,8 +12,7 @@ The CLI (``sekv ask``, ``chat``, ``ingest``) is a thin layer over :class:`Librar
 A collection (a folder, or several files; :mod:`sekv_core.collection`) is kept in the
 collection index (:mod:`sekv_core.index`): opening it reads only the files that are new or
 changed. A question ranks the documents by words and meaning (:mod:`sekv_core.index.ranking`)
-and is answered from the best document and those that score near it (:data:`READ_TOGETHER`
-at most) read together in one softmax
+and is answered from the best :data:`READ_TOGETHER` read together in one softmax
 (:func:`sekv_core.together.ask_together`); a document's span store is built the first time a
 question is routed to it (``build_all``: when the library opens, as ``sekv ingest`` does) and
 kept for later questions, at most ``keep`` sessions at a time (the least recently used goes).
@@ -50,8 +49,7 @@ from .store.shelf import mark_used
 from .together import NotTogether, ask_together
 
 KEEP = 3  # routed documents whose sessions (and stores) stay loaded for later questions
-READ_TOGETHER = 3  # the most documents a collection's answer reads at once: ...
-TOGETHER_MARGIN = 0.1  # ... the best, and those that score within this of it
+READ_TOGETHER = 3  # the best documents a collection's answer reads at once
 ROUTED = 5  # documents an answer's routing lists
 
 
@@ -243,9 +241,8 @@ class Library:
 
     def sessions_for(self, question: str, ranking: list[Ranked] | None = None) -> list[Session]:
         """The sessions ``question`` is answered from, the best first: a collection's best
-        documents (read and their stores built if need be) for SeKV: the best, and those within
-        :data:`TOGETHER_MARGIN` of its score (:data:`READ_TOGETHER` at most); the best one for
-        the other methods."""
+        :data:`READ_TOGETHER` documents (read and their stores built if need be) for SeKV, the
+        best one for the other methods."""
         with self.lock:
             if self.joined is not None:
                 return [self.joined]
@@ -253,8 +250,7 @@ class Library:
                 return [self._session(0)]
             ranking = self.rank(question) if ranking is None else ranking
             count = READ_TOGETHER if self.stored else 1
-            near = [r for r in ranking[:count] if r.score >= ranking[0].score - TOGETHER_MARGIN]
-            chosen = [r.index for r in near] or [0]
+            chosen = [r.index for r in ranking[:count]] or [0]
             sessions = [self._session(i, self.progress) for i in chosen]
             while len(self.sessions) > max(self.keep, len(chosen)):  # least recently used
                 self.sessions.pop(next(i for i in self.sessions if i not in chosen))
