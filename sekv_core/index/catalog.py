@@ -446,20 +446,27 @@ class Catalog:
             self.db.execute("DELETE FROM wanted")
             self.db.executemany("INSERT INTO wanted VALUES (?)", [(c,) for c in wanted])
             rows = self.db.execute(
-                "SELECT p.id, p.content, p.start, p.end, p.page, p.embedding FROM passages p "
+                "SELECT p.id, p.content, p.start, p.end, p.page FROM passages p "
                 "JOIN wanted w ON w.content = p.content ORDER BY p.id"
             ).fetchall()
+            blobs = [
+                r[0]
+                for r in self.db.execute(
+                    "SELECT p.embedding FROM passages p "
+                    "JOIN wanted w ON w.content = p.content ORDER BY p.id"
+                )
+            ]
         n = len(rows)
-        ids = np.fromiter((r[0] for r in rows), np.int64, n)
-        owners = np.fromiter((r[1] for r in rows), np.int64, n)
-        chars = np.array([(r[2], r[3]) for r in rows], dtype=np.int64).reshape(n, 2)
-        pages = np.fromiter((r[4] for r in rows), np.int64, n)
-        blobs = [r[5] for r in rows]
+        table = np.array(rows, dtype=np.int64).reshape(n, 5)  # (P, 5): id, content, chars, page
+        ids, owners, chars, pages = table[:, 0], table[:, 1], table[:, 2:4], table[:, 4]
         dims = max((len(b) for b in blobs), default=0) // 2
-        vectors = np.zeros((n, dims), dtype=np.float16)
-        for k, blob in enumerate(blobs):
-            if len(blob) == 2 * dims:
-                vectors[k] = np.frombuffer(blob, dtype=np.float16)
+        if all(len(b) == 2 * dims for b in blobs):  # every passage embedded: one buffer
+            vectors = np.frombuffer(b"".join(blobs), dtype=np.float16).reshape(n, dims)
+        else:
+            vectors = np.zeros((n, dims), dtype=np.float16)
+            for k, blob in enumerate(blobs):
+                if len(blob) == 2 * dims:
+                    vectors[k] = np.frombuffer(blob, dtype=np.float16)
         return Passages(ids, owners, chars, pages, vectors)
 
     def word_scores(self, question: str, limit: int = 10_000) -> dict[int, float]:
