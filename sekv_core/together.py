@@ -156,8 +156,8 @@ def _decode(
 def _sources(sessions: Sequence[Session], answer: str) -> list[dict[str, Any]]:
     """Each document's sources (:meth:`Session.sources`, from its own answer attention) with
     its ``path``, merged: shares rescaled to all the documents' weight, best first, at most
-    ``MAX_SOURCES``; a document whose best source holds less than ``RELATIVE`` of the best
-    one's share is not cited."""
+    ``MAX_SOURCES``; a sentence holding less than ``RELATIVE`` of the best one's share is not
+    cited, whichever document holds it (one softmax: the rule one document's sources follow)."""
     found: list[list[dict[str, Any]]] = []
     weights: list[float] = []
     for s in sessions:
@@ -174,7 +174,7 @@ def _sources(sessions: Sequence[Session], answer: str) -> list[dict[str, Any]]:
         for row in rows:
             row["share"] = round(row["share"] * weight / total, 4)
     best = max(rows[0]["share"] for rows in found if rows)
-    merged = [row for rows in found if rows and rows[0]["share"] >= RELATIVE * best for row in rows]
+    merged = [row for rows in found for row in rows if row["share"] >= RELATIVE * best]
     merged.sort(key=lambda row: -row["share"])
     return merged[:MAX_SOURCES]
 
