@@ -7,7 +7,7 @@ DOC ?= sample_docs/handbook.pdf
 .PHONY: install demo test lint
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0            # CPU build; plain `torch` would pull CUDA
