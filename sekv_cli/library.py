@@ -72,8 +72,7 @@ def say_opened(library: Library, named: int) -> None:
     stores built now and found; how many skipped."""
     rows = library.documents()
     line = f"{len(rows)} document{'s' if len(rows) != 1 else ''}"
-    synced = getattr(library, "synced", None)
-    if synced is not None:
+    if (synced := library.synced) is not None:
         now = synced.read + synced.followed
         line += f" ({now} file{'s' if now != 1 else ''} indexed now, {synced.unchanged} unchanged)"
     stores = [r["store"] for r in rows if r["store"] is not None]

@@ -36,7 +36,7 @@ from .config import MAX_TOKENS, MethodSettings, check_question
 from .documents import Document, check_tokens, load_document
 from .engine import Answer, Session
 from .errors import SekvError
-from .index.catalog import Catalog, Indexed, SyncProgress
+from .index.catalog import Catalog, Indexed, Synced, SyncProgress
 from .index.embedder import load_embedder
 from .index.ranking import Finder, Ranked
 from .methods import METHODS, SeKV
@@ -162,6 +162,7 @@ class Library:
         self.joined: Session | None = None  # a collection's retrieve: one session over all
         self.answered: Session | None = None  # the session of the last answer (its first)
         self.index_s = 0.0  # seconds the collection index took to open and sync
+        self.synced: Synced | None = None  # what opening did to the index (a collection)
         if not self.collection:
             self.entries = self._read_alone(selection.documents[0], max_tokens, progress)
             self._session(0, progress)
