@@ -246,8 +246,8 @@ class Catalog:
             if st is None or row is None or row[:4] != _stamp(st):
                 todo.append(i)
         out = Synced(files=[])
-        results: dict[int, Indexed] = {}
-        gone = {p for p in known if p not in set(absolute)}
+        named_now = set(absolute)
+        gone = {p for p in known if p not in named_now}
         by_inode = {known[p][2:4]: p for p in gone}  # (dev, ino) of indexed files not named
         total = sum(stats[i].st_size for i in todo if stats[i] is not None)
         chars_done = 0
@@ -275,11 +275,12 @@ class Catalog:
         dropped = [p for p in gone if any(p.startswith(u) for u in under)]
         if dropped:
             out.dropped = self._drop(dropped)
-        rows = self._rows(absolute)
-        for i, (path, named) in enumerate(zip(absolute, files, strict=True)):
-            results[i] = rows.get(path) or Indexed(Path(named), None, error="not indexed")
-            results[i] = Indexed(Path(named), *_fields(results[i]))
-        out.files = [results[i] for i in range(len(files))]
+        rows = self._rows()
+        out.files = [
+            Indexed(Path(named), *rows[path]) if path in rows
+            else Indexed(Path(named), None, error="not indexed")
+            for path, named in zip(absolute, files, strict=True)
+        ]  # fmt: skip
         out.unchanged = len(files) - len(todo)
         return out
 
@@ -424,19 +425,16 @@ class Catalog:
 
     # -- reading -------------------------------------------------------------------------
 
-    def _rows(self, paths: list[str]) -> dict[str, Indexed]:
-        """The indexed rows of ``paths`` (absolute)."""
-        out = {}
+    def _rows(self) -> dict[str, tuple]:
+        """Every indexed file by absolute path: its :class:`Indexed` fields after the path."""
         query = (
             "SELECT f.path, f.content, c.sha256, c.chars, c.words, c.pages, f.error "
-            "FROM files f LEFT JOIN contents c ON c.id = f.content WHERE f.path=?"
+            "FROM files f LEFT JOIN contents c ON c.id = f.content"
         )
-        for path in paths:
-            row = self.db.execute(query, (path,)).fetchone()
-            if row is not None:
-                out[path] = Indexed(Path(row[0]), row[1], row[2] or "", row[3] or 0,
-                                    row[4] or 0, row[5] or 0, row[6] or "")  # fmt: skip
-        return out
+        return {
+            r[0]: (r[1], r[2] or "", r[3] or 0, r[4] or 0, r[5] or 0, r[6] or "")
+            for r in self.db.execute(query)
+        }
 
     def passages(self, contents: Sequence[int]) -> Passages:
         """Every passage of ``contents``: ids, owners, characters, pages and embeddings."""
@@ -585,7 +583,3 @@ def _unusable(path: Path, exc: sqlite3.Error) -> SekvError:
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
-
-
-def _fields(row: Indexed) -> tuple:
-    return (row.content, row.sha256, row.chars, row.words, row.pages, row.error)
