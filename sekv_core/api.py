@@ -159,6 +159,7 @@ class Library:
         self.sessions: OrderedDict[int, Session] = OrderedDict()  # least recently used first
         self.catalog: Catalog | None = None
         self.finder: Finder | None = None
+        self.ranked: tuple[str, list[Ranked]] | None = None  # the last question's ranking
         self.joined: Session | None = None  # a collection's retrieve: one session over all
         self.answered: Session | None = None  # the session of the last answer (its first)
         self.index_s = 0.0  # seconds the collection index took to open and sync
@@ -238,7 +239,10 @@ class Library:
             if self.finder is None:
                 files = [e.indexed for e in self.entries]
                 self.finder = Finder(self.catalog, files, load_embedder())
-            return self.finder.rank(question)
+                self.ranked = None
+            if self.ranked is None or self.ranked[0] != question:  # a chat ranks it twice
+                self.ranked = (question, self.finder.rank(question))  # (room, then ask)
+            return self.ranked[1]
 
     def sessions_for(self, question: str, ranking: list[Ranked] | None = None) -> list[Session]:
         """The sessions ``question`` is answered from, the best first: a collection's best
