@@ -243,3 +243,75 @@ def test_interrupted_ingests_and_leftovers_are_listed_and_removed(home):
     assert not partial.exists() and str(partial) in {
         e["path"] for e in json.loads(removed.stdout)["removed"]
     }
+
+
+def test_rm_of_a_file_from_another_folder_removes_that_file_stores_only(
+    tmp_path, tiny_model_dirs, sekv_home, monkeypatch
+):
+    """Two files of one name in two folders, each ingested by its relative path from its
+    folder: `rm NAME` removes the stores of the file NAME names from where it runs, never
+    the other's; a store an older sekv recorded under the relative path is matched by the
+    file's content only."""
+    model = tiny_model_dirs["llama"]
+    keys = {}
+    for folder, text in (
+        ("one", "Gate {i} opens at {i}:00."),
+        ("two", "Shelf {i} holds {i} jars."),
+    ):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "notes.md").write_text(" ".join(text.format(i=i) for i in range(30)))
+        monkeypatch.chdir(tmp_path / folder)
+        result = run("ingest", "notes.md", "--model", model)
+        assert result.exit_code == 0, result.output
+        keys[folder] = Path(json.loads(run("ingest", "notes.md", "--model", model, "--json")
+                                       .stdout)["store"]["path"]).name  # fmt: skip
+    recorded = {s["key"]: s["document"] for s in listed()}
+    assert recorded == {keys[f]: str(tmp_path / f / "notes.md") for f in keys}  # absolute
+    manifest = sekv_home / "stores" / keys["one"] / "manifest.json"
+    old = json.loads(manifest.read_text())
+    old["document"]["path"] = "notes.md"  # as an older sekv recorded it: relative
+    manifest.write_text(json.dumps(old))
+    result = run("stores", "rm", "notes.md", "--json")  # from folder two
+    assert result.exit_code == 0, result.output
+    assert [e["key"] for e in json.loads(result.stdout)["removed"]] == [keys["two"]]
+    assert [s["key"] for s in listed()] == [keys["one"]]
+    monkeypatch.chdir(tmp_path)
+    assert run("stores", "rm", "two/notes.md").exit_code == 1  # its store is gone already
+    result = run("stores", "rm", "one/notes.md", "--json")  # matched by content
+    assert result.exit_code == 0, result.output
+    assert [e["key"] for e in json.loads(result.stdout)["removed"]] == [keys["one"]]
+
+
+def test_rm_of_a_deleted_file_matches_its_absolute_path(home, built, monkeypatch):
+    _, docs, _ = built
+    key = by_kind(listed(), docs)["b"]["key"]
+    gone = home.parent / "gone" / "b.txt"  # where b's store says b was: deleted since
+    gone.parent.mkdir()
+    manifest = home / "stores" / key / "manifest.json"
+    recorded = json.loads(manifest.read_text())
+    recorded["document"]["path"] = str(gone)
+    manifest.write_text(json.dumps(recorded))
+    monkeypatch.chdir(gone.parent.parent)
+    assert run("stores", "rm", "b.txt").exit_code == 1  # here, b.txt names no store
+    result = run("stores", "rm", "gone/b.txt", "--json")
+    assert result.exit_code == 0, result.output
+    assert [e["key"] for e in json.loads(result.stdout)["removed"]] == [key]
+
+
+def test_an_ambiguous_key_prefix_is_an_error_that_removes_nothing(home, built):
+    _, docs, _ = built
+    key = by_kind(listed(), docs)["a"]["key"]
+    twin = home / "stores" / (key[:6] + "f" * (len(key) - 6))  # a key that shares 6 digits
+    shutil.copytree(home / "stores" / key, twin)
+    before = {s["key"] for s in listed()}
+    result = run("stores", "rm", key[:6])
+    assert result.exit_code == 1 and result.stderr.startswith("Error: ")
+    assert len(result.stderr.splitlines()) == 1
+    assert (
+        key in result.stderr
+        and twin.name in result.stderr
+        and "begins 2 store keys" in (result.stderr)
+    )
+    assert {s["key"] for s in listed()} == before
+    result = run("stores", "rm", key[:7])  # one store now
+    assert result.exit_code == 0 and [s["key"] for s in listed() if s["key"] == key] == []

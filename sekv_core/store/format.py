@@ -97,7 +97,7 @@ def store_manifest(
         },
         "settings": settings.to_dict(),
         "document": {
-            "path": str(document.path),
+            "path": os.path.abspath(document.path),  # `sekv stores rm FILE` matches it
             "sha256": document.sha256,
             "tokens": len(context) - context.doc_start,
             "pages": document.pages,

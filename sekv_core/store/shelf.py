@@ -42,7 +42,8 @@ class StoreEntry:
 
     path: Path
     kind: str  # "span", "blocks", or a work folder's "resumable" or "leftover"
-    document: str | None  # the document's path as ingested (a block store: its span store's)
+    document: str | None  # its absolute path at ingest (older stores: as given; a block
+    # store: its span store's)
     sha256: str | None  # the document's
     model: str | None
     tokens: int | None  # the document's
@@ -122,32 +123,49 @@ def list_stores(stores: Path | None = None) -> list[StoreEntry]:
 
 
 def match(entries: list[StoreEntry], target: str) -> list[StoreEntry]:
-    """The stores ``target`` names: a document (its path, as given or as ingested, or a file
-    with its content: the stores of every model and settings), a store's directory, or a
-    store key or key prefix. SekvError when none."""
+    """The stores ``target`` names: a store's directory or key; a file (its path resolved
+    against the working directory: the stores recorded for that path, and those of the file's
+    present content, for every model and settings); else a key prefix of one store.
+    SekvError when none, or when a prefix begins several keys (nothing is removed then)."""
     path = Path(target).expanduser()
     if path.is_dir() and path.resolve().parent == _resolved_parent(entries):
         named = [e for e in entries if e.key == path.name]
     else:
         named = [e for e in entries if e.key == target]
-        if not named and len(target) >= MIN_PREFIX:
-            named = [e for e in entries if e.key.startswith(target)]
     if not named:
-        shas = {e.sha256 for e in entries if e.document and _same_path(e.document, path)}
-        if path.is_file():
-            shas.add(_file_sha256(path))
-        shas.discard(None)  # a damaged manifest names no document
-        prefixes = {sha[:12] for sha in shas}
-        named = [  # a block store without its span store: named by the file it matched
-            e if e.document else _with_document(e, str(path))
-            for e in entries
-            if e.sha256 in shas or (e.is_work and _sha_prefix(e.key) in prefixes)
-        ]
+        named = _document_stores(entries, path)
+    if not named and len(target) >= MIN_PREFIX and not path.exists():
+        named = [e for e in entries if e.key.startswith(target)]
+        if len(named) > 1:
+            shown = ", ".join(f"{e.key} ({Path(e.document or '–').name})" for e in named[:5])
+            more = f" and {len(named) - 5} more" if len(named) > 5 else ""
+            raise SekvError(
+                f"'{target}' begins {len(named)} store keys: {shown}{more}; give more of the "
+                "key (`sekv stores list` shows them), or the document's path"
+            )
     if not named:
         raise SekvError(
             f"no store matches '{target}' (a document's path, or a key from `sekv stores list`)"
         )
     return named
+
+
+def _document_stores(entries: list[StoreEntry], path: Path) -> list[StoreEntry]:
+    """The stores of the file at ``path``: those recorded for its absolute path, and those of
+    its present content if it exists, with every store (and work folder) of those contents. A
+    store recorded by an older sekv under a relative path is matched by content only (the
+    directory it was relative to is unknown)."""
+    absolute = Path(os.path.abspath(path))
+    shas = {e.sha256 for e in entries if e.document and _same_path(e.document, absolute)}
+    if path.is_file():
+        shas.add(_file_sha256(path))
+    shas.discard(None)  # a damaged manifest names no document
+    prefixes = {sha[:12] for sha in shas if sha}
+    return [  # a block store without its span store: named by the file it matched
+        e if e.document else _with_document(e, str(absolute))
+        for e in entries
+        if e.sha256 in shas or (e.is_work and _sha_prefix(e.key) in prefixes)
+    ]
 
 
 def plan_prune(
@@ -294,12 +312,16 @@ def _resolved_parent(entries: list[StoreEntry]) -> Path:
     return (entries[0].path.parent if entries else shelf_dir()).resolve()
 
 
-def _same_path(ingested: str, path: Path) -> bool:
-    """Whether the document path a manifest records names ``path`` (as given, or resolved)."""
-    if ingested == str(path):
+def _same_path(recorded: str, absolute: Path) -> bool:
+    """Whether the document path a manifest records names the file at ``absolute``: the same
+    absolute path, or the same file through links. A relative path (an older sekv recorded
+    the path as given) names nothing here."""
+    if not os.path.isabs(recorded):
+        return False
+    if Path(recorded) == absolute:
         return True
     try:
-        return Path(ingested).resolve() == path.resolve()
+        return Path(recorded).resolve() == absolute.resolve()
     except OSError:
         return False
 
