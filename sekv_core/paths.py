@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from pathlib import Path
 
 from .errors import SekvError
@@ -42,3 +44,26 @@ def private_dir(path: Path) -> Path:
     if path.stat().st_mode & 0o077:
         path.chmod(0o700)
     return path
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk is full: an OSError ENOSPC (or EDQUOT), or safetensors'
+    own error, which carries the OS error only in its text."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "os error 28" in str(exc) or "No space left on device" in str(exc)
+
+
+def no_space_error(folder: Path, needed: int, what: str) -> SekvError:
+    """The error for a disk too full to write ``needed`` bytes into ``folder`` for ``what``
+    (``"to convert the default model"``): how much to free there."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = 0
+    short = max(needed - free, 1 << 20)
+    return SekvError(
+        f"no space left on {folder} {what}: free {short / 2**20:,.0f} MiB there (it needs "
+        f"about {needed / 2**20:,.0f} MiB, {free / 2**20:,.0f} MiB are free), or set SEKV_HOME "
+        "to a disk with room"
+    )

@@ -1,4 +1,7 @@
 import importlib.util
+import os
+import socket
+from pathlib import Path
 
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -127,3 +130,81 @@ def test_the_conversion_notice_is_a_plain_line_off_a_terminal(monkeypatch):
     monkeypatch.setattr(models, "load_model", load)
     assert common.load_model_quietly(None, 1) == "loaded"
     assert buffer.getvalue() == "Converting the default model for its first use…\n"
+
+
+def fake_default_model(tmp_path, tiny_model_dirs, monkeypatch):
+    """The default model's wheel as a stand-in GGUF file whose loading gives a tiny model."""
+    import transformers
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tiny = tiny_model_dirs["llama"]
+    tokenizer, model = AutoTokenizer.from_pretrained(tiny), LlamaForCausalLM.from_pretrained(tiny)
+    wheel = tmp_path / "wheel"
+    wheel.mkdir()
+    (wheel / models.DEFAULT_GGUF).write_bytes(b"GGUF" * 1000)
+    monkeypatch.setattr(models, "default_model_dir", lambda: wheel)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(28, "No space left on device"),
+        Exception("Error while serializing: I/O error: No space left on device (os error 28)"),
+    ],
+    ids=["oserror", "safetensors"],
+)
+def test_a_full_disk_while_converting_says_how_much_to_free_and_leaves_nothing(
+    failure, tmp_path, tiny_model_dirs, monkeypatch, sekv_home
+):
+    """The weights' write fails for want of space (an OSError, or safetensors' own error that
+    carries the OS error in its text): one error naming the folder and the space to free, not
+    a reinstall, and the half-written copy removed."""
+    import safetensors.torch
+
+    fake_default_model(tmp_path, tiny_model_dirs, monkeypatch)
+
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 4096)  # what was written before the disk filled
+        raise failure
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(SekvError) as info:
+        models.locate(None)
+    message = str(info.value)
+    assert message.startswith(f"no space left on {sekv_home / 'models'} to convert the default")
+    assert "free " in message and "MiB there" in message and "reinstall" not in message
+    assert list((sekv_home / "models").iterdir()) == []
+
+
+def test_too_little_free_space_is_said_before_the_copy_is_written(
+    tmp_path, tiny_model_dirs, monkeypatch, sekv_home
+):
+    import collections
+    import shutil
+
+    fake_default_model(tmp_path, tiny_model_dirs, monkeypatch)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 3 << 20))
+    with pytest.raises(SekvError, match=r"no space left on .*: free \d+ MiB there"):
+        models.locate(None)
+    assert list((sekv_home / "models").iterdir()) == []
+
+
+def test_a_killed_conversion_folder_goes_at_the_next(
+    tmp_path, tiny_model_dirs, monkeypatch, sekv_home
+):
+    """A conversion killed mid-write leaves its marked folder; the next conversion removes it
+    (its writer is gone) and one a live process writes is kept."""
+    import json
+
+    fake_default_model(tmp_path, tiny_model_dirs, monkeypatch)
+    dead, live = sekv_home / "models" / ".tmp-dead", sekv_home / "models" / ".tmp-live"
+    for folder, pid in ((dead, 2**22 + 12345), (live, os.getpid())):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"\0" * 1000)
+        (folder / ".writer").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+    source = models.locate(None)
+    assert (source.path / "model.safetensors").is_file() and not (source.path / ".writer").exists()
+    assert not dead.exists() and live.exists()

@@ -315,3 +315,29 @@ def test_an_ambiguous_key_prefix_is_an_error_that_removes_nothing(home, built):
     assert {s["key"] for s in listed()} == before
     result = run("stores", "rm", key[:7])  # one store now
     assert result.exit_code == 0 and [s["key"] for s in listed() if s["key"] == key] == []
+
+
+def test_a_dead_model_conversion_folder_is_a_leftover_prune_removes(home):
+    """A conversion of the default model killed mid-write (or by an older sekv, unmarked and
+    old) leaves a `.tmp-*` folder in $SEKV_HOME/models: listed as a leftover and pruned; one
+    a live process writes is neither."""
+    import os
+    import socket
+
+    models = home / "models"
+    dead, old, live = (models / f".tmp-SmolLM2-{n}" for n in ("dead", "old", "live"))
+    for folder, pid in ((dead, 2**22 + 12345), (old, None), (live, os.getpid())):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"\0" * 3000)
+        if pid is not None:
+            (folder / ".writer").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+    os.utime(old, (time.time() - DAY, time.time() - DAY))
+    (models / "SmolLM2-done").mkdir()  # a finished copy: not the shelf's
+    kinds = {s["path"]: s["kind"] for s in listed()}
+    assert kinds.get(str(dead)) == kinds.get(str(old)) == "leftover"
+    assert str(live) not in kinds and str(models / "SmolLM2-done") not in kinds
+    pruned = run("stores", "prune", "--json")
+    assert pruned.exit_code == 0, pruned.output
+    assert {e["path"] for e in json.loads(pruned.stdout)["removed"]} == {str(dead), str(old)}
+    assert not dead.exists() and not old.exists() and live.exists()
+    assert len(listed()) == 3  # the stores

@@ -3,7 +3,9 @@
 Every directory there is a store — a span store (:mod:`sekv_core.store.format`) or a
 block-baseline store (``blocks-*``) — or a work folder (:mod:`sekv_core.store.locks`): an
 interrupted streamed build a rerun resumes (``.partial-*``, kind ``resumable``) or what a dead
-writer left (kind ``leftover``); folders a live process works in are not listed. Manifests
+writer left (kind ``leftover``); so is a ``.tmp-*`` folder in ``$SEKV_HOME/models`` (a model
+conversion's, :func:`sekv_core.models.converted_default`). Folders a live process works in
+are not listed. Manifests
 are read as plain JSON (a damaged one is still listed, so it can be removed). A store's last
 use is its directory's mtime: set when it is built and each time it is loaded
 (:func:`mark_used`), never in the manifest (its digest covers it).
@@ -102,10 +104,7 @@ def mark_used(store: Path, when: float | None = None) -> None:
 def list_stores(stores: Path | None = None) -> list[StoreEntry]:
     """Every store in ``stores`` (default :func:`shelf_dir`), most recently used first."""
     stores = stores or shelf_dir()
-    try:
-        dirs = [p for p in stores.iterdir() if p.is_dir() and not p.is_symlink()]
-    except FileNotFoundError:
-        return []
+    dirs = _folders(stores) + [p for p in _folders(stores.parent / "models") if _converting(p)]
     found = [e for e in map(_entry, dirs) if e is not None]
     documents = {e.sha256: e.document for e in found if e.kind == "span" and e.document}
     by_prefix = {sha[:12]: doc for sha, doc in documents.items() if sha}
@@ -128,10 +127,9 @@ def match(entries: list[StoreEntry], target: str) -> list[StoreEntry]:
     present content, for every model and settings); else a key prefix of one store.
     SekvError when none, or when a prefix begins several keys (nothing is removed then)."""
     path = Path(target).expanduser()
-    if path.is_dir() and path.resolve().parent == _resolved_parent(entries):
-        named = [e for e in entries if e.key == path.name]
-    else:
-        named = [e for e in entries if e.key == target]
+    named = [e for e in entries if e.key == target]
+    if not named and path.is_dir():
+        named = [e for e in entries if e.path.resolve() == path.resolve()]
     if not named:
         named = _document_stores(entries, path)
     if not named and len(target) >= MIN_PREFIX and not path.exists():
@@ -253,6 +251,20 @@ def _discard(store: Path) -> bool:
     return True
 
 
+def _folders(parent: Path) -> list[Path]:
+    """The directories in ``parent`` (none if it is missing), links left out."""
+    try:
+        return [p for p in parent.iterdir() if p.is_dir() and not p.is_symlink()]
+    except FileNotFoundError:
+        return []
+
+
+def _converting(folder: Path) -> bool:
+    """Whether ``folder`` in ``$SEKV_HOME/models`` is a model conversion's (or unpacking's)
+    work folder: listed with the stores' (a dead writer's is a leftover `prune` removes)."""
+    return folder.name.startswith(".tmp-")
+
+
 def _sha_prefix(key: str) -> str:
     """The first 12 digits of the document's sha256 a (work folder's) key begins with."""
     for prefix in WORK_PREFIXES:
@@ -306,10 +318,6 @@ def _dict(manifest: dict[str, Any], key: str) -> dict[str, Any]:
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _resolved_parent(entries: list[StoreEntry]) -> Path:
-    return (entries[0].path.parent if entries else shelf_dir()).resolve()
 
 
 def _same_path(recorded: str, absolute: Path) -> bool:
