@@ -498,6 +498,16 @@ class Catalog:
             ).fetchone()
         return row[0] if row else ""
 
+    def passage_texts(self, passages: Sequence[int]) -> list[str]:
+        """Several passages' texts, in the order asked ("" for one the index lacks)."""
+        marks = ",".join("?" * len(passages))
+        with self.lock:
+            rows = self.db.execute(
+                f"SELECT rowid, text FROM passage_words WHERE rowid IN ({marks})", list(passages)
+            ).fetchall()
+        texts = dict(rows)
+        return [texts.get(p, "") for p in passages]
+
     def counts(self) -> dict[str, int]:
         """Files, contents and passages in the index; its bytes on disk (WAL included)."""
         with self.lock:
