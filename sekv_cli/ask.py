@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.text import Text
+from typer.core import TyperCommand
 
 from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
@@ -28,7 +29,7 @@ from .common import (
     print_json,
     stream_text,
     warn,
-    write_text_atomically,
+    write_output,
 )
 from .generation import (
     SEED_OPTION,
@@ -39,6 +40,22 @@ from .generation import (
 )
 from .library import PATHS_ARGUMENT, open_library
 from .render import print_sources, print_zoom
+from .terminal import one_line
+
+
+class AskCommand(TyperCommand):
+    """`sekv ask`, whose usage error for a missing question says so: with one argument the
+    parser takes it for the question and reports the documents missing."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        given = bool(args)
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as exc:
+            if getattr(exc.param, "name", None) != "paths":  # not a missing document
+                raise
+            what = "a question after the document" if given else "a document and a question"
+            ctx.fail(f'give {what}: sekv ask doc.md "What …?"')
 
 
 @handle_errors
@@ -106,8 +123,8 @@ def ask(
         session = library.answered
         documents = library.documents() if library.collection else None
         page = render_answer_html(result, session.document, session.context, question, documents)
-        write_text_atomically(html_out, page)
-        err.print(Text(f"wrote {html_out}"))
+        write_output(html_out, page)
+        err.print(Text(f"wrote {one_line(html_out)}"), soft_wrap=True)
     if json_out:
         print_json(library.to_json(result))
         return

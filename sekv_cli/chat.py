@@ -39,7 +39,8 @@ from .generation import (
 )
 from .library import PATHS_ARGUMENT, open_library
 from .render import print_sources, print_zoom
-from .terminal import printable
+from .terminal import one_line, printable
+from .words import how_many
 
 HELP = """Earlier questions and answers are read again before each new question;
 the oldest drop when they no longer fit the model's window.
@@ -82,11 +83,12 @@ def chat(
     show_zoom = False
     last = None  # the last answer
     rows = library.documents()
-    name = Path(rows[0]["path"]).name if len(rows) == 1 else f"{len(rows)} documents"
+    alone = len(rows) == 1
+    name = one_line(Path(rows[0]["path"]).name) if alone else how_many(len(rows), "document")
     size = (
-        f"{rows[0]['tokens']:,} tokens"
+        how_many(rows[0]["tokens"], "token")
         if len(rows) == 1 and rows[0]["tokens"] is not None
-        else f"{sum(r['words'] or 0 for r in rows):,} words"
+        else how_many(sum(r["words"] or 0 for r in rows), "word")
     )
     err.print(
         Text(name, style="bold")
@@ -123,7 +125,7 @@ def chat(
                 err.print(f"/budget applies to --method sekv only; {method} does not zoom")
             elif cmd == "/budget" and arg.strip().isdigit() and int(arg) > 0:
                 library.settings.budget = int(arg)  # every document's session reads it
-                err.print(f"budget {int(arg)} tokens")
+                err.print(f"budget {how_many(int(arg), 'token')}")
             else:
                 err.print(Text(f"unknown or malformed command {line!r}; /help lists them"))
             continue

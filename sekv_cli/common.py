@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -45,7 +46,9 @@ from .terminal import (
     OutputFailed,
     console,
     drop_output,
+    encodable,
     guarded_stdout,
+    one_line,
     printable,
 )
 
@@ -241,7 +244,24 @@ def prefill_progress(label: str) -> Iterator[Callable[..., None]]:
 
 
 def print_json(data: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """``data`` as indented JSON on stdout. A file name's bytes that are not UTF-8 (lone
+    surrogates in Python's string, which strict JSON readers refuse) are written as ``\\xe9``,
+    as the terminal shows them."""
+    text = json.dumps(data, indent=2, default=str)
+    if "\\ud" in text:  # perhaps a lone surrogate (or a pair: an emoji, left as it is)
+        text = json.dumps(_encodable(data), indent=2, default=lambda o: encodable(str(o)))
+    sys.stdout.write(text + "\n")
+
+
+def _encodable(data: Any) -> Any:
+    """``data`` with every string in it (keys too) as :func:`encodable` makes it."""
+    if isinstance(data, str):
+        return encodable(data)
+    if isinstance(data, dict):
+        return {_encodable(k): _encodable(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_encodable(v) for v in data]
+    return data
 
 
 def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKENS):
@@ -262,7 +282,7 @@ def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKE
     from sekv_core.store.ingest import open_or_build
 
     loaded = load_model_quietly(model, threads)
-    with prefill_progress(f"Ingesting {document.path.name}") as progress:
+    with prefill_progress(f"Ingesting {one_line(document.path.name)}") as progress:
         context = encode_context(
             loaded.tokenizer,
             chat_template(loaded.tokenizer),
@@ -298,7 +318,7 @@ def reading_notice(paths: Sequence[Path]) -> Iterator[None]:
                 size = f" ({path.stat().st_size / 2**20:,.1f} MiB)" if path.is_file() else ""
             except OSError:
                 size = ""
-            named.append(f"{path.name}{size}")
+            named.append(f"{one_line(path.name)}{size}")
         err.print(Text(f"Reading {', '.join(named)}…"), soft_wrap=True)
 
     timer = threading.Timer(READING_NOTICE_S, say)
@@ -389,7 +409,11 @@ def check_writable(path: Path, inputs: Sequence[Path] = ()) -> None:
             )
     if path.is_dir():
         raise SekvError(f"cannot write '{path}': it is a directory; pass a file name")
-    parent = path.parent
+    if written_as_stream(path):
+        if not os.access(path, os.W_OK):
+            raise SekvError(f"cannot write '{path}': permission denied")
+        return
+    parent = Path(os.path.realpath(path)).parent  # a link's file is written, the link kept
     if not parent.is_dir():
         raise SekvError(f"cannot write '{path}': no such directory '{parent}'")
     if not os.access(parent, os.W_OK):
@@ -412,17 +436,52 @@ def _document_inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
-def write_text_atomically(path: Path, content: str) -> None:
-    """Write ``content`` to ``path`` via a temporary sibling file and a rename; the file gets
-    the permissions the user's umask gives a new file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+def written_as_stream(path: Path) -> bool:
+    """Whether an output file ``path`` is written into as it is rather than replaced: it is
+    there and not a regular file (a device such as ``/dev/null``, a FIFO, a socket), or it
+    leads through links to an open file of a process in ``/proc`` (``/dev/stdout``:
+    the bytes must go to that descriptor, not to a new file of its name)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return True
+    except OSError:  # not there (or a dangling link): a new file
+        return False
+    hop = os.path.abspath(path)
+    for _ in range(40):  # the kernel's limit on links followed
+        if Path(os.path.realpath(os.path.dirname(hop))).is_relative_to("/proc"):
+            return True
+        if not os.path.islink(hop):
+            return False
+        hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
+    return False
+
+
+def write_output(path: Path, content: str) -> None:
+    """Write ``content`` to the output file ``path`` (UTF-8; a file name's bytes that are not
+    UTF-8 as ``\\xe9``). A regular file, or a new one, is written whole or not at all: via a
+    temporary sibling and a rename, with the permissions the user's umask gives a new file;
+    a link keeps pointing at it. A device, a FIFO or a process's open file
+    (:func:`written_as_stream`) is opened and written into, never replaced."""
+    data = encodable(content).encode("utf-8")
+    if written_as_stream(path):
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise SekvError(f"cannot write '{path}': {exc.strerror or exc}") from exc
+        return
+    target = Path(os.path.realpath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise SekvError(f"cannot write '{path}': {exc.strerror or exc}") from exc
     umask = os.umask(0)
     os.umask(umask)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise SekvError(f"cannot write '{path}': {exc.strerror or exc}") from exc

@@ -24,7 +24,7 @@ from sekv_core.prompt import Context
 from sekv_core.sources import WORD
 
 from .html_style import ANSWER_CSS, CSS, SCRIPT, ZOOM_SCALE
-from .words import human_bytes, zoom_words
+from .words import how_many, human_bytes, zoom_words
 
 
 def render_answer_html(
@@ -67,8 +67,8 @@ def _header(answer: Answer, name: str) -> str:
     facts = [
         answer.model,
         f"method {answer.method}",
-        f"{pages} page{'s' if pages != 1 else ''}",
-        f"{doc.get('tokens', 0):,} tokens",
+        how_many(pages, "page"),
+        how_many(doc.get("tokens", 0), "token"),
     ]
     return f'<h1>{escape(name)}</h1><div class="sub">{escape(" · ".join(facts))}</div>'
 
@@ -148,9 +148,10 @@ def _collection(answer: Answer, documents: list[dict[str, Any]]) -> str:
         )
     head = "<tr><th>document</th><th>words</th><th>pages</th><th>score</th><th>resident</th></tr>"
     return (
-        f'<section><h2>Documents</h2><p class="facts">{len(documents)} documents; the question '
-        "went to those whose best passage matches its meaning and words best (score: cosine "
-        "+ 0.1 × normalised BM25; why: which of the two ranked it among the first).</p>"
+        f'<section><h2>Documents</h2><p class="facts">{how_many(len(documents), "document")}; '
+        "the question went to those whose best passage matches its meaning and words best "
+        "(score: cosine + 0.1 × normalised BM25; why: which of the two ranked it among the "
+        "first).</p>"
         f"<table>{head}{''.join(out)}</table></section>"
     )
 

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from .html_style import CSS, SCALE, SCRIPT
-from .words import human_bytes
+from .words import how_many, human_bytes
 
 PLOT_W, PLOT_H = 1120, 230
 PAD_L, PAD_R, PAD_T, PAD_B = 44, 12, 14, 40
@@ -51,12 +51,16 @@ def _e(value: Any) -> str:
 def _cards(report: dict[str, Any]) -> str:
     doc, st, b, r = report["document"], report["stats"], report["bytes"], report["ratios"]
     sl = st["span_len"]
-    pages = f"{doc['pages']} page{'s' if doc['pages'] != 1 else ''}"
+    pages = how_many(doc["pages"], "page")
     fp32 = human_bytes(b["full_kv_fp32"])
     cards = [
         ("tokens", f"{doc['tokens']:,}", f"{pages} · +{doc['doc_start']} prompt head"),
         ("spans", f"{st['spans']:,}", f"length {sl['min']}–{sl['max']}, p50 {sl['p50']:g}"),
-        ("anchors", f"{st['anchors_pct']:g}%", f"{st['anchors']} tokens · {st['sinks']} sinks"),
+        (
+            "anchors",
+            f"{st['anchors_pct']:g}%",
+            f"{how_many(st['anchors'], 'token')} · {how_many(st['sinks'], 'sink')}",
+        ),
         ("threshold", f"{st['threshold_nats']:.2f}", "nats (μ + α·σ)"),
         (
             "code k / v",

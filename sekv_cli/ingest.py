@@ -23,8 +23,8 @@ from .common import (
     warn,
 )
 from .library import PATHS_ARGUMENT, open_library
-from .terminal import console
-from .words import human_bytes
+from .terminal import console, one_line
+from .words import how_many, human_bytes
 
 
 @handle_errors
@@ -86,11 +86,12 @@ def ingest(
     table = Table(show_header=False, box=None)
     mem = data["memory"]
     rows = [
-        ("document", str(document.path)),
-        ("store", f"{store.path} ({'cache hit' if hit else 'built'})"),
+        ("document", one_line(document.path)),
+        ("store", f"{one_line(store.path)} ({'cache hit' if hit else 'built'})"),
         (
             "tokens",
-            f"{len(context):,} ({m['document']['tokens']:,} document, {document.pages} pages)",
+            f"{len(context):,} ({m['document']['tokens']:,} document, "
+            f"{how_many(document.pages, 'page')})",
         ),
         (
             "spans",
@@ -154,7 +155,7 @@ def ingest_collection(
     for row in rows:
         store, mem = row["store"], row["memory"]
         table.add_row(
-            Text(row["path"]),  # paths are text, not markup
+            Text(one_line(row["path"])),  # paths are text, not markup
             f"{row['tokens']:,}",
             str(row["pages"]),
             "cache hit" if store["cache_hit"] else "built",
@@ -165,7 +166,8 @@ def ingest_collection(
     in_all = data["in_all"]
     console().print(
         Text(
-            f"{in_all['documents']} documents, {in_all['tokens']:,} tokens: resident "
+            f"{how_many(in_all['documents'], 'document')}, {how_many(in_all['tokens'], 'token')}: "
+            "resident "
             f"{human_bytes(in_all['resident_all_bytes'])} if every store were held at once "
             f"(an answer holds the stores it is routed to), full KV "
             f"{human_bytes(in_all['full_kv_bytes'])}; {data['timings']['total_s']:.1f} s"

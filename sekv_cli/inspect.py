@@ -20,12 +20,12 @@ from .common import (
     handle_errors,
     open_store,
     print_json,
-    write_text_atomically,
+    write_output,
 )
 from .html_report import render_html, scale_top
 from .html_style import INK, SCALE
-from .terminal import console
-from .words import human_bytes
+from .terminal import console, one_line
+from .words import how_many, human_bytes
 
 TEXT_LIMIT = 4000  # document tokens shown on the terminal; the table always lists every span
 SPAN_MARK = "│"
@@ -55,8 +55,8 @@ def inspect(
 
     report = build_report(store, document, loaded.tokenizer)
     if html_out is not None:
-        write_text_atomically(html_out, render_html(report))
-        err.print(Text(f"wrote {html_out}"), soft_wrap=True)
+        write_output(html_out, render_html(report))
+        err.print(Text(f"wrote {one_line(html_out)}"), soft_wrap=True)
     if json_out:
         print_json(report)
         return
@@ -71,16 +71,13 @@ def inspect(
 def _header(report: dict[str, Any]) -> Text:
     doc, st = report["document"], report["stats"]
     sl = st["span_len"]
-    return Text(doc["name"], style="bold") + Text(
-        f" · {report['model']} · {_n(doc['tokens'], 'token')}, "
-        f"{_n(doc['pages'], 'page')} · {_n(st['spans'], 'span')} "
-        f"(length p50 {sl['p50']:g}, {sl['min']}–{sl['max']}) · {_n(st['anchors'], 'anchor')} "
+    return Text(one_line(doc["name"]), style="bold") + Text(
+        f" · {report['model']} · {how_many(doc['tokens'], 'token')}, "
+        f"{how_many(doc['pages'], 'page')} · {how_many(st['spans'], 'span')} "
+        f"(length p50 {sl['p50']:g}, {sl['min']}–{sl['max']}) · "
+        f"{how_many(st['anchors'], 'anchor')} "
         f"({st['anchors_pct']:g}%) · threshold {st['threshold_nats']:.2f} nats"
     )
-
-
-def _n(count: int, word: str) -> str:
-    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def _text(report: dict[str, Any], plain: bool = False) -> Text:
@@ -115,7 +112,7 @@ def _text(report: dict[str, Any], plain: bool = False) -> Text:
         text.append(piece, style=style)
     if len(tokens) > TEXT_LIMIT:
         text.append(
-            f"\n… {len(tokens) - TEXT_LIMIT:,} more tokens (the table lists every span; "
+            f"\n… {how_many(len(tokens) - TEXT_LIMIT, 'more token')} (the table lists every span; "
             "--html OUT shows the whole text)",
             style="dim",
         )

@@ -2,28 +2,51 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import typer
 
-from .ask import ask
+from .ask import AskCommand, ask
 from .bench_answers import bench_app  # every bench command registered
 from .chat import chat
-from .common import HELP_SETTINGS
+from .common import HELP_SETTINGS, PIPE_CLOSED_EXIT
 from .help_format import flags_without_types, nothing_cut, sekv_version
 from .ingest import ingest
 from .inspect import inspect
 from .stores import stores_app
+from .terminal import OutputClosed, OutputFailed, drop_output, guarded_stdout
 from .train import train
+
+
+class Sekv(typer.Typer):
+    """The app, with standard output guarded around all it does: what is printed before a
+    command runs (``--help``, ``--version``) fails as a command's output does, one error line
+    for a full one, quietly (exit 141) for a closed pipe."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            with guarded_stdout():
+                return super().__call__(*args, **kwargs)
+        except OutputClosed:
+            drop_output()
+            sys.exit(PIPE_CLOSED_EXIT)
+        except OutputFailed as exc:
+            drop_output()
+            print(f"Error: cannot write to standard output: {exc.reason}", file=sys.stderr)
+            sys.exit(1)
+
 
 flags_without_types()
 nothing_cut()
-app = typer.Typer(
+app = Sekv(
     help="Ask questions about long documents with a local LLM and a resolution-adaptive KV cache.",
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion for the user's shell
     pretty_exceptions_enable=False,
     context_settings=HELP_SETTINGS,
 )
-app.command()(ask)
+app.command(cls=AskCommand)(ask)
 app.command()(ingest)
 app.command()(inspect)
 app.command()(chat)

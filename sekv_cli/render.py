@@ -12,8 +12,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from .terminal import console
-from .words import human_bytes, zoom_words
+from .terminal import console, one_line
+from .words import how_many, human_bytes, zoom_words
 
 if TYPE_CHECKING:
     from sekv_core.engine import Answer
@@ -36,7 +36,8 @@ def emphasised(text: str, words: list[str], style: str = "bold") -> Text:
 def source_line(n: int, source: dict[str, Any], with_file: bool = False) -> Text:
     """``[1] p. 5  "…quote…"`` with the words it shares with the answer in bold (``with_file``:
     ``[1] notes/a.pdf p. 5  "…"``, for a collection's answer)."""
-    where = f"{source['path']} p. {source['page']}" if with_file else f"p. {source['page']}"
+    page = f"p. {source['page']}"
+    where = f"{one_line(source['path'])} {page}" if with_file else page
     line = Text(f"[{n}] {where}  ", style="cyan")
     line.append('"')
     line.append_text(emphasised(source["text"], source.get("matched", [])))
@@ -68,8 +69,8 @@ def print_zoom(result: Answer, verbose: bool = False) -> None:
     elif result.routing:
         r, tokens = result.routing, result.document["tokens"]
         out.print(
-            f"zoom: at most {r['zoomed_tokens_max']:,} of the document's {tokens:,} tokens per "
-            f"layer and KV head, {r['router']} router"
+            f"zoom: at most {r['zoomed_tokens_max']:,} of the document's "
+            f"{how_many(tokens, 'token')} per layer and KV head, {r['router']} router"
         )
     mem = result.memory
     out.print(
@@ -92,7 +93,7 @@ def print_routed(
     out.print(Text(f"documents (* read for this answer; {len(read)} read together):"))
     for row in ranked:
         mark = "*" if row["path"] in read else " "
-        line = Text(f"{mark} {row['path']} ")
+        line = Text(f"{mark} {one_line(row['path'])} ")
         line.append(
             f"{row['score']:.2f} by {row['why']} (meaning {row['meaning']:.2f}, words "
             f"{row['words']:.2f}), p. {row['page']}: ",
@@ -125,14 +126,16 @@ def print_diagnostics(result: Answer) -> None:
                 line = Text(f"span {z['span']}: ", style="cyan", no_wrap=True, overflow="ellipsis")
                 out.print(line + Text(z.get("preview", "")), no_wrap=True, overflow="ellipsis")
         if len(result.zoom) > SHOWN:
-            out.print(Text(f"… and {len(result.zoom) - SHOWN} more zoomed spans (--json)", "dim"))
+            more = how_many(len(result.zoom) - SHOWN, "more zoomed span")
+            out.print(Text(f"… and {more} (--json)", "dim"))
     if result.routing:
         r = result.routing
         rule = "gate > 0" if r["margin"] is None else f"margin {r['margin']:g}"
         if r.get("neighbours"):
             rule += f", {r['neighbours']} neighbour(s) on each side"
         out.print(
-            f"routing: {r['router']} router, budget {r['budget']} tokens per layer and head, "
+            f"routing: {r['router']} router, budget {how_many(r['budget'], 'token')} per layer "
+            "and head, "
             f"{rule}; {r['reconstructions']:,} span reconstructions, zoom rate "
             f"{r['zoom_rate']:.1%}"
         )

@@ -13,8 +13,8 @@ from sekv_core.store import shelf
 from sekv_core.store.shelf import Removal, StoreEntry
 
 from .common import HELP_SETTINGS, JSON_OPTION, fail, handle_errors, print_json, warn
-from .terminal import console
-from .words import human_bytes
+from .terminal import console, one_line
+from .words import how_many, human_bytes
 
 stores_app = typer.Typer(
     help="List, remove and prune the stores documents were read into ($SEKV_HOME/stores).",
@@ -42,8 +42,9 @@ def list_(json_out: bool = JSON_OPTION) -> None:
     models = {e.model for e in entries if e.model}
     screen.print(store_table(entries, show_model=len(models) > 1))
     work = sum(e.is_work for e in entries)
-    more = f" and {work} interrupted or leftover work folder{'s' * (work != 1)}" if work else ""
-    line = f"{len(entries) - work} stores{more}, {human_bytes(total)}, in {shelf.shelf_dir()}"
+    more = f" and {how_many(work, 'interrupted or leftover work folder')}" if work else ""
+    stores = how_many(len(entries) - work, "store")
+    line = f"{stores}{more}, {human_bytes(total)}, in {one_line(shelf.shelf_dir())}"
     if len(models) == 1:
         line += f"; model {next(iter(models))}"
     screen.print(Text(line, style="dim"), soft_wrap=True)
@@ -65,12 +66,13 @@ def store_table(entries: list[StoreEntry], show_model: bool) -> Table:
     width = shown_key_length([e.key for e in entries])
     now = time.time()
     for e in entries:
-        name = Text(Path(e.document).name if e.document else "–", no_wrap=True, overflow="ellipsis")
+        shown = one_line(Path(e.document).name) if e.document else "–"
+        name = Text(shown, no_wrap=True, overflow="ellipsis")
         name.append(MARKS.get(e.kind, ""), style="dim")
-        model = [Text(e.model or "–", no_wrap=True, overflow="ellipsis")] if show_model else []
+        model = Text(one_line(e.model or "–"), no_wrap=True, overflow="ellipsis")
         table.add_row(
             name,
-            *model,
+            *([model] if show_model else []),
             Text("–" if e.tokens is None else f"{e.tokens:,}"),
             Text(human_bytes(e.bytes)),
             Text(ago(now - e.last_used)),
@@ -153,7 +155,7 @@ def report(done: Removal, json_out: bool, dry_run: bool = False) -> None:
             screen.print(Text("Nothing to remove."))
         elif done.removed:
             n = len(done.removed)
-            screen.print(Text(f"{verb} {n} store{'s' * (n != 1)}, {human_bytes(done.bytes)}."))
+            screen.print(Text(f"{verb} {how_many(n, 'store')}, {human_bytes(done.bytes)}."))
     for e in done.busy:
         warn(f"kept {e.key} ({describe(e)}): it is being built")
 
@@ -163,15 +165,15 @@ MARKS = {"blocks": " (blocks)", "resumable": " (interrupted ingest)", "leftover"
 
 def describe(e: StoreEntry) -> str:
     if e.is_work:
-        return MARKS[e.kind].strip(" ()") + (f" of {e.document}" if e.document else "")
-    return f"{e.document or 'unknown document'}, {e.model or 'unknown model'}"
+        return MARKS[e.kind].strip(" ()") + (f" of {one_line(e.document)}" if e.document else "")
+    return f"{one_line(e.document or 'unknown document')}, {one_line(e.model or 'unknown model')}"
 
 
 def ago(seconds: float) -> str:
     """``seconds`` as a rough age: ``just now``, ``5 min ago``, ``3 h ago``, ``12 days ago``."""
     days = int(seconds // 86400)
     if days:
-        return f"{days} day{'s' * (days != 1)} ago"
+        return f"{how_many(days, 'day')} ago"
     for unit, size in (("h", 3600), ("min", 60)):
         if seconds >= size:
             return f"{seconds // size:.0f} {unit} ago"

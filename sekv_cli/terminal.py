@@ -20,21 +20,39 @@ from typing import Any, TextIO
 from rich.console import Console, ConsoleOptions, RenderableType, RenderHook, RenderResult
 from rich.segment import Segment
 
-# C0 controls but tab and newline, DEL, C1 controls, and the bidirectional overrides and
-# isolates (they reorder the text shown around them)
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# C0 controls but tab and newline, DEL, C1 controls, the bidirectional overrides and
+# isolates (they reorder the text shown around them), and lone surrogates (what a file name's
+# bytes that are not UTF-8 decode to, os.fsdecode: no UTF-8 output can hold them)
+SURROGATE = "\ud800-\udfff"
+CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069{SURROGATE}]")
 CONTROL_OR_NEWLINE = re.compile(f"[\n{CONTROL.pattern[1:-1]}]")
+SURROGATES = re.compile(f"[{SURROGATE}]")
 
 
 def _escaped(match: re.Match[str]) -> str:
     code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte os.fsdecode could not decode: the byte itself
+        return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: str, newlines: bool = True) -> str:
     """``text`` with its control characters shown as escapes (``\\x1b``); tabs stay, and
-    newlines unless ``newlines`` is false (then ``\\x0a``: one line whatever the text)."""
+    newlines unless ``newlines`` is false (then ``\\x0a``: one line whatever the text). A
+    file name's bytes that are not UTF-8 show as ``\\xe9``."""
     return (CONTROL if newlines else CONTROL_OR_NEWLINE).sub(_escaped, text)
+
+
+def one_line(name: object) -> str:
+    """A file name, path or other name as :func:`printable` shows it on one line (a newline in
+    it as ``\\x0a``): a listing keeps one line per entry whatever the names hold."""
+    return printable(str(name), newlines=False)
+
+
+def encodable(text: str) -> str:
+    """``text`` that UTF-8 can hold: a file name's bytes that are not UTF-8 shown as
+    ``\\xe9`` (as :func:`printable` shows them), everything else as it is."""
+    return SURROGATES.sub(_escaped, text)
 
 
 class Escaped:

@@ -8,6 +8,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
+from sekv_core.errors import SekvError
 from sekv_core.threads import resolve_threads
 
 from .common import (
@@ -63,6 +64,10 @@ def train(
 
     if out is None:  # the router goes under $SEKV_HOME/routers: checked before the slow part
         check_home()
+    elif out.exists() and not out.is_file():  # a device, a FIFO, a folder: never replaced
+        raise SekvError(
+            f"cannot write a router to '{out}': it is not a regular file; pass a file name"
+        )
     loaded = load_model_quietly(model, resolve_threads(threads))
     out = out or user_router_path(loaded.model_id, loaded.fingerprint)
     settings = TrainSettings(

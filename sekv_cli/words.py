@@ -6,6 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 
+def how_many(n: int, noun: str) -> str:
+    """``1 store``, ``2 stores``, ``1,234 tokens``: a count with its noun, singular for one
+    (the plural adds an s: every noun counted here takes one)."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def ordinal(n: int) -> str:
     """1st, 2nd, 3rd, 4th, …, 11th, 12th, 13th, 21st."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
@@ -26,7 +32,7 @@ def zoom_words(facts: dict[str, Any]) -> str:
     choice of 4; zoomed in 21 of 30 layers while answering". A book's passage: "read as a
     passage: 2nd of 12,000 spans by the question's words and its attention beyond a neutral
     question's; …"."""
-    rank = f"{ordinal(facts['rank'])} of {facts['spans']:,} spans"
+    rank = f"{ordinal(facts['rank'])} of {how_many(facts['spans'], 'span')}"
     if facts["ranked_by"] == "question":
         why = (
             f"read as a passage: {rank} by the question's words and its attention beyond a "
@@ -35,7 +41,9 @@ def zoom_words(facts: dict[str, Any]) -> str:
     else:
         first = facts["first_choice"]
         why = (
-            f"picked for the question by {facts['question_heads']} of {facts['heads']} "
-            f"layer-heads ({rank})" + (f", the first choice of {first}" if first else "")
+            f"picked for the question by {facts['question_heads']} of "
+            f"{how_many(facts['heads'], 'layer-head')} ({rank})"
+            + (f", the first choice of {first}" if first else "")
         )
-    return f"{why}; zoomed in {facts['layers_zoomed']} of {facts['layers']} layers while answering"
+    layers = how_many(facts["layers"], "layer")
+    return f"{why}; zoomed in {facts['layers_zoomed']} of {layers} while answering"

@@ -10,16 +10,19 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import typer
+from rich.cells import cell_len
 from rich.text import Text
+from test_documents import deadline
 from typer.testing import CliRunner
 
 import sekv_cli.common as common
 from sekv_cli.main import app
-from sekv_cli.render import zoom_table
+from sekv_cli.render import source_line, zoom_table
 from sekv_cli.terminal import console, printable
 
 runner = CliRunner()
@@ -86,6 +89,86 @@ def test_train_out_over_a_file_that_is_no_router_writes_nothing(doc, tiny_model_
     assert doc.read_bytes() == before
 
 
+def html_targets(tmp_path: Path, pipe_fd: int) -> dict[str, Path]:
+    """Output files that are no regular file (a link to /dev/null, a FIFO, a link to an open
+    pipe's descriptor in /proc) and a link to a regular file."""
+    targets = {
+        "device": tmp_path / "null.html",
+        "fifo": tmp_path / "fifo.html",
+        "proc": tmp_path / "pipe.html",
+        "link": tmp_path / "link.html",
+    }
+    targets["device"].symlink_to(os.devnull)
+    os.mkfifo(targets["fifo"])
+    targets["proc"].symlink_to(f"/proc/self/fd/{pipe_fd}")
+    (tmp_path / "page.html").write_text("an older page")
+    targets["link"].symlink_to(tmp_path / "page.html")
+    return targets
+
+
+def read_all(source: Path | int, into: list[bytes]) -> threading.Thread:
+    """A thread that reads ``source`` (a FIFO's path, or a descriptor) to its end."""
+
+    def drain() -> None:
+        fd = os.open(source, os.O_RDONLY) if isinstance(source, Path) else source
+        while chunk := os.read(fd, 1 << 16):
+            into.append(chunk)
+        os.close(fd)
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs FIFOs and /proc")
+@pytest.mark.parametrize("command", ["ask", "inspect"])
+def test_html_onto_a_device_fifo_or_proc_link_is_written_into_never_replaced(
+    command, doc, tmp_path, tiny_model_dirs
+):
+    args = [doc, "Who?", "--max-new-tokens", "2"] if command == "ask" else [doc]
+    read, write = os.pipe()
+    targets = html_targets(tmp_path, write)
+    kinds = {name: os.lstat(out).st_mode for name, out in targets.items()}
+    fifo, pipe = [], []
+    readers = [read_all(targets["fifo"], fifo), read_all(read, pipe)]
+    for name, out in targets.items():
+        with deadline(60):
+            result = run(command, *args, "--model", tiny_model_dirs["llama"], "--html", out)
+        assert result.exit_code == 0, (name, result.output)
+        assert os.lstat(out).st_mode == kinds[name], f"{name}: replaced"
+    os.close(write)
+    for thread in readers:
+        thread.join(10)
+    for name, received in (("fifo", fifo), ("proc", pipe)):
+        assert b"".join(received).startswith(b"<!doctype html>"), name
+    assert (tmp_path / "page.html").read_text().startswith("<!doctype html>")  # the link kept
+    assert Path(os.devnull).is_char_device()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_html_onto_a_full_device_is_one_error(doc, tmp_path, tiny_model_dirs):
+    full = tmp_path / "full.html"
+    full.symlink_to("/dev/full")
+    result = run("inspect", doc, "--model", tiny_model_dirs["llama"], "--html", full)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"Error: cannot write '{full}': No space left on device"
+    assert full.is_symlink() and Path("/dev/full").is_char_device()
+
+
+def test_train_out_onto_a_device_is_refused_before_the_model_loads(doc, monkeypatch):
+    import sekv_cli.train as train
+
+    monkeypatch.setattr(train, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
+    out = doc.with_name("router.safetensors")
+    out.symlink_to(os.devnull)
+    line = one_error_line(run("train", "--steps", "1", "--out", out))
+    assert line == f"Error: cannot write a router to '{out}': it is not a regular file; " + (
+        "pass a file name"
+    )
+    assert out.is_symlink()
+
+
 # --- 2. a document's control characters never reach the terminal raw ---
 
 
@@ -114,6 +197,30 @@ def test_streamed_answer_text_is_escaped(capsys):
 def test_an_error_naming_a_file_is_one_escaped_line(tmp_path, no_model):
     line = one_error_line(run("ask", tmp_path / "a\x1b[2Jb\nc.md", "q"))
     assert "a\\x1b[2Jb\\x0ac.md" in line
+
+
+def test_a_file_name_that_is_not_utf8_shows_its_bytes_escaped(tmp_path, tiny_model_dirs):
+    raw = os.path.join(os.fsencode(tmp_path), b"r\xe9port.md")
+    try:
+        with open(raw, "w") as f:
+            f.write("# Station\n\nThe station dog is called Biscuit.\n")
+    except OSError:
+        pytest.skip("this file system takes UTF-8 names only")
+    doc, page = Path(os.fsdecode(raw)), tmp_path / "page.html"
+    shown = str(tmp_path / "r\\xe9port.md")
+    model = ["--model", tiny_model_dirs["llama"]]
+    for args in (
+        ["ask", doc, "Who?", *model, "--max-new-tokens", "2", "--html", page, "--json"],
+        ["inspect", doc, *model, "--html", page, "--json"],
+    ):
+        result = run(*args)
+        assert result.exit_code == 0, result.output
+        assert "\\ud" not in result.stdout  # strict JSON readers refuse a lone surrogate
+        data = json.loads(result.stdout)
+        assert shown in (data["document"].get("path"), data["document"].get("name"))
+        assert "r\\xe9port.md" in page.read_text(encoding="utf-8")
+    result = run("ingest", doc, *model)
+    assert result.exit_code == 0 and shown in result.stdout, result.output
 
 
 @pytest.fixture
@@ -211,6 +318,17 @@ def test_dev_full_and_a_closed_pipe_as_processes(sekv_home):
     assert proc.returncode == 141 and proc.stderr == ""
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_help_and_version_onto_a_full_stdout_are_one_error(sekv_home):
+    with open("/dev/full", "w") as full:
+        for args in (["--help"], ["--version"], ["ask", "--help"]):
+            proc = sekv(args, full, sekv_home)
+            assert proc.returncode == 1, proc.stderr
+            assert proc.stderr == (
+                "Error: cannot write to standard output: No space left on device\n"
+            )
+
+
 # --- 12. readable at 80 columns ---
 
 
@@ -262,6 +380,30 @@ def test_stores_list_is_one_line_per_store_at_80_columns(doc, tiny_model_dirs, s
     for key in keys:  # the key shown is a prefix `stores rm` takes
         shown = next(line.split()[-1] for line in lines[1:-1] if key.startswith(line.split()[-1]))
         assert len(shown) >= 16
+
+
+def test_stores_list_keeps_one_line_per_store_for_newlines_and_wide_names(
+    tmp_path, tiny_model_dirs, sekv_home
+):
+    names = ["two\nlines.md", "東京の灯台の記録.md"]
+    for n, name in enumerate(names):
+        path = tmp_path / name
+        path.write_text(f"The station dog is called Biscuit {n}.")
+        assert run("ingest", path, "--model", tiny_model_dirs["llama"]).exit_code == 0
+    result = run("stores", "list", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 + len(names) + 1  # header, one line per store, total
+    assert any("two\\x0alines.md" in line for line in lines)
+    assert len({cell_len(line) for line in lines[:-1]}) == 1  # columns line up on screen
+    assert lines[-1].startswith("2 stores, ")
+
+
+def test_a_source_line_is_one_line_whatever_its_file_name():
+    buffer = io.StringIO()
+    source = {"path": "/notes/two\nlines.md", "page": 3, "text": "The dog is Biscuit."}
+    console(file=buffer, width=200).print(source_line(1, source, with_file=True))
+    assert buffer.getvalue() == '[1] /notes/two\\x0alines.md p. 3  "The dog is Biscuit."\n'
 
 
 # --- 7. a long document: progress from the first second, in plain lines off a terminal ---
