@@ -41,7 +41,7 @@ def bench_index(
     table to ``out/results.md``."""
     folder = out / "collection"
     planted = write_collection(tokenizer, folder, documents, tokens, facts)
-    files, _ = document_files([folder])
+    files = document_files([folder]).files
     counts = {
         f: len(tokenizer(f.read_text(), add_special_tokens=False)["input_ids"]) for f in files
     }
@@ -58,7 +58,7 @@ def bench_index(
         build_s = time.perf_counter() - start
 
         start = time.perf_counter()  # a later run: walk, stat, nothing read
-        again_files, _ = document_files([folder])
+        again_files = document_files([folder]).files
         catalog = Catalog(index)
         synced = catalog.sync(again_files[:size])
         open_s = time.perf_counter() - start

@@ -15,7 +15,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from sekv_core.collection import select_documents
+from sekv_core.collection import left_out_phrase, select_documents
 from sekv_core.config import MAX_TOKENS, MethodSettings, check_question
 
 from . import common
@@ -69,7 +69,7 @@ def open_library(
 
 def say_opened(library: Library, named: int) -> None:
     """One stderr line: documents, how many the collection index read now (new or changed),
-    stores built now and found; how many skipped."""
+    stores built now and found; how many skipped; what the folders' walk left out."""
     rows = library.documents()
     line = f"{len(rows)} document{'s' if len(rows) != 1 else ''}"
     if (synced := library.synced) is not None:
@@ -82,6 +82,8 @@ def say_opened(library: Library, named: int) -> None:
         line += f"; stores: {built} read now, {len(stores) - built} found ({tokens:,} tokens)"
     if library.skipped:
         line += f"; {len(library.skipped)} of {named} skipped (unreadable, see above)"
+    if passed := left_out_phrase(library.left_out):  # hidden files, $SEKV_HOME
+        line += f"; {passed} skipped"
     common.err.print(Text(line), soft_wrap=True)
 
 

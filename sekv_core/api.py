@@ -150,6 +150,7 @@ class Library:
         self.settings = settings or MethodSettings()
         self.collection = selection.collection
         self.skipped: list[Skipped] = list(selection.skipped)
+        self.left_out = selection.left_out  # what the folders' walk passed over, unread
         self.keep = max(1, keep)
         self.max_tokens = max_tokens
         self.progress = progress

@@ -1,9 +1,10 @@
 """A selection of documents: the files and folders a user names, read.
 
 A folder is walked recursively for .pdf, .txt and .md files, in name order. Hidden entries
-(names starting with ``.``) are left out; a folder reached twice (a symlink loop, or two links
-to one folder) is walked once; a file reached twice (named and inside a named folder, hard or
-symbolic links) is read once. FIFOs, devices and sockets are never opened.
+(names starting with ``.``) and sekv's own data folder (``$SEKV_HOME``, when a folder holds
+it) are left out, and counted (:class:`LeftOut`); a folder reached twice (a symlink loop, or
+two links to one folder) is walked once; a file reached twice (named and inside a named folder,
+hard or symbolic links) is read once. FIFOs, devices and sockets are never opened.
 
 A file named alone is read as it always was: a document that cannot be read is an error. In a
 collection (a folder, or several paths) such a document is one warning and skipped; the
@@ -23,6 +24,7 @@ from pathlib import Path
 from .config import MAX_TOKENS
 from .documents import SUPPORTED_SUFFIXES, Document, load_document
 from .errors import SekvError
+from .paths import home_path
 
 
 @dataclass(frozen=True)
@@ -37,18 +39,50 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """What the folders walked hold that was passed over unread: hidden entries (a name
+    starting with ``.``: files of a document's kind, and folders) and ``home``, sekv's own data
+    folder (``$SEKV_HOME``: stores, models) where a folder named holds it."""
+
+    hidden_files: tuple[Path, ...] = ()
+    hidden_folders: tuple[Path, ...] = ()
+    home: Path | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.hidden_files or self.hidden_folders) or self.home is not None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "hidden_files": [str(p) for p in self.hidden_files],
+            "hidden_folders": [str(p) for p in self.hidden_folders],
+            "home": None if self.home is None else str(self.home),
+        }
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The files a collection's paths name, in order, each once; those of a document's kind
+    that cannot be documents (``skipped``); what the walk passed over (``left_out``)."""
+
+    files: list[Path]
+    skipped: list[Skipped]
+    left_out: LeftOut = LeftOut()
+
+
+@dataclass(frozen=True)
 class Selection:
     """What ``paths`` name. One file named alone (``collection`` False): ``documents`` holds it,
     read. A collection (a folder or several paths): ``files``, in order, not read here (the
     collection index reads a file only when it is new or changed: :mod:`sekv_core.index`),
     ``folders`` the folders named (their indexed files that are gone are dropped), and the
-    entries ``skipped`` as not documents at all."""
+    entries ``skipped`` as not documents at all, and what the walk ``left_out``."""
 
     documents: list[Document]
     skipped: list[Skipped]
     collection: bool
     files: list[Path] = field(default_factory=list)
     folders: list[Path] = field(default_factory=list)
+    left_out: LeftOut = LeftOut()
 
 
 def is_collection(paths: Sequence[str | Path]) -> bool:
@@ -71,8 +105,8 @@ def select_documents(
         raise SekvError("no documents named; pass a file, several files or a folder")
     if not is_collection(paths):
         return Selection([load_document(paths[0], max_tokens)], [], collection=False)
-    files, skipped = document_files(paths)
-    skipped.sort(key=lambda s: str(s.path))
+    listing = document_files(paths)
+    files, skipped = listing.files, sorted(listing.skipped, key=lambda s: str(s.path))
     if warn:
         for s in skipped:
             warn(f"skipped: {s.reason}")
@@ -81,21 +115,43 @@ def select_documents(
         if skipped:
             raise SekvError(f"none of the {len(skipped)} documents in {named} could be read")
         where = "that directory" if len(paths) == 1 else "those directories"
-        raise SekvError(f"no documents in {named}: no .pdf, .txt or .md file in {where}")
+        passed = left_out_phrase(listing.left_out)
+        passed = f" ({passed} skipped)" if passed else ""
+        raise SekvError(f"no documents in {named}: no .pdf, .txt or .md file in {where}{passed}")
     folders = [Path(p) for p in paths if Path(p).is_dir()]
-    return Selection([], skipped, collection=True, files=files, folders=folders)
+    return Selection([], skipped, True, files, folders, listing.left_out)
 
 
-def document_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[Skipped]]:
-    """The files a collection's ``paths`` name, each once, and those that cannot be documents.
+def left_out_phrase(left_out: LeftOut) -> str:
+    """``left_out`` in words: ``3 hidden files and $SEKV_HOME``, ``1 hidden file, 2 hidden
+    folders and $SEKV_HOME`` ("" if nothing)."""
+    parts = [
+        f"{n} hidden {kind}{'s' * (n != 1)}"
+        for n, kind in (
+            (len(left_out.hidden_files), "file"),
+            (len(left_out.hidden_folders), "folder"),
+        )
+        if n
+    ]
+    if left_out.home is not None:
+        parts.append("$SEKV_HOME")
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
+def document_files(paths: Sequence[str | Path]) -> Listing:
+    """The files a collection's ``paths`` name, each once, those that cannot be documents, and
+    what the folders' walk left out.
 
     A path named is taken whatever its suffix (reading it says what is wrong); inside a folder
     only supported suffixes count, and one of them that is not a regular file is skipped.
     """
     files: list[Path] = []
     skipped: list[Skipped] = []
+    hidden: tuple[list[Path], list[Path]] = ([], [])  # files, folders
     seen_files: set[tuple[int, int]] = set()
     seen_dirs: set[tuple[int, int]] = set()
+    home = _home()
+    home_met: list[Path] = []
 
     def add(path: Path, st: os.stat_result) -> None:
         key = (st.st_dev, st.st_ino)
@@ -109,11 +165,32 @@ def document_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[Skippe
         except OSError:
             files.append(named)  # missing or a dangling link: reading it says which
             continue
-        if stat.S_ISDIR(st.st_mode):
-            _walk(named, seen_dirs, add, skipped)
-        else:
+        if not stat.S_ISDIR(st.st_mode):
             add(named, st)
-    return files, skipped
+        elif home is not None and _inside(named, home[0]):
+            home_met.append(named)
+        else:
+            _walk(named, seen_dirs, add, skipped, hidden, home, home_met)
+    left_out = LeftOut(*map(tuple, hidden), home_met[0] if home_met else None)
+    return Listing(files, skipped, left_out)
+
+
+def _home() -> tuple[Path, tuple[int, int]] | None:
+    """``$SEKV_HOME`` resolved, with its (device, inode); None if it does not exist."""
+    try:
+        home = home_path().resolve()
+        st = os.stat(home)
+    except OSError:
+        return None
+    return home, (st.st_dev, st.st_ino)
+
+
+def _inside(folder: Path, home: Path) -> bool:
+    """Whether ``folder`` is ``home`` or lies under it."""
+    try:
+        return folder.resolve().is_relative_to(home)
+    except OSError:
+        return False
 
 
 def _walk(
@@ -121,14 +198,21 @@ def _walk(
     seen: set[tuple[int, int]],
     add: Callable[[Path, os.stat_result], None],
     skipped: list[Skipped],
+    hidden: tuple[list[Path], list[Path]],
+    home: tuple[Path, tuple[int, int]] | None,
+    home_met: list[Path],
 ) -> None:
     """Depth first, in name order: the supported files under ``root`` to ``add``, folders
-    already ``seen`` (by device and inode) not walked again."""
+    already ``seen`` (by device and inode) not walked again; hidden files of a document's kind
+    and hidden folders to ``hidden``, ``$SEKV_HOME`` (``home``) to ``home_met``, unwalked."""
     stack = [root]
     while stack:
         folder = stack.pop()
         try:
             st = os.stat(folder)
+            if home is not None and (st.st_dev, st.st_ino) == home[1]:
+                home_met.append(folder)
+                continue
             if (st.st_dev, st.st_ino) in seen:
                 continue
             seen.add((st.st_dev, st.st_ino))
@@ -139,10 +223,14 @@ def _walk(
             continue
         folders = []
         for entry in entries:
-            if entry.name.startswith("."):
-                continue
             path = Path(entry.path)
             supported = path.suffix.lower() in SUPPORTED_SUFFIXES
+            if entry.name.startswith("."):
+                if _is_dir(entry):
+                    hidden[1].append(path)
+                elif supported:
+                    hidden[0].append(path)
+                continue
             try:
                 st = os.stat(path)  # through links: a loop or a dangling one raises
             except OSError as exc:
@@ -156,6 +244,13 @@ def _walk(
             elif supported:
                 skipped.append(Skipped(path, f"cannot read '{path}': not a regular file"))
         stack.extend(reversed(folders))  # the first folder by name is walked first
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def joined_document(documents: Sequence[Document]) -> Document:

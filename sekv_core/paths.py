@@ -11,9 +11,15 @@ from pathlib import Path
 from .errors import SekvError
 
 
+def home_path() -> Path:
+    """Where the user-data directory is (``$SEKV_HOME``, default ``~/.cache/sekv``); not
+    created here."""
+    return Path(os.environ.get("SEKV_HOME") or Path.home() / ".cache" / "sekv").expanduser()
+
+
 def sekv_home() -> Path:
     """The user-data directory; created on first use."""
-    home = Path(os.environ.get("SEKV_HOME") or Path.home() / ".cache" / "sekv").expanduser()
+    home = home_path()
     try:
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -140,3 +140,24 @@ def test_an_empty_or_unreadable_selection_is_an_error(tmp_path, model):
     assert result.stderr.splitlines()[-1] == "Error: none of the 1 documents in " + (
         f"'{tmp_path / 'bad'}' could be read"
     )
+
+
+def test_a_folder_that_holds_sekv_home_reads_only_the_documents(docs, model, monkeypatch):
+    """$SEKV_HOME inside the folder asked (its stores, models, index) is never read as
+    documents; it and the hidden files left out are said on the opened line."""
+    home = docs / "sekv-cache"
+    monkeypatch.setenv("SEKV_HOME", str(home))
+    (home / "models" / "card").mkdir(parents=True)
+    (home / "models" / "card" / "README.md").write_text("A model card. " * 20)
+    (docs / ".draft.md").write_text("A hidden draft. " * 20)
+    for _ in range(2):  # the second time, over the stores the first wrote into $SEKV_HOME
+        result = run("ask", docs, MILLER, "--json", "--model", model, "--max-new-tokens", "3")
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert sorted(Path(d["path"]).name for d in data["documents"]) == [
+            "harbour.md", "lighthouse.md", "mill.txt",
+        ]  # fmt: skip
+        assert result.stderr.splitlines()[-1].endswith(
+            "; 1 of 4 skipped (unreadable, see above); 1 hidden file and $SEKV_HOME skipped"
+        )
+    assert any((home / "stores").iterdir())

@@ -36,10 +36,10 @@ def names(paths) -> list[str]:
 
 def test_a_folder_is_walked_in_name_order_each_file_once_loops_not_followed(tmp_path):
     docs = tree(tmp_path)
-    files, skipped = document_files([docs])
-    assert names(files) == ["a.txt", "b.md", "c.txt", "d.md"]
-    assert skipped == []
-    files, _ = document_files([docs / "sub" / "c.txt", docs])  # named first, then walked
+    listing = document_files([docs])
+    assert names(listing.files) == ["a.txt", "b.md", "c.txt", "d.md"]
+    assert listing.skipped == []
+    files = document_files([docs / "sub" / "c.txt", docs]).files  # named first, then walked
     assert names(files) == ["c.txt", "a.txt", "b.md", "d.md"]
 
 
@@ -52,9 +52,9 @@ def test_special_and_dangling_files_in_a_folder_are_skipped_without_being_opened
     (docs / "gone.md").symlink_to(docs / "missing.md")
     (docs / "self.md").symlink_to(docs / "self.md")
     os.mkfifo(docs / "pipe.log")  # not a document's suffix: not even mentioned
-    files, skipped = document_files([docs])
-    assert names(files) == ["ok.txt"]
-    reasons = {s.path.name: s.reason for s in skipped}
+    listing = document_files([docs])
+    assert names(listing.files) == ["ok.txt"]
+    reasons = {s.path.name: s.reason for s in listing.skipped}
     assert set(reasons) == {"pipe.txt", "gone.md", "self.md"}
     assert "not a regular file" in reasons["pipe.txt"]
 
@@ -92,3 +92,44 @@ def test_the_joined_document_keeps_every_page(tmp_path):
     joined = joined_document(docs)
     assert joined.text == "First.\n\nSecond." and joined.page_starts == (0, 8)
     assert joined.path == tmp_path and len(joined.sha256) == 64
+
+
+def test_hidden_entries_and_sekv_home_are_left_out_and_counted(tmp_path, monkeypatch):
+    """A folder that holds $SEKV_HOME (a shared cache beside the documents) never reads sekv's
+    own files; hidden files of a document's kind and hidden folders are counted, other hidden
+    files (not documents anyway) are not."""
+    from sekv_core.collection import left_out_phrase
+
+    docs = tree(tmp_path)
+    home = docs / "cache"
+    (home / "models" / "embedder").mkdir(parents=True)
+    (home / "models" / "embedder" / "README.md").write_text("A model card, not a document.")
+    (home / "chat_history").write_text("old questions")
+    (docs / ".obsidian").mkdir()
+    (docs / ".obsidian" / "notes.md").write_text("an editor's file")
+    (docs / ".DS_Store").write_bytes(b"\0")
+    monkeypatch.setenv("SEKV_HOME", str(home))
+    selection = select_documents([docs])
+    assert names(selection.files) == ["a.txt", "b.md", "c.txt", "d.md"]
+    left = selection.left_out
+    assert left.hidden_files == (docs / ".hidden.md",)
+    assert left.hidden_folders == (docs / ".obsidian",) and left.home == home
+    assert left_out_phrase(left) == "1 hidden file, 1 hidden folder and $SEKV_HOME"
+    monkeypatch.setenv("SEKV_HOME", str(tmp_path / "linked"))  # the same folder by a link
+    (tmp_path / "linked").symlink_to(home, target_is_directory=True)
+    assert names(select_documents([docs]).files) == ["a.txt", "b.md", "c.txt", "d.md"]
+    with pytest.raises(SekvError, match=r"no \.pdf, .* \(\$SEKV_HOME skipped\)"):
+        select_documents([home / "models"])  # a folder inside $SEKV_HOME: never read
+    monkeypatch.setenv("SEKV_HOME", str(tmp_path / "elsewhere"))
+    selection = select_documents([docs])
+    assert "README.md" in names(selection.files) and selection.left_out.home is None
+    assert left_out_phrase(selection.left_out) == "1 hidden file and 1 hidden folder"
+
+
+def test_the_sample_folder_holds_only_its_documents():
+    """`sekv ask sample_docs …` reads the two sample documents, each with its answers beside
+    it; the page about them is docs/sample-docs.md, not a third document in the folder."""
+    samples = Path(__file__).resolve().parents[1] / "sample_docs"
+    files = select_documents([samples]).files
+    assert names(files) == ["handbook.pdf", "lighthouse.md"]
+    assert all(f.with_suffix(".qa.json").is_file() for f in files)
