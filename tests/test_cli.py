@@ -112,6 +112,20 @@ def test_usage_errors_exit_2(tmp_path):
             assert run(*command, knob).exit_code == 2, knob
 
 
+def test_ask_without_a_question_says_the_question_is_missing(tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("Some text.")
+    for args, missing in (
+        ([doc], "a question after the document"),
+        ([], "a document and a question"),
+    ):
+        result = run("ask", *args)
+        assert result.exit_code == 2, result.output
+        shown = " ".join(result.stderr.replace("│", " ").split())
+        assert f'give {missing}: sekv ask doc.md "What …?"' in shown
+        assert "PATH" not in shown.partition("Error")[2]
+
+
 def test_ask_offers_what_a_user_needs_only():
     """`sekv ask`'s options: the document, the question, and what a user sets."""
     from typer.main import get_command

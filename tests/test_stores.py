@@ -245,6 +245,31 @@ def test_interrupted_ingests_and_leftovers_are_listed_and_removed(home):
     }
 
 
+def test_an_interrupted_ingest_is_listed_by_its_document_and_one_store_is_singular(home):
+    """The checkpoint of a streamed build names its document (no store of that document
+    exists to name it); a count of one reads singular."""
+    from sekv_core.store.locks import STATE_VERSION
+
+    stores = home / "stores"
+    for key in [s["key"] for s in listed()][1:]:
+        assert run("stores", "rm", key).exit_code == 0
+    partial = stores / f".partial-{'9' * 12}-abc"  # a document no store was built for
+    partial.mkdir()
+    (partial / "state-1.safetensors").write_bytes(b"x" * 1000)
+    record = {"version": STATE_VERSION, "store": partial.name.removeprefix(".partial-")}
+    record.update(document="/books/atlas.md", parts=[])
+    record["tensors"] = {"name": "state-1.safetensors", "sha256": "0"}
+    (partial / "state.json").write_text(json.dumps(record))
+    (entry,) = [s for s in listed() if s["kind"] == "resumable"]
+    assert entry["document"] == "/books/atlas.md"
+    shown = run("stores", "list").stdout
+    assert "atlas.md (interrupted ingest)" in shown
+    assert "1 store and 1 interrupted or leftover work folder, " in shown
+    removed = run("stores", "rm", entry["key"])
+    assert "Removed 1 store, " in removed.stdout
+    assert "interrupted ingest of /books/atlas.md" in removed.stdout
+
+
 def test_rm_of_a_file_from_another_folder_removes_that_file_stores_only(
     tmp_path, tiny_model_dirs, sekv_home, monkeypatch
 ):

@@ -27,6 +27,7 @@ from sekv_core.passages import FUSION_K, NEUTRAL_QUESTION
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.segment import ANCHOR, SINK, SPAN
 from sekv_core.sketch import dequantize_sketch
+from sekv_core.store import shelf
 from sekv_core.store.codes import load_code
 from sekv_core.store.entropy import usable as entropy_coded
 from sekv_core.store.format import CODEBOOKS, FILES
@@ -278,6 +279,8 @@ def test_interrupted_ingest_resumes_to_the_same_store(small, tmp_path, monkeypat
         build(small, doc, ctx, progress=stop_midway)
     stores = tmp_path / "other-home" / "stores"
     assert [p.name[:9] for p in stores.iterdir()] == [".partial-"]  # nothing that loads
+    (interrupted,) = shelf.list_stores(stores)  # `sekv stores list` names its document
+    assert interrupted.kind == "resumable" and interrupted.document == str(doc.path.absolute())
     warnings, resumed_at = [], []
     store = build(small, doc, ctx, progress=lambda d, t: resumed_at.append(d), warn=warnings.append)
     assert any("resuming" in w for w in warnings), warnings

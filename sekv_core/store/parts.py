@@ -256,11 +256,12 @@ class Checkpoints:
 
     Each writes the state's tensors to a new ``state-<ms>.safetensors``, then replaces
     ``state.json`` (counters, the checksums of those tensors and of every part) atomically: a
-    crash at any point leaves the last complete checkpoint.
+    crash at any point leaves the last complete checkpoint. ``document``, the document's
+    absolute path, is recorded for `sekv stores list` to name the interrupted ingest.
     """
 
-    def __init__(self, work: Path, store: str) -> None:
-        self.work, self.store = work, store
+    def __init__(self, work: Path, store: str, document: str | None = None) -> None:
+        self.work, self.store, self.document = work, store, document
 
     def write(self, state: StreamState, parts: list[dict[str, Any]]) -> None:
         """Checkpoint ``state`` after the ``parts`` committed so far."""
@@ -270,6 +271,7 @@ class Checkpoints:
         record = {
             "version": STATE_VERSION,
             "store": self.store,
+            "document": self.document,
             "next": state.next,
             "commit_end": state.commit_end,
             "threshold": state.threshold,

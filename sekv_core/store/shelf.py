@@ -114,7 +114,7 @@ def list_stores(stores: Path | None = None) -> list[StoreEntry]:
     ]
     found = [  # a work folder names its document by its key's first 12 digits of the sha256
         _with_document(e, by_prefix[_sha_prefix(e.key)])
-        if e.is_work and _sha_prefix(e.key) in by_prefix
+        if e.is_work and not e.document and _sha_prefix(e.key) in by_prefix
         else e
         for e in found
     ]
@@ -282,7 +282,8 @@ def _entry(path: Path) -> StoreEntry | None:
     except FileNotFoundError:
         return None
     if state != "store":
-        work = StoreEntry(path, state or "", None, None, None, None, size, last_used)
+        document = _checkpoint_document(path)
+        work = StoreEntry(path, state or "", document, None, None, None, size, last_used)
         return None if state is None else work
     try:
         manifest = json.loads((path / "manifest.json").read_text())
@@ -305,6 +306,15 @@ def _entry(path: Path) -> StoreEntry | None:
         bytes=size,
         last_used=last_used,
     )
+
+
+def _checkpoint_document(work: Path) -> str | None:
+    """The document an interrupted streamed build's checkpoint records (None: none there)."""
+    try:
+        record = json.loads((work / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return _str(record.get("document")) if isinstance(record, dict) else None
 
 
 def _with_document(entry: StoreEntry, document: str) -> StoreEntry:

@@ -27,6 +27,7 @@ finished store is written from the parts by the one writer of stores
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -86,7 +87,7 @@ class StreamBuilder:
         self.path, self.loaded, self.document, self.context = path, loaded, document, context
         self.settings, self.checkpoint_s = settings, checkpoint_s
         self.work = path.with_name(f".partial-{path.name}")
-        self.checkpoints = Checkpoints(self.work, path.name)
+        self.checkpoints = Checkpoints(self.work, path.name, os.path.abspath(document.path))
         self.T, self.doc_start = len(context), context.doc_start
         self.layout = StreamLayout.plan(loaded, context, settings)
         # no anchors in a book: bounded positions would put them all at one place (module doc)
