@@ -38,6 +38,7 @@ from .engine import Answer, Session
 from .errors import SekvError
 from .index.catalog import Catalog, Indexed, Synced, SyncProgress
 from .index.embedder import load_embedder
+from .index.likelihood import QuestionLikelihood
 from .index.ranking import Finder, Ranked
 from .methods import METHODS, SeKV
 from .models import LoadedModel, load_model
@@ -239,7 +240,8 @@ class Library:
         with self.lock:
             if self.finder is None:
                 files = [e.indexed for e in self.entries]
-                self.finder = Finder(self.catalog, files, load_embedder())
+                reader = QuestionLikelihood(self.loaded.model, self.loaded.tokenizer)
+                self.finder = Finder(self.catalog, files, load_embedder(), reader)
                 self.ranked = None
             if self.ranked is None or self.ranked[0] != question:  # a chat ranks it twice
                 self.ranked = (question, self.finder.rank(question))  # (room, then ask)

@@ -22,7 +22,8 @@ import sekv_core.index.catalog as catalog_module
 from sekv_core.errors import SekvError
 from sekv_core.index.catalog import Catalog, Synced, default_path
 from sekv_core.index.embedder import load_embedder
-from sekv_core.index.ranking import Finder, Ranked
+from sekv_core.index.likelihood import QuestionLikelihood
+from sekv_core.index.ranking import Finder, Ranked, question_parts
 
 DOCS = {
     "ferry.md": "# Holm\n\nThe ferry to Holm leaves the quay at seven each morning. Tickets are "
@@ -243,6 +244,63 @@ def test_rare_code_finds_its_document_over_meaning(synced_docs):
     assert ranked[0].why in ("words", "both")
     assert ranked[0].words > 0.5
     assert all(r.words == 0 for r in ranked[1:])
+
+
+# the fact's file shares the question's place only; the others share its place and topic too
+HARBOUR = {
+    "pier.md": "In Carrick Bay, the harbour board measured the north pier in early spring. The "
+    "mill reviewed the sea wall at Carrick Bay despite the fog. Further checks of the quay are "
+    "planned.\n",
+    "wall.md": "In Carrick Bay, the coastal patrol repaired the sea wall and the old slipway last "
+    "winter. The works at the docks were catalogued by the town council.\n",
+    "staff.md": "The town council met in March to review its staff. The officer responsible for "
+    "harbour works in Carrick Bay is Yara Szabo. The minutes record a brief vote.\n",
+    "boats.md": "Fishing boats at Carrick Bay were counted by the harbour master's clerk in early "
+    "spring, and the moorings were inspected after the storms.\n",
+}
+DOCK = "Which official looks after dock building at Carrick Bay?"
+
+
+def test_the_model_reads_the_passage_that_answers_over_ones_on_its_topic(tmp_path, default_model):
+    reader = QuestionLikelihood(default_model.model, default_model.tokenizer)
+    with Catalog(tmp_path / "index.sqlite") as opened:
+        synced = sync(opened, write(tmp_path / "docs", HARBOUR))
+        alone = Finder(opened, synced.files, load_embedder()).rank(DOCK)
+        read = Finder(opened, synced.files, load_embedder(), reader).rank(DOCK)
+    assert synced.files[alone[0].index].path.name != "staff.md"  # the embedder alone misses
+    assert synced.files[read[0].index].path.name == "staff.md"
+    assert read[0].model is not None and all(r.model is None for r in alone)
+    assert read[0].model > max(r.model for r in read[1:] if r.model is not None)
+
+
+@pytest.mark.parametrize(
+    "question, parts",
+    [
+        (
+            "When does the boat to the island depart, and which team won the football "
+            "championship?",
+            2,
+        ),
+        ("What did the vet give the cat? Why was the pass through the hills closed?", 2),
+        ("How do I bake bread; what did the board do with the dividend?", 2),
+        ("Who and what won the cup?", 1),  # a part of fewer than four words stays joined
+        ("Which team won the championship and how?", 1),
+        ("What is the time recording system called?", 1),
+    ],
+)
+def test_a_question_in_parts_is_split_where_each_asks_its_own(question, parts):
+    got = question_parts(question)
+    assert len(got) == parts
+    assert " ".join(got).replace(",", "").split()[:3] == question.replace(",", "").split()[:3]
+
+
+def test_each_part_of_a_question_finds_its_own_document(synced_docs):
+    catalog, synced = synced_docs
+    question = "When does the boat to the island depart, and which team won the football cup?"
+    ranked = rank(catalog, synced, question)
+    assert {synced.files[r.index].path.name for r in ranked[:2]} == {"ferry.md", "final.md"}
+    assert ranked[0].part is not None and ranked[0].part != ranked[1].part
+    assert len({r.index for r in ranked}) == len(ranked) == len(DOCS)
 
 
 # -- following the files ---------------------------------------------------------------------
