@@ -20,6 +20,8 @@ from sekv_core.config import MAX_TOKENS, MethodSettings, check_question
 
 from . import common
 from .eta import Eta, ProgressLog
+from .terminal import one_line
+from .words import how_many
 
 if TYPE_CHECKING:
     from sekv_core.api import IngestProgress, Library
@@ -57,7 +59,7 @@ def open_library(
 
     loaded = common.load_model_quietly(model, threads)
     load_s = time.perf_counter() - start
-    alone = None if selection.collection else selection.documents[0].path.name
+    alone = None if selection.collection else one_line(selection.documents[0].path.name)
     with library_progress(verb, alone) as progress:
         library = Library(
             loaded, selection, method, settings, progress, max_tokens, build_all=build_all
@@ -71,15 +73,17 @@ def say_opened(library: Library, named: int) -> None:
     """One stderr line: documents, how many the collection index read now (new or changed),
     stores built now and found; how many skipped; what the folders' walk left out."""
     rows = library.documents()
-    line = f"{len(rows)} document{'s' if len(rows) != 1 else ''}"
+    line = how_many(len(rows), "document")
     if (synced := library.synced) is not None:
         now = synced.read + synced.followed
-        line += f" ({now} file{'s' if now != 1 else ''} indexed now, {synced.unchanged} unchanged)"
+        line += f" ({how_many(now, 'file')} indexed now, {synced.unchanged} unchanged)"
     stores = [r["store"] for r in rows if r["store"] is not None]
     if stores:
         built = sum(not s["cache_hit"] for s in stores)
         tokens = sum(r["tokens"] or 0 for r in rows)
-        line += f"; stores: {built} read now, {len(stores) - built} found ({tokens:,} tokens)"
+        line += (
+            f"; stores: {built} read now, {len(stores) - built} found ({how_many(tokens, 'token')})"
+        )
     if library.skipped:
         line += f"; {len(library.skipped)} of {named} skipped (unreadable, see above)"
     if passed := left_out_phrase(library.left_out):  # hidden files, $SEKV_HOME
@@ -105,8 +109,8 @@ def library_progress(
         left = p.documents - p.documents_done
         what = "Indexing" if p.unit == "bytes" else verb
         if not p.name:  # the last report: every document read
-            return f"{what}: {p.documents} of {p.documents} documents done"
-        return f"{what} {p.name} ({p.documents_done} of {p.documents} done, {left} left)"
+            return f"{what}: {p.documents} of {how_many(p.documents, 'document')} done"
+        return f"{what} {one_line(p.name)} ({p.documents_done} of {p.documents} done, {left} left)"
 
     if not common.err.is_terminal:
         log = ProgressLog(verb, lambda line: common.err.print(Text(line), soft_wrap=True))
