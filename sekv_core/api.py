@@ -18,6 +18,11 @@ question is routed to it (``build_all``: when the library opens, as ``sekv inges
 kept for later questions, at most ``keep`` sessions at a time (the least recently used goes).
 Every source names its file and page. ``retrieve`` reads BM25 passages of the whole collection
 instead; ``full`` answers from the best document alone.
+
+A file edited on disk after the library read it is read again before the next question (one
+warning says so). Libraries may be used from several threads: the calls on one model (shared
+by every library it was passed to) are served one at a time (:attr:`LoadedModel.lock`).
+Misused arguments raise TypeError or ValueError naming them, before any work is done.
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from .collection import Selection, Skipped, joined_document, select_documents
-from .config import MAX_TOKENS, MethodSettings, check_question
+from .config import MAX_TOKENS, MethodSettings, check_int, check_question, check_settings
 from .documents import Document, check_tokens, load_document
 from .engine import Answer, Session
-from .errors import SekvError
+from .errors import ArgumentError, SekvError
 from .index.catalog import Catalog, Indexed, Synced, SyncProgress
 from .index.embedder import load_embedder
 from .index.likelihood import QuestionLikelihood
@@ -84,6 +89,7 @@ class Entry:
     store: Path | None = None
     cache_hit: bool = False
     bytes: dict[str, int] | None = None  # the store manifest's sizes
+    stamp: tuple[int, int] | None = None  # the file's (size, mtime_ns) when it was read
 
     @property
     def tokens(self) -> int | None:
@@ -106,18 +112,25 @@ def open_documents(
 
     A document of a collection that cannot be read is skipped (``Library.skipped``) and
     ``settings.warn`` is told (default: :func:`warnings.warn`). Raises SekvError for a file
-    named alone that cannot be read and for a selection with no readable document.
+    named alone that cannot be read and for a selection with no readable document, TypeError
+    or ValueError for a misused argument (before anything is read or loaded).
     """
-    settings = settings or MethodSettings(warn=_python_warning)
+    settings = MethodSettings(warn=_python_warning) if settings is None else settings
     if isinstance(paths, (str, Path)):
         paths = [paths]
     if not isinstance(paths, Sequence) or not all(isinstance(p, (str, Path)) for p in paths):
-        raise TypeError("paths must be a path, or a sequence of paths")
+        raise TypeError(f"paths must be a path, or a sequence of paths, not {paths!r:.60}")
     named = list(paths)
     if any(str(p) == "" for p in named):
-        raise ValueError("paths holds an empty path; name a file or a folder")
+        raise ArgumentError("paths holds an empty path; name a file or a folder")
+    if model is not None and not isinstance(model, (str, Path, LoadedModel)):
+        raise TypeError(f"model must be a name, a path or a LoadedModel, not {model!r:.60}")
+    check_options(method, settings, progress, max_tokens, keep)
     selection = select_documents(named, max_tokens, settings.warn)
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    if isinstance(model, LoadedModel):
+        loaded = model
+    else:
+        loaded = load_model(None if model is None else str(model))
     return Library(loaded, selection, method, settings, progress, max_tokens, keep, build_all)
 
 
@@ -130,7 +143,10 @@ class Library:
     when a question is routed to them (``build_all``: every store when it opens).
     ``max_tokens``: a document of more tokens without a store is refused (in a collection:
     skipped). ``keep``: sessions held at once. ``catalog``: the collection index (default:
-    ``$SEKV_HOME``'s). Calls from several threads are served one at a time.
+    ``$SEKV_HOME``'s). Calls from several threads, and from every library on the same loaded
+    model, are served one at a time (:attr:`lock` is the model's). A file edited on disk
+    since it was read is read again before the next question (``settings.warn`` is told).
+    :meth:`close` (or leaving a ``with`` block) lets go of the stores held.
     """
 
     def __init__(
@@ -145,17 +161,17 @@ class Library:
         build_all: bool = False,
         catalog: Catalog | None = None,
     ) -> None:
-        if method not in METHODS:
-            raise SekvError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        self.loaded, self.method = loaded, method
-        self.settings = settings or MethodSettings()
+        settings = MethodSettings() if settings is None else settings
+        check_options(method, settings, progress, max_tokens, keep)
+        self.loaded, self.method, self.settings = loaded, method, settings
         self.collection = selection.collection
         self.skipped: list[Skipped] = list(selection.skipped)
         self.left_out = selection.left_out  # what the folders' walk passed over, unread
-        self.keep = max(1, keep)
+        self.keep = keep
         self.max_tokens = max_tokens
         self.progress = progress
-        self.lock = threading.RLock()  # one question (or opening) at a time
+        self.lock: threading.RLock = loaded.lock  # the model's: one caller at a time
+        self.closed = False
         self.template = chat_template(loaded.tokenizer)
         self.stored = issubclass(METHODS[method], SeKV)  # answers from span stores
         self.sessions: OrderedDict[int, Session] = OrderedDict()  # least recently used first
@@ -166,22 +182,24 @@ class Library:
         self.answered: Session | None = None  # the session of the last answer (its first)
         self.index_s = 0.0  # seconds the collection index took to open and sync
         self.synced: Synced | None = None  # what opening did to the index (a collection)
-        if not self.collection:
-            self.entries = self._read_alone(selection.documents[0], max_tokens, progress)
-            self._session(0, progress)
-            return
-        self.entries = self._index(selection, catalog, progress)
-        if method == "retrieve":
-            documents = [self._document(i) for i in range(len(self.entries))]
-            self.joined = Session(loaded, joined_document(documents), method, self.settings)
-        elif self.stored and build_all:
-            self.build_stores(progress)
+        with self.lock:
+            if not self.collection:
+                self.entries = self._read_alone(selection.documents[0], progress)
+                self._session(0, progress)
+                return
+            self.entries = self._index(selection, catalog, progress)
+            if method == "retrieve":
+                self._join()
+            elif self.stored and build_all:
+                self.build_stores(progress)
 
     def close(self) -> None:
-        """Let go of the sessions held and the collection index."""
+        """Let go of the sessions held (their stores and memory), the collection index and
+        the last ranking; asking again raises ValueError. Closing again does nothing."""
         with self.lock:
+            self.closed = True
             self.sessions.clear()
-            self.joined = self.answered = None
+            self.joined = self.answered = self.finder = self.ranked = None
             if self.catalog is not None:
                 self.catalog.close()
                 self.catalog = None
@@ -206,9 +224,18 @@ class Library:
         the documents it ranks first, read together. Each source carries its document's
         ``path``; a collection's answer lists the documents ranked first and why
         (``routing["documents"]``), adds ``route_s`` to its timings and the memory of the
-        stores held to its memory."""
+        stores held to its memory. Raises TypeError or ValueError for a misused argument."""
         check_question(question)
+        check_int("max_new_tokens", max_new_tokens, 1)
+        if sampling is not None and not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling or None, not {sampling!r:.60}")
+        if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+            raise TypeError(f"stop must be a sequence of str, not {stop!r:.60}")
+        if on_text is not None and not callable(on_text):
+            raise TypeError(f"on_text must be callable or None, not {on_text!r:.60}")
         with self.lock:
+            self._check_open()
+            self.read_changed()
             start = time.perf_counter()
             ranking = self.rank(question)
             route_s = time.perf_counter() - start
@@ -238,6 +265,7 @@ class Library:
         if not self.collection:
             return []
         with self.lock:
+            self._check_open()
             if self.finder is None:
                 files = [e.indexed for e in self.entries]
                 reader = QuestionLikelihood(self.loaded.model, self.loaded.tokenizer)
@@ -252,6 +280,7 @@ class Library:
         :data:`READ_TOGETHER` documents (read and their stores built if need be) for SeKV, the
         best one for the other methods."""
         with self.lock:
+            self._check_open()
             if self.joined is not None:
                 return [self.joined]
             if not self.collection:
@@ -271,11 +300,39 @@ class Library:
     def room(self, question: str = "") -> int:
         """Window tokens left for the question part and the answer in the sessions
         ``question`` goes to (a chat keeps its earlier turns within it)."""
-        return min(s.room() for s in self.sessions_for(question))
+        with self.lock:
+            self._check_open()
+            self.read_changed()
+            return min(s.room() for s in self.sessions_for(question))
 
     def question_ids(self, question: str, history: Sequence[Turn] = ()) -> list[int]:
         """The question part of the prompt: ``history``'s turns, then ``question``."""
-        return encode_question(self.loaded.tokenizer, self.template, question, history)
+        with self.lock:  # the tokenizer is the model's
+            return encode_question(self.loaded.tokenizer, self.template, question, history)
+
+    def read_changed(self) -> list[Path]:
+        """Read again the files edited on disk since this library read them (their size or
+        time changed, and their bytes), telling ``settings.warn`` of each: their sessions go
+        (a store is built or found for the new text when a question needs it) and a
+        collection's index reads them again. A file gone, or one only touched, is answered
+        from what was read. Returns the files read again (:meth:`ask` and :meth:`room` call
+        it before each question)."""
+        with self.lock:
+            self._check_open()
+            moved = []
+            for i, entry in enumerate(self.entries):
+                stamp = file_stamp(entry.path)
+                if stamp is not None and stamp != entry.stamp:
+                    moved.append((i, stamp))
+            if not moved:
+                return []
+            if self.collection:
+                changed = self._sync_changed(moved)
+            else:
+                changed = self._read_alone_again(moved[0][1])
+            if changed and self.joined is not None:
+                self._join()
+            return changed
 
     def documents(self) -> list[dict[str, Any]]:
         """Each document: path, sha256, tokens (None: not read by this library), words,
@@ -283,48 +340,47 @@ class Library:
         a method without one), ``memory`` (the store's resident and offloaded bytes, its bytes
         on disk, the document's fp16 full KV; what is known) and whether its session is
         ``held`` now."""
-        out = []
-        for i, e in enumerate(self.entries):
-            doc, b, ix = e.document, e.bytes or {}, e.indexed
-            memory = {}
-            if e.context is not None:
-                memory["full_kv_bytes"] = self.loaded.spec.kv_bytes(len(e.context), 2)
-            if e.bytes is not None:
-                memory |= {
-                    "resident_bytes": b["resident"],
-                    "offloaded_bytes": b["offload_records"],
-                    "store_bytes": b["store"],
-                }
-            out.append(
-                {
-                    "path": str(e.path),
-                    "sha256": doc.sha256 if doc is not None else ix.sha256,
-                    "tokens": e.tokens,
-                    "words": ix.words if ix is not None else None,
-                    "pages": doc.pages if doc is not None else ix.pages,
-                    "store": None
-                    if e.store is None
-                    else {"path": str(e.store), "cache_hit": e.cache_hit},
-                    "memory": memory,
-                    "held": i in self.sessions,
-                }
-            )
-        return out
+        with self.lock:
+            return [self._row(i, e) for i, e in enumerate(self.entries)]
+
+    def _row(self, i: int, e: Entry) -> dict[str, Any]:
+        """:meth:`documents`' row of entry ``i``, ``e``."""
+        doc, b, ix = e.document, e.bytes or {}, e.indexed
+        memory = {}
+        if e.context is not None:
+            memory["full_kv_bytes"] = self.loaded.spec.kv_bytes(len(e.context), 2)
+        if e.bytes is not None:
+            memory |= {
+                "resident_bytes": b["resident"],
+                "offloaded_bytes": b["offload_records"],
+                "store_bytes": b["store"],
+            }
+        return {
+            "path": str(e.path),
+            "sha256": doc.sha256 if doc is not None else ix.sha256,
+            "tokens": e.tokens,
+            "words": ix.words if ix is not None else None,
+            "pages": doc.pages if doc is not None else ix.pages,
+            "store": None if e.store is None else {"path": str(e.store), "cache_hit": e.cache_hit},
+            "memory": memory,
+            "held": i in self.sessions,
+        }
 
     def memory(self) -> dict[str, int]:
         """The library's memory in all: ``resident_bytes`` the sessions held now keep resident
         between answers (a span store's resident tier; a full cache), ``resident_all_bytes``
         what every store known would take at once, ``full_kv_bytes`` the fp16 full KV cache of
         every document read, and the ``tokens`` of those."""
-        held = list(self.sessions.values()) + ([self.joined] if self.joined else [])
-        rows = self.documents()
-        return {
-            "documents": len(rows),
-            "tokens": sum(r["tokens"] or 0 for r in rows),
-            "resident_bytes": sum(_between_answers(s) for s in held),
-            "resident_all_bytes": sum(r["memory"].get("resident_bytes", 0) for r in rows),
-            "full_kv_bytes": sum(r["memory"].get("full_kv_bytes", 0) for r in rows),
-        }
+        with self.lock:
+            held = list(self.sessions.values()) + ([self.joined] if self.joined else [])
+            rows = self.documents()
+            return {
+                "documents": len(rows),
+                "tokens": sum(r["tokens"] or 0 for r in rows),
+                "resident_bytes": sum(_between_answers(s) for s in held),
+                "resident_all_bytes": sum(r["memory"].get("resident_bytes", 0) for r in rows),
+                "full_kv_bytes": sum(r["memory"].get("full_kv_bytes", 0) for r in rows),
+            }
 
     def to_json(self, answer: Answer) -> dict[str, Any]:
         """``answer`` as the CLI's ``--json`` prints it: a collection's with its ``documents``,
@@ -341,6 +397,7 @@ class Library:
         (``sekv ingest``); a store is loaded to be built, then let go. A document that cannot
         be read now, or is too long without a store, is skipped."""
         with self.lock:
+            self._check_open()
             readable = []
             for i, entry in enumerate(self.entries):
                 try:
@@ -372,11 +429,17 @@ class Library:
             if progress and todo:
                 progress(IngestProgress("", len(todo), len(todo), total, total))
 
-    def _read_alone(
-        self, document: Document, max_tokens: int | None, progress: Progress | None
-    ) -> list[Entry]:
+    def _read_alone(self, document: Document, progress: Progress | None) -> list[Entry]:
         """A file named alone, tokenised (characters reported to ``progress`` when long); over
         ``max_tokens`` without a store it is refused."""
+        entry = Entry(document.path, stamp=file_stamp(document.path))
+        self._tokenise(entry, document, progress)
+        return [entry]
+
+    def _tokenise(self, entry: Entry, document: Document, progress: Progress | None = None) -> None:
+        """``entry`` holds ``document`` (read now), tokenised (characters reported to
+        ``progress`` when long); over ``max_tokens`` without a store it is refused. Its store,
+        if any, is found again."""
         told = None
         if progress is not None:
             name = document.path.name
@@ -385,10 +448,74 @@ class Library:
                 progress(IngestProgress(name, 0, 1, done, total, "characters"))
 
         context = encode_context(self.loaded.tokenizer, self.template, document.text, told)
-        entry = Entry(document.path, None, document, context)
+        entry.document, entry.context = document, context
+        entry.store, entry.cache_hit, entry.bytes = None, False, None
         if not self._stored_already(entry):
-            check_tokens(document, entry.tokens, max_tokens)
-        return [entry]
+            try:
+                check_tokens(document, entry.tokens, self.max_tokens)
+            except SekvError:
+                entry.document = entry.context = None  # read again when next needed
+                raise
+
+    def _read_alone_again(self, stamp: tuple[int, int]) -> list[Path]:
+        """The file named alone, read again now its stamp is ``stamp`` (an error if it cannot
+        be read now, the next question tries again)."""
+        entry = self.entries[0]
+        document = load_document(entry.path, self.max_tokens)
+        if document.sha256 == entry.document.sha256:
+            entry.stamp = stamp
+            return []  # touched, not changed
+        self._let_go(0)
+        fresh = Entry(entry.path, stamp=stamp)
+        self._tokenise(fresh, document)  # refused (too long): the next question tries again
+        self.entries[0] = fresh
+        return [fresh.path]
+
+    def _sync_changed(self, moved: list[tuple[int, tuple[int, int]]]) -> list[Path]:
+        """Sync the collection's entries ``moved`` (index, new stamp) with the index: those
+        whose bytes changed are let go of, to be read when a question needs them; those that
+        cannot be read now are skipped."""
+        synced = self.catalog.sync(
+            [self.entries[i].path for i, _ in moved], (), load_embedder, MAX_TOKENS
+        )
+        changed, unreadable = [], set()
+        for (i, stamp), indexed in zip(moved, synced.files, strict=True):
+            entry = self.entries[i]
+            entry.stamp = stamp
+            if indexed.sha256 == entry.indexed.sha256:
+                continue  # touched, not changed
+            self._let_go(i)
+            changed.append(entry.path)
+            self.entries[i] = Entry(entry.path, indexed, stamp=stamp)
+            if indexed.content is None:
+                self._skip(entry.path, indexed.error)
+                unreadable.add(i)
+        if unreadable:  # the entries after them move up; so do their sessions
+            kept = [i for i in range(len(self.entries)) if i not in unreadable]
+            if not kept:
+                raise SekvError("none of the documents can be read now")
+            self.entries = [self.entries[i] for i in kept]
+            at = {old: new for new, old in enumerate(kept)}
+            self.sessions = OrderedDict((at[i], s) for i, s in self.sessions.items())
+        if changed:
+            self.finder = self.ranked = None  # ranked again over the new text
+        return changed
+
+    def _let_go(self, index: int) -> None:
+        """Document ``index`` changed on disk: say so, and let its session go."""
+        if self.settings.warn:
+            self.settings.warn(f"{self.entries[index].path.name} changed on disk; reading it again")
+        self.sessions.pop(index, None)
+
+    def _join(self) -> None:
+        """A collection's retrieve: one session over every document (read if need be)."""
+        documents = [self._document(i) for i in range(len(self.entries))]
+        joined = joined_document(documents)
+        self.joined = Session(self.loaded, joined, self.method, self.settings)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ArgumentError("this Library is closed; open the documents again")
 
     def _index(
         self, selection: Selection, catalog: Catalog | None, progress: Progress | None
@@ -396,6 +523,7 @@ class Library:
         """Sync the collection's files with the index; the files it could not read skipped."""
         start = time.perf_counter()
         self.catalog = catalog or Catalog(warn=self.settings.warn)
+        stamps = [file_stamp(Path(p)) for p in selection.files]  # before the index reads them
 
         def told(p: SyncProgress) -> None:
             if progress is not None:
@@ -407,11 +535,11 @@ class Library:
             selection.files, selection.folders, load_embedder, MAX_TOKENS, told
         )
         entries = []
-        for f in synced.files:
+        for f, stamp in zip(synced.files, stamps, strict=True):
             if f.content is None:
                 self._skip(f.path, f.error)
             else:
-                entries.append(Entry(f.path, f))
+                entries.append(Entry(f.path, f, stamp=stamp))
         self.synced = synced
         self.index_s = time.perf_counter() - start
         if not entries:
@@ -425,11 +553,7 @@ class Library:
         is read as it is now."""
         entry = self.entries[index]
         if entry.document is None:
-            document = load_document(entry.path, self.max_tokens)
-            context = encode_context(self.loaded.tokenizer, self.template, document.text)
-            entry.document, entry.context = document, context
-            if not self._stored_already(entry):
-                check_tokens(document, entry.tokens, self.max_tokens)
+            self._tokenise(entry, load_document(entry.path, self.max_tokens))
         return entry.document
 
     def _stored_already(self, entry: Entry) -> bool:
@@ -507,6 +631,34 @@ class Library:
         answer.memory["held_resident_bytes"] = held + answer.memory["resident_bytes"]
         answer.memory["collection_resident_bytes"] = in_all["resident_all_bytes"]
         answer.memory["collection_full_kv_bytes"] = in_all["full_kv_bytes"]
+
+
+def check_options(
+    method: str,
+    settings: MethodSettings,
+    progress: Progress | None,
+    max_tokens: int | None,
+    keep: int,
+) -> None:
+    """Raise TypeError or ValueError naming the first option of :func:`open_documents` (or
+    :class:`Library`) that is misused."""
+    if method not in METHODS:
+        raise ArgumentError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    check_settings(settings)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, not {progress!r:.60}")
+    if max_tokens is not None:
+        check_int("max_tokens", max_tokens, 1)
+    check_int("keep", keep, 1)
+
+
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """``path``'s (size, mtime_ns) now; None where it cannot be seen (gone)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def _between_answers(session: Session) -> int:

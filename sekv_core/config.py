@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .errors import SekvError
+from .errors import ArgumentError, SekvError
 from .store.specs import check_code
 
 # documents of more tokens are refused unless asked for (--max-tokens): on a CPU a streamed
@@ -210,7 +210,44 @@ def _parse(value: str, hint: Any, full: str) -> Any:
     raise SekvError(f"{full}={value!r}: expected {getattr(hint, '__name__', hint)}")
 
 
+def check_int(name: str, value: object, least: int) -> None:
+    """TypeError unless ``value`` is an int (a bool is not), ArgumentError below ``least``;
+    both name the argument ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < least:
+        raise ArgumentError(f"{name} must be at least {least}, not {value}")
+
+
+def check_real(name: str, value: object, low: float, high: float, low_open: bool) -> None:
+    """TypeError unless ``value`` is a real number (a bool is not), ArgumentError outside
+    ``low``..``high`` (``low`` itself excluded when ``low_open``; NaN is outside)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if not ((low < value) if low_open else (low <= value)) or not value <= high:
+        where = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ArgumentError(f"{name} must be in {where}, not {value}")
+
+
+def check_settings(settings: MethodSettings) -> None:
+    """Raise TypeError or ArgumentError (a ValueError) naming the first of ``settings``'s
+    numbers out of range: ``budget``, ``memory_share``, ``margin``, ``neighbours``,
+    ``passages``."""
+    if not isinstance(settings, MethodSettings):
+        raise TypeError(f"settings must be a MethodSettings, not {type(settings).__name__}")
+    if settings.budget is not None:
+        check_int("settings.budget", settings.budget, 1)
+    if settings.memory_share is not None:
+        check_real("settings.memory_share", settings.memory_share, 0, 1, low_open=True)
+    check_real("settings.margin", settings.margin, 0, float("inf"), low_open=False)
+    check_int("settings.neighbours", settings.neighbours, 0)
+    check_int("settings.passages", settings.passages, 1)
+
+
 def check_question(question: str) -> None:
-    """Refuse an empty question (the engine, and the CLI before the model loads)."""
+    """Refuse a question that is not text (TypeError) or is empty (the engine, and the CLI
+    before the model loads)."""
+    if not isinstance(question, str):
+        raise TypeError(f"question must be a str, not {type(question).__name__}")
     if not question.strip():
-        raise SekvError("the question is empty; ask something about the document")
+        raise ArgumentError("the question is empty; ask something about the document")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from .config import check_int, check_question
 from .prompt import Turn
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ class Conversation:
     ) -> Answer:
         """Answer ``question`` after the earlier turns that fit (see :meth:`Session.ask`), then
         remember it with its answer."""
+        check_question(question)  # before the window is measured for it
+        check_int("max_new_tokens", max_new_tokens, 1)
         kept = self.fitting(question, max_new_tokens)
         self.dropped = len(self.turns) - len(kept)
         self.turns = kept

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import MethodSettings, check_question, exceeds_window
+from .config import MethodSettings, check_int, check_question, exceeds_window
 from .decode import Forcing, TextStream
 from .documents import Document, token_pages
 from .errors import SekvError
@@ -124,19 +124,20 @@ class Session:
         if method not in METHODS:
             raise SekvError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         self.loaded, self.document = loaded, document
-        tokenizer = loaded.tokenizer
-        self.template = chat_template(tokenizer)
-        if context is None:
-            context = encode_context(tokenizer, self.template, document.text)
-        self.context = context
-        self.doc_tokens = len(self.context) - self.context.doc_start
-        check_window(loaded, document, self.context, METHODS[method].reads_books)
-        self.pages = token_pages(document, self.context.offsets)
-        settings = settings or MethodSettings()
-        self.method = METHODS[method](loaded, document, self.context, settings, prefills)
-        start = time.perf_counter()
-        self.method.prepare(progress)
-        self.prepare_s = time.perf_counter() - start
+        with loaded.lock:  # the model and its tokenizer serve one caller at a time
+            tokenizer = loaded.tokenizer
+            self.template = chat_template(tokenizer)
+            if context is None:
+                context = encode_context(tokenizer, self.template, document.text)
+            self.context = context
+            self.doc_tokens = len(self.context) - self.context.doc_start
+            check_window(loaded, document, self.context, METHODS[method].reads_books)
+            self.pages = token_pages(document, self.context.offsets)
+            settings = settings or MethodSettings()
+            self.method = METHODS[method](loaded, document, self.context, settings, prefills)
+            start = time.perf_counter()
+            self.method.prepare(progress)
+            self.prepare_s = time.perf_counter() - start
         self._prepared_pending = True  # the first answer reports the preparation time
         self._sentence_ends = None  # sekv_core.sources.sentence_ends of the document
 
@@ -160,35 +161,39 @@ class Session:
         answer ends where it would repeat a sentence it already wrote, unless ``allow_repeats``
         (:class:`sekv_core.decode.TextStream`)."""
         check_question(question)
-        tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
-        q_ids = self.question_ids(question, history)
-        max_new_tokens = min(max_new_tokens, answer_room(spec.window, self.room(), len(q_ids)))
-        stream = TextStream(tokenizer, stop, allow_repeats)
-        tokens = self.method.generate(q_ids, max_new_tokens, sampling, forcing)
-        first_token_s, answer_s = stream_answer(tokens, stream, on_text)
-        n = len(stream.ids)
-        timings = answer_timings(self.take_prepare_s(), first_token_s, answer_s, n)
-        memory = dict(self.method.memory())
-        memory["full_kv_bytes"] = spec.kv_bytes(len(self.context), 2)  # fp16: every share's unit
-        memory["resident_share"] = round(memory["resident_bytes"] / memory["full_kv_bytes"], 5)
-        text = stream.text.strip()
-        return Answer(
-            answer=text,
-            method=self.method.name,
-            model=self.loaded.model_id,
-            document=self.document_info(),
-            memory=memory,
-            timings=timings,
-            store=self.method.store_info(),
-            sources=self.sources(text),
-            zoom=self.method.zoom_trace(),
-            routing=self.method.routing(),
-            tokens_generated=n,
-        )
+        check_int("max_new_tokens", max_new_tokens, 1)
+        with self.loaded.lock:  # one answer at a time per model (see LoadedModel)
+            tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
+            q_ids = self.question_ids(question, history)
+            max_new_tokens = min(max_new_tokens, answer_room(spec.window, self.room(), len(q_ids)))
+            stream = TextStream(tokenizer, stop, allow_repeats)
+            tokens = self.method.generate(q_ids, max_new_tokens, sampling, forcing)
+            first_token_s, answer_s = stream_answer(tokens, stream, on_text)
+            n = len(stream.ids)
+            timings = answer_timings(self.take_prepare_s(), first_token_s, answer_s, n)
+            memory = dict(self.method.memory())
+            # fp16: every share's unit
+            memory["full_kv_bytes"] = spec.kv_bytes(len(self.context), 2)
+            memory["resident_share"] = round(memory["resident_bytes"] / memory["full_kv_bytes"], 5)
+            text = stream.text.strip()
+            return Answer(
+                answer=text,
+                method=self.method.name,
+                model=self.loaded.model_id,
+                document=self.document_info(),
+                memory=memory,
+                timings=timings,
+                store=self.method.store_info(),
+                sources=self.sources(text),
+                zoom=self.method.zoom_trace(),
+                routing=self.method.routing(),
+                tokens_generated=n,
+            )
 
     def question_ids(self, question: str, history: Sequence[Turn] = ()) -> list[int]:
         """The question part of the prompt: ``history``'s turns, then ``question``."""
-        return encode_question(self.loaded.tokenizer, self.template, question, history)
+        with self.loaded.lock:
+            return encode_question(self.loaded.tokenizer, self.template, question, history)
 
     def take_prepare_s(self) -> float:
         """The preparation time, for the first answer to report (0 for later ones)."""

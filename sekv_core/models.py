@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -74,13 +75,19 @@ class ModelSpec:
 
 @dataclass
 class LoadedModel:
-    """A frozen model ready for inference, with what the engine needs to know about it."""
+    """A frozen model ready for inference, with what the engine needs to know about it.
+
+    ``lock``: held by whoever runs the model or its tokenizer (a session preparing or
+    answering, a library): an answer switches the model's attention implementation for its
+    whole decode (:func:`sekv_core.backend.use_attention`), so two at once would mix.
+    """
 
     model: Any
     tokenizer: Any
     spec: ModelSpec
     model_id: str
     weight_files: list[Path] = field(default_factory=list)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:

@@ -19,12 +19,18 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from .errors import SekvError
+from .errors import ArgumentError
+
+# A temperature below this decodes greedily: dividing the logits by it overflows float32 (at
+# 1e-38 every logit is infinite and the probabilities NaN), and the distribution it would sample
+# from gives the likeliest token all its mass unless another's logit is within a few thousandths.
+GREEDY_BELOW = 1e-4
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """temperature 0: greedy (top_p and seed unused); repetition_penalty 1: none."""
+    """temperature 0 (or below ``GREEDY_BELOW``): greedy (top_p and seed unused);
+    repetition_penalty 1: none."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -33,28 +39,33 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise SekvError(
+            raise ArgumentError(
                 f"temperature {self.temperature} is not a finite number >= 0; pass 0 (greedy) "
                 "or more"
             )
         if not 0 < self.top_p <= 1:  # False for nan too
-            raise SekvError(f"top_p {self.top_p} is not in (0, 1]; pass e.g. 0.9")
+            raise ArgumentError(f"top_p {self.top_p} is not in (0, 1]; pass e.g. 0.9")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise SekvError(
+            raise ArgumentError(
                 f"repetition_penalty {self.repetition_penalty} is not a finite number above 0 "
                 "(1: none)"
             )
 
     @property
+    def greedy(self) -> bool:
+        """The likeliest token each time (a temperature of 0, or too small to divide by)."""
+        return self.temperature < GREEDY_BELOW
+
+    @property
     def plain(self) -> bool:
         """Plain greedy decoding: nothing to process."""
-        return self.temperature == 0 and self.repetition_penalty == 1
+        return self.greedy and self.repetition_penalty == 1
 
     def processors(self) -> LogitsProcessorList:
         out = LogitsProcessorList()
         if self.repetition_penalty != 1:
             out.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
-        if self.temperature > 0:
+        if not self.greedy:
             out.append(TemperatureLogitsWarper(self.temperature))
             if self.top_p < 1:
                 out.append(TopPLogitsWarper(self.top_p))
@@ -78,7 +89,7 @@ class Chooser:
         if self.processors:
             ids = torch.tensor([answer], dtype=torch.long).reshape(1, -1)
             scores = self.processors(ids, scores)
-        if self.sampling.temperature == 0:
+        if self.sampling.greedy:
             return int(scores[0].argmax())
         probs = scores[0].softmax(-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))

@@ -2,6 +2,7 @@
 turns dropped (said once) when the window fills; `--method` is a choice of the user's methods,
 the benchmark baselines are not among them (tiny random models)."""
 
+import os
 import re
 
 import pytest
@@ -130,3 +131,29 @@ def test_a_question_too_long_for_the_window_is_an_error_and_the_chat_goes_on(
     assert result.exit_code == 0, result.output
     assert "Error: question too long" in result.stderr
     assert len(prompts["ids"]) == 1  # the next question is answered
+
+
+def test_a_document_edited_during_the_chat_is_read_again_and_said(
+    tmp_path, tiny_model_dirs, monkeypatch
+):
+    doc = tmp_path / "d.md"
+    doc.write_text("# Notes\n\nThe code word is heron. " + FILLER)
+    read: list[str] = []  # the text each answer read
+    ask = Session.ask
+
+    def edited_after_first(self, *args, **kwargs):
+        read.append(self.document.text)
+        answer = ask(self, *args, **kwargs)
+        if len(read) == 1:  # the user edits the file while the chat is open
+            stamp = doc.stat().st_mtime_ns + 10**9
+            doc.write_text("# Notes\n\nThe code word is osprey. " + FILLER)
+            os.utime(doc, ns=(stamp, stamp))
+        return answer
+
+    monkeypatch.setattr(Session, "ask", edited_after_first)
+    stdin = "What is the code word?\n/reset\nWhat is the code word?\nAnd now?\n"
+    result = chat(tiny_model_dirs["llama"], doc, stdin, "--max-new-tokens", "4")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("Warning: d.md changed on disk; reading it again") == 1
+    assert ["heron" in text for text in read] == [True, False, False]
+    assert all("osprey" in text for text in read[1:])
