@@ -17,6 +17,7 @@ from rich.text import Text
 
 from sekv_core.collection import left_out_phrase, select_documents
 from sekv_core.config import MAX_TOKENS, MethodSettings, check_question
+from sekv_core.errors import SekvError
 
 from . import common
 from .eta import Eta, ProgressLog
@@ -26,11 +27,19 @@ from .words import how_many
 if TYPE_CHECKING:
     from sekv_core.api import IngestProgress, Library
 
+
+def document_path(value: str) -> Path | str:
+    """A PATH argument as a Path; an empty one kept as "" (a Path would make it ".", the
+    current folder) for :func:`open_library` to refuse."""
+    return Path(value) if value else value
+
+
 PATHS_ARGUMENT = typer.Argument(
     ...,
     help="A document (.pdf, .txt or .md), several, or a folder (read recursively).",
     metavar="PATH...",
     show_default=False,
+    parser=document_path,
 )
 
 
@@ -49,6 +58,8 @@ def open_library(
     ``question`` and ``$SEKV_HOME``, load the model, then open the library for ``method``
     (progress on stderr, labelled ``verb``). Returns (library, seconds spent reading documents
     and loading the model). ``build_all``: every document's store now (``sekv ingest``)."""
+    if any(str(p) == "" for p in paths):
+        raise SekvError("the document path is empty; name a file or a folder (. for this one)")
     start = time.perf_counter()
     with common.reading_notice(paths):
         selection = select_documents(paths, max_tokens, common.warn)

@@ -188,6 +188,18 @@ def test_fifo_device_and_directory_fail_at_once(command, tmp_path, no_model):
         assert words in one_error_line(result), name
 
 
+@pytest.mark.parametrize(
+    "command", [["ask", "", "q"], ["ingest", ""], ["chat", ""], ["ask", ".", "", "q"]]
+)
+def test_an_empty_path_is_refused_not_taken_for_this_folder(
+    command, tmp_path, monkeypatch, no_model
+):
+    (tmp_path / "a.txt").write_text("A document that must not be read.")
+    monkeypatch.chdir(tmp_path)  # an empty path was this folder: all below it was read
+    line = one_error_line(run(*command, input=""))
+    assert line.startswith("Error: the document path is empty; name a file or a folder")
+
+
 @pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
 def test_a_file_too_big_is_refused_before_it_is_read(command, tmp_path, no_model):
     big = tmp_path / "big.txt"
