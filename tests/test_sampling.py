@@ -134,6 +134,15 @@ def test_seeded_sampling_repeats_and_top_p_keeps_the_likeliest():
     assert {top(logits, []) for _ in range(10)} == {int(logits.argmax())}
 
 
+def test_a_temperature_too_small_to_divide_by_is_greedy():
+    logits = torch.tensor([[0.0, 3.0, 2.9, 1.0], [40.0, -35.0, 39.0, 0.0]])
+    for tiny in (1e-38, 1e-12, 5e-5):
+        for row in logits:
+            chosen = Chooser(Sampling(temperature=tiny, top_p=0.9, seed=1))(row[None], [])
+            assert chosen == int(row.argmax()), tiny
+    assert Sampling(temperature=1e-38).plain and not Sampling(temperature=1e-3).plain
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -231,6 +240,7 @@ def test_cli_generation_controls(tmp_path, tiny_model_dirs):
     assert ask(tmp_path, model) == greedy  # the default is greedy: reproducible
     sampled = [ask(tmp_path, model, "--temperature", 1.2, "--seed", 5) for _ in range(2)]
     assert sampled[0] == sampled[1]
+    assert ask(tmp_path, model, "--temperature", "1e-38") == greedy  # too small: greedy
 
 
 @pytest.mark.parametrize(
