@@ -19,7 +19,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from .errors import SekvError
+from .errors import ArgumentError
 
 # A temperature below this decodes greedily: dividing the logits by it overflows float32 (at
 # 1e-38 every logit is infinite and the probabilities NaN), and the distribution it would sample
@@ -39,14 +39,14 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise SekvError(
+            raise ArgumentError(
                 f"temperature {self.temperature} is not a finite number >= 0; pass 0 (greedy) "
                 "or more"
             )
         if not 0 < self.top_p <= 1:  # False for nan too
-            raise SekvError(f"top_p {self.top_p} is not in (0, 1]; pass e.g. 0.9")
+            raise ArgumentError(f"top_p {self.top_p} is not in (0, 1]; pass e.g. 0.9")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise SekvError(
+            raise ArgumentError(
                 f"repetition_penalty {self.repetition_penalty} is not a finite number above 0 "
                 "(1: none)"
             )
