@@ -133,6 +133,7 @@ def _collection(answer: Answer, documents: list[dict[str, Any]]) -> str:
     one links to its text below."""
     scores = {r["path"]: r["score"] for r in answer.routing.get("documents", [])}
     why = {r["path"]: r["why"] for r in answer.routing.get("documents", [])}
+    model = {r["path"]: r.get("model") for r in answer.routing.get("documents", [])}
     here = answer.document.get("path")
     rows = sorted(documents, key=lambda d: (d["path"] != here, -scores.get(d["path"], 0.0)))
     out = []
@@ -140,6 +141,8 @@ def _collection(answer: Answer, documents: list[dict[str, Any]]) -> str:
         path = escape(d["path"])
         cell = f'<a href="#document">{path}</a> (answered from)' if d["path"] == here else path
         score = f"{scores[d['path']]:.2f} ({why[d['path']]})" if d["path"] in scores else "–"
+        if model.get(d["path"]) is not None:
+            score += f", the model {model[d['path']]:.2f}"
         words = f"{d['words']:,}" if d.get("words") is not None else "–"
         resident = d["memory"].get("resident_bytes")
         out.append(
@@ -151,7 +154,8 @@ def _collection(answer: Answer, documents: list[dict[str, Any]]) -> str:
         f'<section><h2>Documents</h2><p class="facts">{how_many(len(documents), "document")}; '
         "the question went to those whose best passage matches its meaning and words best "
         "(score: cosine + 0.1 × normalised BM25; why: which of the two ranked it among the "
-        "first).</p>"
+        "first); the best passages are read again by the model (the question's mean "
+        "log-probability after them), and a question in parts is ranked part by part.</p>"
         f"<table>{head}{''.join(out)}</table></section>"
     )
 

@@ -87,16 +87,19 @@ def print_routed(
     ranked: list[dict[str, Any]], mem: dict[str, int], together: list[str] | None = None
 ) -> None:
     """A collection's answer: the documents ranked first, each with its score, why (its best
-    passage's words, meaning or both) and that passage; those read together marked ``*``; the
-    resident memory of the stores held against that of all."""
+    passage's words, meaning or both), how likely the model found the question after that
+    passage (when it read it), the question's part it was ranked for, and that passage; those
+    read together marked ``*``; the resident memory of the stores held against that of all."""
     read = set(together or [])
     out.print(Text(f"documents (* read for this answer; {len(read)} read together):"))
     for row in ranked:
         mark = "*" if row["path"] in read else " "
         line = Text(f"{mark} {one_line(row['path'])} ")
+        model = "" if row.get("model") is None else f", model {row['model']:.2f}"
+        part = f' for "{row["part"]}"' if row.get("part") else ""
         line.append(
             f"{row['score']:.2f} by {row['why']} (meaning {row['meaning']:.2f}, words "
-            f"{row['words']:.2f}), p. {row['page']}: ",
+            f"{row['words']:.2f}{model}){part}, p. {row['page']}: ",
             style="dim",
         )
         line.append(preview(row.get("passage", "")))

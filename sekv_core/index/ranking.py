@@ -9,8 +9,9 @@ question's rare words (a name, a code) over ones that are only on its topic. Why
 and what reciprocal-rank fusion did instead: ``docs/design.md`` (finding).
 
 The :data:`CANDIDATES` best passages are then read by the answering model
-(:class:`.likelihood.QuestionLikelihood`): each gains ``MODEL_WEIGHT`` times how much less likely
-the question is after it than after the best of them, and they rank before every other passage.
+(:class:`.likelihood.QuestionLikelihood`): each gains ``MODEL_WEIGHT`` times how much more likely
+the question is after it than after the least likely of them (so each keeps its place above
+the passages not read, and they reorder among themselves).
 The embedder matches topics; the model tells a passage that answers the question from one that
 only shares its place and topic.
 
@@ -129,14 +130,13 @@ class Finder:
         meaning, words = self.passage_scores(question)
         fused = meaning + WORDS_WEIGHT * words  # (P,)
         model = np.full(len(fused), np.nan)
-        order = fused.copy()  # what ranks a passage: the model's candidates come first
+        score = fused.copy()  # the model's candidates gain what it reads in them
         if self.likelihood is not None and len(fused):
             rows = np.argsort(-fused, kind="stable")[:CANDIDATES]
             texts = self.catalog.passage_texts([int(self.passages.ids[k]) for k in rows])
             model[rows] = self.likelihood(texts, question)
-            read = fused[rows] + MODEL_WEIGHT * (model[rows] - model[rows].max())
-            order[rows] = read + (fused.max() - read.min()) + 1.0  # above every other passage
-        best = _best_per_content(self.passages.owners, order)
+            score[rows] += MODEL_WEIGHT * (model[rows] - model[rows].min())
+        best = _best_per_content(self.passages.owners, score)
         by_meaning = _best_per_content(self.passages.owners, meaning)
         by_words = _best_per_content(self.passages.owners, words)
         top_m = _top(by_meaning, meaning, TOP)
@@ -151,7 +151,7 @@ class Finder:
                 out.append(
                     Ranked(
                         i,
-                        float(fused[k]),
+                        float(score[k]),
                         float(meaning[by_meaning[content]]),
                         float(words[by_words[content]]),
                         why,
@@ -162,8 +162,7 @@ class Finder:
                         part,
                     )  # fmt: skip
                 )
-        key = {id(r): order[self.row[r.passage]] for r in out}
-        out.sort(key=lambda r: (-key[id(r)], r.index))
+        out.sort(key=lambda r: (-r.score, r.index))
         return out
 
 
