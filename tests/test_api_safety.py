@@ -242,3 +242,32 @@ def test_a_closed_library_lets_go_and_refuses_questions(tmp_path, loaded):
         with pytest.raises(ValueError, match="closed"):
             call()
     library.close()  # again: nothing happens
+
+
+@pytest.mark.integration
+def test_the_default_model_answers_threads_as_one(default_model, shared_home, monkeypatch):
+    """The real model and kernels: 3 threads asking one library of the sample lighthouse
+    twice each, while a second library shares the model: the single-threaded answers."""
+    monkeypatch.setenv("SEKV_HOME", str(shared_home))  # the store other tests build
+    doc = Path(__file__).resolve().parents[1] / "sample_docs" / "lighthouse.md"
+    one, other = open_documents(doc, default_model), open_documents(doc, default_model)
+    questions = [
+        "What is the station dog called?",
+        "Who is the principal keeper?",
+        "What is the fog signal called?",
+    ]
+    work = [(one, q) for q in questions] + [(other, questions[0])]
+    alone = {(id(lib), q): lib.ask(q, 12).answer for lib, q in work}
+    assert "Biscuit" in alone[(id(one), questions[0])]
+    got: dict[tuple[int, str], list[str]] = {}
+
+    def ask(lib: api.Library, question: str) -> None:
+        for _ in range(2):
+            got.setdefault((id(lib), question), []).append(lib.ask(question, 12).answer)
+
+    threads = [threading.Thread(target=ask, args=w) for w in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {key: [answer, answer] for key, answer in alone.items()}
