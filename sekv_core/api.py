@@ -438,8 +438,8 @@ class Library:
 
     def _tokenise(self, entry: Entry, document: Document, progress: Progress | None = None) -> None:
         """``entry`` holds ``document`` (read now), tokenised (characters reported to
-        ``progress`` when long); over ``max_tokens`` without a store it is refused. Its store,
-        if any, is found again."""
+        ``progress`` when long); over ``max_tokens`` without a store it is refused (and let
+        go of). What was known of its store is forgotten: found again when needed."""
         told = None
         if progress is not None:
             name = document.path.name
