@@ -37,7 +37,7 @@ from sekv_core.config import (
 )
 from sekv_core.errors import SekvError
 from sekv_core.method_names import USER_METHODS
-from sekv_core.paths import sekv_home
+from sekv_core.paths import home_read_only, sekv_home
 from sekv_core.threads import THREADS_ENV, apply_threads, default_threads
 
 from .eta import Eta, ProgressLog, counted, eta_text
@@ -276,7 +276,7 @@ def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKE
     start = time.perf_counter()
     with reading_notice([Path(file)]):
         document = load_document(file, max_tokens)
-    check_home()
+    check_home(answering=True)
     from sekv_core.engine import check_window  # torch: only once the input is known to be usable
     from sekv_core.prompt import chat_template, encode_context
     from sekv_core.store.ingest import open_or_build
@@ -330,10 +330,14 @@ def reading_notice(paths: Sequence[Path]) -> Iterator[None]:
         timer.cancel()
 
 
-def check_home() -> None:
+def check_home(answering: bool = False) -> None:
     """Fail before the model loads if ``$SEKV_HOME`` (stores, routers, the default model's
-    converted copy) cannot be written, rather than after a prefill."""
+    converted copy) cannot be written, rather than after a prefill. ``answering``: a read-only
+    home that holds stores (a shared cache) is used as it is (:mod:`sekv_core.paths`: work
+    that must write there fails when it comes to it)."""
     home = sekv_home()  # created if need be, else an error naming SEKV_HOME
+    if answering and home_read_only() and _holds_stores(home):
+        return
     for folder in (home, home / "stores"):
         try:
             if folder.is_dir():
@@ -344,6 +348,13 @@ def check_home() -> None:
             raise SekvError(
                 f"SEKV_HOME {home} is not writable{where}; set SEKV_HOME to a writable directory"
             ) from None
+
+
+def _holds_stores(home: Path) -> bool:
+    try:
+        return any((home / "stores").iterdir())
+    except OSError:
+        return False
 
 
 def check_document_tokens(loaded, document, context, max_tokens: int, store_settings) -> None:

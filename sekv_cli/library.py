@@ -65,7 +65,7 @@ def open_library(
         selection = select_documents(paths, max_tokens, common.warn)
     if question is not None:
         check_question(question)
-    common.check_home()
+    common.check_home(answering=True)
     from sekv_core.api import Library  # torch: only once the input is known to be usable
 
     loaded = common.load_model_quietly(model, threads)

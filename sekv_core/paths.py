@@ -1,5 +1,11 @@
 """Where sekv keeps its data: ``$SEKV_HOME`` (default ``~/.cache/sekv``), its stores in
-``stores/`` (0700)."""
+``stores/`` (0700).
+
+A home that cannot be written (a shared cache mounted read-only, or one this user may not
+write: :func:`home_read_only`) is used as it is: what it holds answers, nothing is written
+there (no lock file, no last-use time, no index update); work that must write there is a
+SekvError (:func:`read_only_error`).
+"""
 
 from __future__ import annotations
 
@@ -30,9 +36,40 @@ def sekv_home() -> Path:
     return home
 
 
+def read_only(folder: Path) -> bool:
+    """Whether ``folder`` cannot be written: its file system is mounted read-only, or this
+    user may not write it."""
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return True
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        pass
+    return not os.access(folder, os.W_OK | os.X_OK)
+
+
+def home_read_only() -> bool:
+    """Whether ``$SEKV_HOME`` exists and cannot be written (see the module docstring)."""
+    home = home_path()
+    return home.is_dir() and read_only(home)
+
+
+ASK_WHAT_IT_HOLDS = (
+    "ask about documents it holds the stores of, or set SEKV_HOME to a writable directory"
+)
+
+
+def read_only_error(what: str, fix: str = ASK_WHAT_IT_HOLDS) -> SekvError:
+    """The error for work that must write in a read-only ``$SEKV_HOME``: ``what`` cannot be
+    done (``"it holds no span store of a.md, and one cannot be built there"``), and ``fix``."""
+    return SekvError(f"$SEKV_HOME {home_path()} is read-only: {what}; {fix}")
+
+
 def stores_dir() -> Path:
-    """``$SEKV_HOME/stores``, private to the user (0700: stores hold whole documents)."""
+    """``$SEKV_HOME/stores``, private to the user (0700: stores hold whole documents); in a
+    read-only home, as it is."""
     stores = sekv_home() / "stores"
+    if home_read_only():
+        return stores
     try:
         private_dir(stores)
     except OSError as exc:

@@ -93,3 +93,39 @@ def default_model(shared_home):
             os.environ.pop("SEKV_HOME", None)
         else:
             os.environ["SEKV_HOME"] = old
+
+
+def home_files(home: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``home`` (itself too) with its size and mtime: what a write changes."""
+    out = {}
+    for path in [home, *home.rglob("*")]:
+        st = path.lstat()
+        out[str(path.relative_to(home))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def read_only_home(sekv_home, monkeypatch):
+    """Call it once $SEKV_HOME holds what the test needs: it makes the home read-only and
+    returns :func:`home_files` of it. ``chmod -R a-w``; where the tests run as root, who
+    writes anyway, ``os.access`` (what :func:`sekv_core.paths.read_only` asks) also says no
+    to writing there, so the test still sees whether sekv writes."""
+    paths: list[Path] = []
+
+    def make() -> dict[str, tuple[int, int]]:
+        paths.extend(p for p in [sekv_home, *sekv_home.rglob("*")] if not p.is_symlink())
+        for path in paths:
+            path.chmod(path.stat().st_mode & ~0o222)
+        if os.geteuid() == 0:
+            real = os.access
+
+            def access(path, mode, *args, **kwargs):
+                inside = Path(os.path.abspath(path)).is_relative_to(sekv_home)
+                return False if inside and mode & os.W_OK else real(path, mode, *args, **kwargs)
+
+            monkeypatch.setattr(os, "access", access)
+        return home_files(sekv_home)
+
+    yield make
+    for path in paths:
+        path.chmod(path.stat().st_mode | 0o200)

@@ -161,3 +161,31 @@ def test_a_folder_that_holds_sekv_home_reads_only_the_documents(docs, model, mon
             "; 1 of 4 skipped (unreadable, see above); 1 hidden file and $SEKV_HOME skipped"
         )
     assert any((home / "stores").iterdir())
+
+
+def test_a_read_only_home_answers_from_its_stores_and_writes_nothing(
+    docs, model, sekv_home, read_only_home
+):
+    """$SEKV_HOME a shared cache mounted read-only that holds the stores and the index: a
+    file and the folder are answered from them, and nothing there is written (no lock file,
+    no last use, no index write); a document it holds no store of is one error line."""
+    from conftest import home_files
+
+    (docs / "broken.txt").unlink()
+    quiet = MethodSettings(warn=lambda message: None)
+    with open_documents(docs, load_model(model, device="cpu"), settings=quiet, build_all=True):
+        pass  # the stores and the index, closed (as `sekv ingest` leaves them when it exits)
+    before = read_only_home()
+    for path in (docs / "mill.txt", docs):
+        result = run("ask", path, MILLER, "--json", "--model", model, "--max-new-tokens", "3")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["store"]["cache_hit"] is True
+    assert home_files(sekv_home) == before
+    (docs / "new.md").write_text("The ferry leaves at seven. " * 4)
+    for path, says in ((docs / "new.md", "it holds no span store of new.md"),
+                       (docs, "the collection index there cannot record 1 new")):  # fmt: skip
+        result = run("ask", path, MILLER, "--model", model)
+        assert result.exit_code == 1 and result.stdout == ""
+        assert result.stderr.startswith(f"Error: $SEKV_HOME {sekv_home} is read-only: {says}")
+        assert len(result.stderr.splitlines()) == 1
+    assert home_files(sekv_home) == before

@@ -517,3 +517,58 @@ def test_processes_sync_and_ask_at_once(tmp_path, folder, shared_models):
     with Catalog(tmp_path / "clean.sqlite") as clean:
         sync(clean, crowded)
     assert found["passages"] == audit(tmp_path / "clean.sqlite")["passages"]
+
+
+# -- a read-only home --------------------------------------------------------------------------
+
+
+def test_a_read_only_home_index_answers_and_is_never_written(folder, read_only_home):
+    """A shared cache mounted read-only: its index is read (immutable without a -shm file,
+    plain read-only with one) and never written; a file it would have to record is an
+    error that says why, and nothing is written either."""
+    from conftest import home_files
+
+    with Catalog() as writer:
+        sync(writer, folder)
+    home = default_path().parent
+    before = read_only_home()
+    with Catalog() as catalog:
+        synced = sync(catalog, folder)
+        assert synced.unchanged == len(DOCS) and synced.read == 0
+        assert top_name(catalog, synced, FERRY) == "ferry.md"
+    assert home_files(home) == before
+    (folder / "new.md").write_text("The lighthouse keeper's dog is called Biscuit.\n")
+    (folder / "snow.txt").unlink()  # gone: dropped by a writable index, kept here
+    with Catalog() as catalog, pytest.raises(SekvError) as info:
+        sync(catalog, folder)
+    assert str(info.value).startswith(f"$SEKV_HOME {home} is read-only: the collection index")
+    assert "cannot record 1 new or changed file (new.md)" in str(info.value)
+    assert home_files(home) == before
+    (folder / "new.md").unlink()
+    with closing(sqlite3.connect(default_path())) as other:  # a process with it open: a -shm
+        other.execute("SELECT count(*) FROM files").fetchone()
+        assert Path(f"{default_path()}-shm").exists()
+        with Catalog() as catalog:
+            synced = sync(catalog, folder)
+            assert synced.unchanged == len(DOCS) - 1 and synced.dropped == 0
+            assert top_name(catalog, synced, FERRY) == "ferry.md"
+
+
+@pytest.mark.parametrize("index", ["missing", "damaged"])
+def test_a_read_only_home_without_a_usable_index_is_an_error(folder, read_only_home, index):
+    from conftest import home_files
+
+    (default_path().parent / "stores").mkdir(parents=True)
+    if index == "damaged":
+        with Catalog() as writer:
+            sync(writer, folder)
+        scribbled(default_path())
+    before = read_only_home()
+    said = {
+        "missing": "it holds no collection index",
+        "damaged": "the collection index there cannot be used (",
+    }
+    with pytest.raises(SekvError) as info:
+        Catalog()
+    assert f"is read-only: {said[index]}" in str(info.value)
+    assert home_files(default_path().parent) == before  # not moved aside, not made

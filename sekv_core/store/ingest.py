@@ -17,7 +17,7 @@ from ..config import StoreSettings, exceeds_window
 from ..documents import Document
 from ..errors import SekvError
 from ..models import LoadedModel
-from ..paths import stores_dir
+from ..paths import home_read_only, read_only_error, stores_dir
 from ..prefill import Progress
 from ..prompt import Context
 from .build import build_store
@@ -47,19 +47,26 @@ def open_or_build(
 
     A stale, foreign or corrupt store is rebuilt, and ``warn`` is told why. A store that fails
     to load without the lock (missing, being replaced, damaged) is decided under it. The store's
-    last use is recorded (:func:`sekv_core.store.shelf.mark_used`).
+    last use is recorded (:func:`sekv_core.store.shelf.mark_used`). In a read-only
+    ``$SEKV_HOME`` a valid store is loaded and nothing is written; a missing or unusable one
+    is a SekvError.
     """
     settings = settings or StoreSettings()
     path = store_path(loaded, document, context, settings)
+    name = document.path.name
     if path.exists():
         try:
             store = load_store(path, loaded, document, context, settings)
-        except StoreInvalid:
-            pass  # replaced meanwhile, or damaged: checked again under the lock
+        except StoreInvalid as exc:
+            if home_read_only():  # never used, and it cannot be rebuilt there
+                why = f"the span store of {name} there is unusable ({exc})"
+                raise read_only_error(why) from None
+            # else replaced meanwhile, or damaged: checked again under the lock
         else:
             mark_used(path)  # its last use: what `sekv stores prune` goes by
             return store, True
-    name = document.path.name
+    if home_read_only():  # checked before any lock file or prefill
+        raise read_only_error(f"it holds no span store of {name}, and one cannot be built there")
 
     def waiting() -> None:
         if warn:

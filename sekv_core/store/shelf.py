@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SekvError
-from ..paths import sekv_home
+from ..paths import read_only, read_only_error, sekv_home
 from .locks import WORK_PREFIXES, store_lock, work_folder_state
 
 MIN_PREFIX = 4  # a key prefix shorter than this matches nothing (``rm b`` removes no store)
@@ -94,7 +94,9 @@ def shelf_dir() -> Path:
 
 
 def mark_used(store: Path, when: float | None = None) -> None:
-    """Record that ``store`` was used at ``when`` (default: now); a read-only home is no error."""
+    """Record that ``store`` was used at ``when`` (default: now); not in a read-only home."""
+    if read_only(store.parent):
+        return
     try:
         os.utime(store, None if when is None else (when, when))
     except OSError:
@@ -192,6 +194,8 @@ def plan_prune(
 
 def remove(entries: list[StoreEntry]) -> Removal:
     """Remove ``entries``, each under its build lock (one being built is kept, as busy)."""
+    if entries and read_only(entries[0].path.parent):
+        raise read_only_error("its stores cannot be removed", "remove them where it is writable")
     done = Removal([], [])
     for entry in entries:
         if entry.is_work:  # a work folder: removed unless its process came back to it
