@@ -268,7 +268,10 @@ class Library:
             self._check_open()
             if self.finder is None:
                 files = [e.indexed for e in self.entries]
-                reader = QuestionLikelihood(self.loaded.model, self.loaded.tokenizer)
+                read = READ_TOGETHER if self.stored else 1  # the model reads the best
+                reader = None  # passages again when it picks which documents are read
+                if len(files) > read:
+                    reader = QuestionLikelihood(self.loaded.model, self.loaded.tokenizer)
                 self.finder = Finder(self.catalog, files, load_embedder(), reader)
                 self.ranked = None
             if self.ranked is None or self.ranked[0] != question:  # a chat ranks it twice
