@@ -227,3 +227,17 @@ def test_the_default_model_answers_across_the_sample_documents(default_model):
     answer = library.ask("What is the station dog called?", max_new_tokens=16)
     assert answer.document["path"] == str(docs[0])
     assert any("Biscuit" in s["text"] for s in answer.sources)
+
+
+def test_the_model_reads_passages_again_only_where_it_picks_what_is_read(tmp_path, loaded):
+    few = write(tmp_path / "few", damaged=False)  # three documents: all are read together
+    many = write(tmp_path / "many", damaged=False)
+    (many / "ferry.md").write_text("The ferry to Holm leaves the quay at seven each morning. " * 4)
+    with open_documents(few, loaded) as library:
+        assert all(r.model is None for r in library.rank(KEEPER))
+    with open_documents(many, loaded) as library:
+        ranked = library.rank(KEEPER)
+        assert len(ranked) == 4 and ranked[0].model is not None
+        assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
+    with open_documents(many, loaded, method="full") as library:  # one read: the model picks
+        assert library.rank(KEEPER)[0].model is not None
