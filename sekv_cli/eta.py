@@ -68,7 +68,8 @@ class ProgressLog:
     at each tenth of the work and every ``LOG_EVERY_S`` seconds, never within ``LOG_GAP_S`` of
     the last line: work done in a few seconds prints nothing, unless ``announce``: then the
     first update prints a line at once. ``unit`` names what is counted (``tokens``,
-    ``characters``).
+    ``characters``). New work (another total, or fewer done than before) starts its elapsed
+    time and ETA afresh.
     """
 
     def __init__(
@@ -84,8 +85,13 @@ class ProgressLog:
         self.start = self.last = clock()
         self.tenth = 0  # tenths of the work done at the last line (or at the first update)
         self.first, self.announce = True, announce
+        self.seen: tuple[int, int] | None = None  # the last (done, total)
 
     def update(self, done: int, total: int) -> None:
+        if self.seen is not None and (total != self.seen[1] or done < self.seen[0]):
+            self.eta, self.start = Eta(self.clock), self.clock()  # new work: its own clock
+            self.first, self.tenth = True, 0
+        self.seen = (done, total)
         left = self.eta.update(done, total)
         now = self.clock()
         tenth = 10 * done // total if total > 0 else 0

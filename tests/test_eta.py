@@ -70,3 +70,22 @@ def test_a_growth_fitted_on_the_first_chunks_of_a_book_is_not_carried_to_its_end
     assert done < TRUSTED_SHARE * total
     assert eta_text(said, True).startswith("≥ ") and "d " in clock_time(said)
     assert clock_time(90061) == "1d 01:01:01" and clock_time(3599) == "0:59:59"
+
+
+def test_a_log_line_after_other_work_times_only_the_new_work():
+    """Indexing bytes then building stores, or a later question's builds: each from its own
+    start, at its own speed."""
+    from sekv_cli.eta import ProgressLog
+
+    clock, lines = [0.0], []
+    log = ProgressLog("Reading", lines.append, clock=lambda: clock[0])
+    for done in range(0, 1_000_001, 100_000):  # slow earlier work: 100 s
+        log.update(done, 1_000_000)
+        clock[0] += 10.0
+    lines.clear()
+    for done in range(0, 10_001, 1_000):  # then 10,000 units at one a second
+        log.update(done, 10_000)
+        clock[0] += 1_000.0
+    half = next(line for line in lines if "5,000/10,000" in line)
+    assert "1:23:20 elapsed" in half  # 5,000 s since the new work began (old: from 0:00:00)
+    assert half.endswith("ETA 1:23:20")  # its own speed (old: fitted on the earlier work too)
