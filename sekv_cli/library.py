@@ -124,9 +124,13 @@ def library_progress(
         return f"{what} {one_line(p.name)} ({p.documents_done} of {p.documents} done, {left} left)"
 
     if not common.err.is_terminal:
-        log = ProgressLog(verb, lambda line: common.err.print(Text(line), soft_wrap=True))
+        logs: dict[str, ProgressLog] = {}  # one per unit: its own elapsed time and ETA
 
         def update_log(p: IngestProgress) -> None:
+            log = logs.setdefault(
+                p.unit,
+                ProgressLog(verb, lambda line: common.err.print(Text(line), soft_wrap=True)),
+            )
             log.label, log.unit = label(p), p.unit
             log.update(p.tokens_done, p.tokens)
 
