@@ -128,4 +128,5 @@ def read_only_home(sekv_home, monkeypatch):
 
     yield make
     for path in paths:
-        path.chmod(path.stat().st_mode | 0o200)
+        if path.exists():  # (a -wal or -shm goes with its last connection)
+            path.chmod(path.stat().st_mode | 0o200)

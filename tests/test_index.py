@@ -538,19 +538,25 @@ def test_a_read_only_home_index_answers_and_is_never_written(folder, read_only_h
         assert top_name(catalog, synced, FERRY) == "ferry.md"
     assert home_files(home) == before
     (folder / "new.md").write_text("The lighthouse keeper's dog is called Biscuit.\n")
-    (folder / "snow.txt").unlink()  # gone: dropped by a writable index, kept here
+    (folder / "snow.txt").unlink()  # gone: a writable index drops it, this one keeps it
     with Catalog() as catalog, pytest.raises(SekvError) as info:
         sync(catalog, folder)
     assert str(info.value).startswith(f"$SEKV_HOME {home} is read-only: the collection index")
     assert "cannot record 1 new or changed file (new.md)" in str(info.value)
     assert home_files(home) == before
-    (folder / "new.md").unlink()
-    with closing(sqlite3.connect(default_path())) as other:  # a process with it open: a -shm
+
+
+def test_a_read_only_home_index_another_process_has_open_is_read(folder, read_only_home):
+    """With its -shm file there (a process beside has it open), the index is read through it."""
+    with Catalog() as writer:
+        sync(writer, folder)
+    with closing(sqlite3.connect(default_path())) as other:
         other.execute("SELECT count(*) FROM files").fetchone()
         assert Path(f"{default_path()}-shm").exists()
+        read_only_home()
         with Catalog() as catalog:
             synced = sync(catalog, folder)
-            assert synced.unchanged == len(DOCS) - 1 and synced.dropped == 0
+            assert synced.unchanged == len(DOCS) and synced.read == 0
             assert top_name(catalog, synced, FERRY) == "ferry.md"
 
 
