@@ -116,6 +116,8 @@ def chat(
             elif cmd == "/sources":
                 if last is not None and last.sources:
                     print_sources(last, library.collection)
+                elif last is not None:
+                    err.print("the last answer points to no passage of the documents")
                 else:
                     err.print("no sources yet: ask a question first")
             elif cmd == "/zoom":

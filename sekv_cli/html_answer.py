@@ -114,12 +114,15 @@ def _source_list(answer: Answer, with_files: bool = False) -> str:
         )
     items = []
     for n, s in enumerate(answer.sources, 1):
+        place = f'<a href="#source-{n}">[{n}] p. {s["page"]}</a>'
+        if not _in_shown(answer, s):  # another file of the collection: not in the text below
+            place = f"[{n}] p. {s['page']}"
         zoom = (
             f'<div class="zoomfacts">{escape(zoom_words(s["zoom"]))}</div>' if s.get("zoom") else ""
         )
         file = f'<div class="file">{escape(s["path"])}</div>' if with_files else ""
         items.append(
-            f'<li id="cite-{n}"><div class="cite"><a href="#source-{n}">[{n}] p. {s["page"]}</a>'
+            f'<li id="cite-{n}"><div class="cite">{place}'
             f'<span class="share">{s["share"]:.1%} of attention</span></div>'
             f'<div>{file}<div class="quote">{emphasise(s["text"], s.get("matched", ()))}</div>'
             f"{zoom}</div></li>"
@@ -191,7 +194,10 @@ def _document_text(answer: Answer, document: Document, context: Context) -> str:
     spans shaded. The text is cut at every boundary; a source is one ``<mark>`` (continued in a
     second one, without id, past a page divider) and shaded pieces sit inside it."""
     text, n = document.text, len(document.text)
-    sources = [(max(0, s["chars"][0]), min(n, s["chars"][1])) for s in answer.sources]
+    sources = [
+        (max(0, s["chars"][0]), min(n, s["chars"][1])) if _in_shown(answer, s) else (-1, -1)
+        for s in answer.sources
+    ]  # another file's source: no highlight here
     zooms = zoom_char_ranges(answer, context)
     top = max((row["attention"] for *_, row in zooms), default=0.0)
     starts = [c0 for c0, _, _ in zooms]
@@ -226,6 +232,12 @@ def _document_text(answer: Answer, document: Document, context: Context) -> str:
         f'<section id="document"><h2>Document</h2>{_legend(bool(zooms), top)}'
         f'<div class="doc">{"".join(out)}</div></section>'
     )
+
+
+def _in_shown(answer: Answer, source: dict[str, Any]) -> bool:
+    """Whether ``source`` lies in the document the page shows (the answer's, whose text it
+    holds; a collection's answer may cite other files too)."""
+    return source.get("path", answer.document.get("path")) == answer.document.get("path")
 
 
 def _shaded(piece: str, row: dict[str, Any], top: float) -> str:

@@ -49,6 +49,7 @@ from .methods import METHODS, SeKV
 from .models import LoadedModel, load_model
 from .prompt import Context, Turn, chat_template, encode_context, encode_question
 from .sampling import Sampling
+from .sources import in_documents
 from .store.ingest import open_or_build, store_path
 from .store.load import StoreInvalid, check_claims, read_manifest
 from .store.shelf import mark_used
@@ -179,6 +180,7 @@ class Library:
         self.finder: Finder | None = None
         self.ranked: tuple[str, list[Ranked]] | None = None  # the last question's ranking
         self.joined: Session | None = None  # a collection's retrieve: one session over all
+        self.joined_from: list[Document] = []  # the documents it joins, in order
         self.answered: Session | None = None  # the session of the last answer (its first)
         self.index_s = 0.0  # seconds the collection index took to open and sync
         self.synced: Synced | None = None  # what opening did to the index (a collection)
@@ -254,8 +256,10 @@ class Library:
                 answer = sessions[0].ask(
                     question, max_new_tokens, on_text, sampling, stop, history, allow_repeats
                 )
+                if sessions[0] is self.joined:  # its passages' files
+                    in_documents(answer.sources, self.joined_from, answer.answer)
                 for source in answer.sources:
-                    source["path"] = answer.document["path"]
+                    source.setdefault("path", answer.document["path"])
             if self.collection:
                 self._collection_facts(answer, ranking, route_s, sessions)
             return answer
@@ -515,6 +519,7 @@ class Library:
         documents = [self._document(i) for i in range(len(self.entries))]
         joined = joined_document(documents)
         self.joined = Session(self.loaded, joined, self.method, self.settings)
+        self.joined_from = documents  # where its sources are placed
 
     def _check_open(self) -> None:
         if self.closed:

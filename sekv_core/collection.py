@@ -26,6 +26,8 @@ from .documents import SUPPORTED_SUFFIXES, Document, load_document
 from .errors import SekvError
 from .paths import home_path
 
+JOIN = "\n\n"  # between the documents of a joined one (joined_document)
+
 
 @dataclass(frozen=True)
 class Skipped:
@@ -256,12 +258,19 @@ def _is_dir(entry: os.DirEntry) -> bool:
 def joined_document(documents: Sequence[Document]) -> Document:
     """``documents`` as one: their texts in order, a blank line between, each page of each
     a page of the whole (what a method reading the whole collection at once is given)."""
-    texts, starts, at = [], [], 0
-    for doc in documents:
+    starts = []
+    for doc, at in zip(documents, joined_starts(documents), strict=True):
         starts += [at + s for s in doc.page_starts]
-        texts.append(doc.text)
-        at += len(doc.text) + 2
-    text = "\n\n".join(texts)
+    text = JOIN.join(d.text for d in documents)
     digest = hashlib.sha256("\0".join(d.sha256 for d in documents).encode()).hexdigest()
     root = Path(os.path.commonpath([d.path.resolve() for d in documents]))
     return Document(root, digest, text, tuple(starts), "md")
+
+
+def joined_starts(documents: Sequence[Document]) -> list[int]:
+    """Where each of ``documents`` starts in the text of :func:`joined_document` of them."""
+    starts, at = [], 0
+    for doc in documents:
+        starts.append(at)
+        at += len(doc.text) + len(JOIN)
+    return starts

@@ -110,9 +110,9 @@ class MethodSettings:
         for the answer, chosen by the question's words and its attention beyond a neutral
         question's (:mod:`sekv_core.passages`); a
         ``budget`` given sets it too.
-    sources : full KV records the attention its answer pays the document, to name the answer's
-        sources (:mod:`sekv_core.sources`; one more product per layer and step). SeKV's come
-        with its attention at no cost.
+    sources : full KV (and retrieve, over its window) records the attention its answer pays the
+        document, to name the answer's sources (:mod:`sekv_core.sources`; one more product per
+        layer and step). SeKV's come with its attention at no cost.
     """
 
     budget: int | None = None

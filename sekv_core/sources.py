@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from .collection import joined_starts
 from .documents import Document
 from .prompt import Context
 
@@ -98,6 +99,24 @@ def answer_sources(
         )
     sources.sort(key=lambda s: -s.share)
     return sources
+
+
+def in_documents(rows: list[dict], documents: list[Document], answer: str) -> None:
+    """Sources found in :func:`~sekv_core.collection.joined_document` of ``documents`` (JSON
+    rows), placed in the document holding each one's page: its ``path``, its ``page`` and
+    ``chars`` in that document (a passage running past the document's edge cut there and
+    quoted again). ``start`` and ``end`` stay positions in the joined context."""
+    starts = joined_starts(documents)
+    pages = np.cumsum([0] + [d.pages for d in documents])  # pages before each document
+    for row in rows:
+        k = int(np.searchsorted(pages, row["page"], side="left")) - 1
+        doc, at = documents[k], starts[k]
+        c0, c1 = row["chars"][0] - at, row["chars"][1] - at
+        a, b = max(0, c0), min(len(doc.text), c1)
+        if (a, b) != (c0, c1):
+            row["text"] = quote(doc.text, a, b, a)
+            row["matched"] = list(shared_words(row["text"], answer))
+        row.update(path=str(doc.path), page=int(row["page"] - pages[k]), chars=[a, b])
 
 
 def token_weights(attention: torch.Tensor, context: Context) -> np.ndarray:

@@ -109,6 +109,25 @@ def test_source_highlight_wraps_its_characters_and_links_both_ways(tmp_path, tin
     assert "No sources" not in page
 
 
+def test_a_source_in_another_file_is_listed_not_highlighted(tmp_path, tiny_model_dirs):
+    """A collection's answer may cite files other than the one whose text the page shows: those
+    are listed with their file, and nothing of the text shown is marked for them."""
+    answer, session = ask(tiny_model_dirs["llama"], make_pdf(tmp_path / "log.pdf"))
+    text = session.document.text
+    here = dataclasses.replace(
+        with_source(answer, text, "The vault code is 7781", page=2),
+        document={**answer.document, "path": str(session.document.path)},
+    )
+    other = {**here.sources[0], "path": str(tmp_path / "other.md"), "page": 1}
+    mine = {**here.sources[0], "path": str(session.document.path)}
+    both = dataclasses.replace(here, sources=[other, mine])
+    page = render_answer_html(both, session.document, session.context, QUESTION, [])
+    assert 'id="source-1"' not in page and 'href="#source-1"' not in page
+    assert "[1] p. 1" in page and html.escape(str(tmp_path / "other.md")) in page
+    assert plain(highlight(page, 2)) == "The vault code is 7781"
+    assert '<a href="#source-2">[2] p. 2</a>' in page
+
+
 def test_an_answer_without_sources_says_so(tmp_path, tiny_model_dirs):
     answer, session = ask(tiny_model_dirs["llama"], make_md(tmp_path / "notes.md"))
     page = page_for(dataclasses.replace(answer, sources=[]), session)

@@ -167,6 +167,13 @@ def test_full_routes_and_retrieve_reads_the_whole_collection(tmp_path, loaded):
     assert whole.document["tokens"] >= sum(d["tokens"] for d in library.documents())
     assert all(d["tokens"] for d in library.documents())  # retrieve reads every document
     assert all(d["store"] is None for d in library.documents())
+    assert whole.sources, "retrieve names the passages it read that the answer drew on"
+    files = {str(docs / name): load_document(docs / name).text for name in TEXTS}
+    for s in whole.sources:  # each placed in its file: its path, page and characters there
+        text = files[s["path"]]
+        c0, c1 = s["chars"]
+        assert s["page"] == 1 and 0 <= c0 < c1 <= len(text)
+        assert s["text"].strip("…") in " ".join(text[c0:c1].split())
 
 
 def test_a_chat_over_a_collection_follows_each_question(tmp_path, loaded):

@@ -121,6 +121,21 @@ def test_a_budget_with_a_method_that_does_not_zoom_is_a_usage_error(command, met
     assert f"--method sekv only; {method} does not zoom" in flat(result.output)
 
 
+def test_retrieve_over_a_folder_names_each_source_file(tmp_path, tiny_model_dirs):
+    """--method retrieve: the answer's sources are the passages it read that the answer drew
+    on, each with its file; /sources shows them again."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.md").write_text("# Shelves\n\n" + FILLER)
+    (folder / "b.md").write_text("The heron nests by the mill pond. " * 20)
+    stdin = "Which shelf holds 9 jars?\n/sources\n"
+    result = chat(tiny_model_dirs["llama"], folder, stdin, "--method", "retrieve")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("Sources\n") == 2 and "ask a question first" not in result.stderr
+    cited = re.findall(r"^\[\d\] (\S+) p\. 1 ", result.stdout, re.M)
+    assert cited and {os.path.basename(p) for p in cited} <= {"a.md", "b.md"}
+
+
 def test_a_question_too_long_for_the_window_is_an_error_and_the_chat_goes_on(
     tmp_path, tiny_model_dirs, prompts
 ):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sekv_core.api import open_documents
 from sekv_core.conversation import Conversation
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
@@ -115,6 +116,26 @@ def test_sources_name_the_sentence_and_the_page(default_model, method):
         facts = first["zoom"]
         assert 1 <= facts["layers_zoomed"] <= facts["layers"]
         assert 1 <= facts["rank"] <= facts["spans"]
+
+
+def test_retrieve_cites_the_passage_it_read_the_answer_in(default_model, tmp_path):
+    """--method retrieve's sources are sentences of the passages it read, where its answer's
+    attention went: the network's name and its page, alone and in a folder (with the file)."""
+    item = next(i for i in qa("handbook.pdf") if "wireless" in i["question"])
+    session = Session(default_model, load_document(SAMPLES / "handbook.pdf"), "retrieve")
+    answer = session.ask(item["question"], max_new_tokens=24)
+    assert item["answer"] in answer.answer
+    cited = [s for s in answer.sources if item["answer"] in s["text"]]
+    assert cited and cited[0]["page"] == item["page"], answer.sources
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name in ("handbook.pdf", "lighthouse.md"):
+        (folder / name).write_bytes((SAMPLES / name).read_bytes())
+    library = open_documents(folder, default_model, method="retrieve")
+    answer = library.ask(item["question"], max_new_tokens=24)
+    cited = [s for s in answer.sources if item["answer"] in s["text"]]
+    assert cited, answer.sources
+    assert cited[0]["path"] == str(folder / "handbook.pdf") and cited[0]["page"] == item["page"]
 
 
 def test_cli_ask_prints_sources_and_explains_them(default_model, shared_home):

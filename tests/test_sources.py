@@ -6,9 +6,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sekv_core.collection import joined_document
 from sekv_core.documents import Document
 from sekv_core.prompt import Context
-from sekv_core.sources import answer_sources, quote, sentence_ends, shared_words
+from sekv_core.sources import answer_sources, in_documents, quote, sentence_ends, shared_words
 
 WRAPPED = (
     "Welcome to Brackwater\n"
@@ -169,3 +170,27 @@ def test_the_questions_routing_explains_a_source():
     book = trace.explain(torch.tensor([0]), scores=torch.tensor([0.5, 0.9, 0.1, 0.2]))
     assert book["rank"] == 2 and book["ranked_by"] == "question"
     assert trace.explain(torch.tensor([], dtype=torch.long)) == {}
+
+
+def test_sources_of_a_joined_document_are_placed_in_their_files():
+    """A collection read as one document (retrieve): each source gets the path, page and
+    characters of the file holding its page; one running into the next file is cut there."""
+    first = Document(Path("a.pdf"), "1", "Page one text.\n\nThe keeper is Orla.", (0, 16), "pdf")
+    second = Document(Path("b.md"), "2", "The miller is Tomasz.", (0,), "md")
+    joined = joined_document([first, second])
+    orla, tomasz = joined.text.index("Orla"), joined.text.index("Tomasz")
+    rows = [
+        {"page": 3, "chars": [tomasz - 14, tomasz + 7], "text": "", "matched": []},
+        {"page": 2, "chars": [orla - 14, orla + 4], "text": "The keeper is Orla", "matched": []},
+        {"page": 2, "chars": [orla - 14, tomasz + 7], "text": "", "matched": []},  # runs on
+    ]
+    rows[0]["text"] = quote(joined.text, *rows[0]["chars"], rows[0]["chars"][0])
+    in_documents(rows, [first, second], "Orla and Tomasz")
+    assert [(r["path"], r["page"]) for r in rows] == [("b.md", 1), ("a.pdf", 2), ("a.pdf", 2)]
+    assert [second.text[slice(*rows[0]["chars"])], first.text[slice(*rows[1]["chars"])]] == [
+        "The miller is Tomasz.",
+        "The keeper is Orla",
+    ]
+    assert rows[0]["text"] == "The miller is Tomasz." and rows[1]["matched"] == []  # as found
+    assert rows[2]["chars"] == [orla - 14, len(first.text)]
+    assert rows[2]["text"] == "The keeper is Orla." and rows[2]["matched"] == ["Orla"]

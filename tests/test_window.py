@@ -1,6 +1,7 @@
 """The window baselines: truncate and BM25 retrieval read books through a full-KV window."""
 
 import pytest
+import torch
 
 from sekv_core.config import MethodSettings
 from sekv_core.documents import load_document
@@ -63,3 +64,28 @@ def test_truncate_keeps_the_document_head(tiny_loaded, tmp_path):
     method = session.method
     assert method.routing()["kept_tokens"] == method.held_tokens - session.context.doc_start
     assert method.held_tokens == method.question_position()
+
+
+def test_retrieve_names_the_retrieved_sentences_the_answer_drew_on(tiny_loaded, tmp_path):
+    """Its answer's attention over the window lands on the document tokens read into it (only
+    those of the passages retrieved), and its sources are sentences of those passages."""
+    document = book(tmp_path)
+    session = Session(tiny_loaded, document, "retrieve", MethodSettings())
+    answer = session.ask("Where does the zephyr quartz lie?", max_new_tokens=4)
+    method, start = session.method, session.context.doc_start
+    weights = method.answer_attention().amax(dim=(0, 1))  # (T,) over the document's context
+    assert weights.shape == (len(session.context),)
+    read = torch.zeros(len(session.context), dtype=torch.bool)
+    for i in method.chosen:
+        a, b = method.passages[i]
+        read[start + a : start + b] = True
+    assert (weights > 0).sum() > 0 and not (weights[~read] > 0).any()
+    assert answer.sources and 0 < sum(s["share"] for s in answer.sources) <= 1
+    for s in answer.sources:
+        c0, c1 = s["chars"]
+        assert any(method.starts[i] < c1 and c0 < method.starts[i] + len(method.texts[i])
+                   for i in method.chosen)  # fmt: skip
+        assert s["text"].strip("…") in " ".join(document.text[c0:c1].split())
+        assert s["page"] == 1 and start <= s["start"] < s["end"] <= len(session.context)
+    quiet = Session(tiny_loaded, document, "retrieve", MethodSettings(sources=False))
+    assert quiet.ask("Where does the zephyr quartz lie?", max_new_tokens=4).sources == []

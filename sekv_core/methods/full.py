@@ -79,6 +79,30 @@ def answer_over(
     yield from decode_tokens(step, question_ids, stop, max_new_tokens, sampling, forcing)
 
 
+def attention_buffer(loaded, tokens: int) -> torch.Tensor:
+    """(L, H_kv, tokens) zeros on the model's device, for :func:`answer_attributed` to fill."""
+    spec = loaded.spec
+    return torch.zeros(spec.num_layers, spec.num_kv_heads, tokens, device=loaded.device)
+
+
+def answer_attributed(
+    loaded,
+    cache: DynamicCache,
+    question_ids: list[int],
+    max_new_tokens: int,
+    sampling: Sampling | None,
+    forcing: Forcing | None,
+    attention: torch.Tensor,
+) -> Iterator[int]:
+    """:func:`answer_over` through :func:`attributed_attention`: ``attention`` (L, H_kv, T)
+    keeps the most attention a query predicting an answer token paid each of the first T
+    cached tokens (the answer's sources)."""
+    with use_attention(loaded.model, ATTRIBUTED, attributed_attention, mask=sdpa_mask):
+        yield from answer_over(
+            loaded, cache, question_ids, max_new_tokens, sampling, forcing, attention
+        )
+
+
 class FullKV(Method):
     name = "full"
     follows_memory_share = False  # it holds the whole cache (the bench runs it once)
@@ -106,21 +130,10 @@ class FullKV(Method):
                 self.loaded, self.cache, question_ids, max_new_tokens, sampling, forcing
             )
             return
-        model = self.loaded.model
-        spec = self.loaded.spec
-        self.attention = torch.zeros(
-            spec.num_layers, spec.num_kv_heads, len(self.context), device=self.loaded.device
+        self.attention = attention_buffer(self.loaded, len(self.context))
+        yield from answer_attributed(
+            self.loaded, self.cache, question_ids, max_new_tokens, sampling, forcing, self.attention
         )
-        with use_attention(model, ATTRIBUTED, attributed_attention, mask=sdpa_mask):
-            yield from answer_over(
-                self.loaded,
-                self.cache,
-                question_ids,
-                max_new_tokens,
-                sampling,
-                forcing,
-                self.attention,
-            )
 
     def answer_attention(self) -> torch.Tensor | None:
         return self.attention

@@ -7,6 +7,9 @@ the window (the question and the answer's room kept free):
 - ``retrieve``: the document cut into passages (runs of sentences of about ``PASSAGE_TOKENS``
   tokens), ranked against each question by BM25 (``rank_bm25``), the best ones joined in
   document order until the window is full; prefilled per question (the passages depend on it).
+  With ``settings.sources`` its answer's attention over the window is recorded, as full KV's is
+  over the document, and placed on the document tokens each window token was read from: its
+  sources are the sentences of the retrieved passages that the answer drew on.
 
 Both read books; their resident memory is the KV cache of the context they read, counted in
 fp16 like every method's.
@@ -17,18 +20,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import torch
 from transformers import DynamicCache
 
 from ..decode import Forcing
 from ..lexical import LexicalIndex
-from ..prompt import chat_template, encode_context, question_text
+from ..prompt import Context, chat_template, encode_context, question_text
 from ..sampling import Sampling
 from .base import Method, Progress
-from .full import answer_over, prefill_cache, truncate
+from .full import answer_attributed, answer_over, attention_buffer, prefill_cache, truncate
 
 ANSWER_ROOM = 256  # window tokens kept for the question and the answer
 PASSAGE_TOKENS = 96  # a passage ends at the first sentence end past this many tokens ...
 PASSAGE_MAX = 192  # ... or here at the latest
+PASSAGE_GAP = "\n\n"  # between the passages read
 
 
 class WindowMethod(Method):
@@ -39,6 +45,7 @@ class WindowMethod(Method):
 
     cache: DynamicCache | None = None
     held_tokens: int = 0  # context tokens the last answer's cache held
+    window: Context | None = None  # the context read: its offsets are into the text read
 
     @property
     def room(self) -> int:
@@ -56,7 +63,7 @@ class WindowMethod(Method):
         ids = context.ids[: self.question_position()]
         chunk = self.settings.prefill_chunk
         self.cache = prefill_cache(self.loaded.model, ids, chunk, progress)
-        self.held_tokens = len(ids)
+        self.held_tokens, self.window = len(ids), context
         return len(ids)
 
     def memory(self) -> dict[str, int]:
@@ -101,10 +108,12 @@ class Retrieve(WindowMethod):
 
     passages: list[tuple[int, int]]  # (first, end) document token index of each passage
     chosen: list[int]
+    attention: torch.Tensor | None = None  # (L, H_kv, T_window) the last answer's (sources)
 
     def prepare(self, progress: Progress | None = None) -> None:
         text, offsets = self.document.text, self.context.offsets
         self.passages = cut_passages(text, offsets)
+        self.starts = [int(offsets[a][0]) for a, _ in self.passages]  # first document character
         self.texts = [text[offsets[a][0] : offsets[b - 1][1]] for a, b in self.passages]
         self.index = LexicalIndex(self.texts)
         self.template = chat_template(self.loaded.tokenizer)
@@ -131,10 +140,36 @@ class Retrieve(WindowMethod):
         forcing: Forcing | None = None,
     ) -> Iterator[int]:
         self.chosen = self.select(question_text(self.loaded.tokenizer, self.template, question_ids))
-        self.read("\n\n".join(self.texts[i] for i in self.chosen))
-        yield from answer_over(
-            self.loaded, self.cache, question_ids, max_new_tokens, sampling, forcing
-        )
+        self.read(PASSAGE_GAP.join(self.texts[i] for i in self.chosen))
+        args = (self.loaded, self.cache, question_ids, max_new_tokens, sampling, forcing)
+        if not self.settings.sources:
+            self.attention = None
+            yield from answer_over(*args)
+            return
+        self.attention = attention_buffer(self.loaded, self.held_tokens)
+        yield from answer_attributed(*args, self.attention)
+
+    def answer_attention(self) -> torch.Tensor | None:
+        """(1, 1, T): the last answer's attention over the window (its most in any layer and
+        KV head), each window token's placed on the document token it was read from."""
+        if self.attention is None or not self.chosen:
+            return None
+        window = self.window
+        weights = self.attention[..., window.doc_start :].amax(dim=(0, 1))  # (Tw,)
+        read = np.asarray(window.offsets, dtype=np.int64).reshape(-1, 2)[: len(weights), 0]
+        sizes = [len(self.texts[i]) for i in self.chosen]
+        at = np.cumsum([0] + [n + len(PASSAGE_GAP) for n in sizes[:-1]])  # each in the window
+        piece = np.searchsorted(at, read, side="right") - 1  # (Tw,) the passage each is from
+        inside = read < at[piece] + np.asarray(sizes)[piece]  # not a gap between passages
+        first = np.asarray([self.starts[i] for i in self.chosen])[piece]
+        doc_chars = first + read - at[piece]
+        doc_starts = np.asarray(self.context.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+        token = np.searchsorted(doc_starts, doc_chars, side="right") - 1  # (Tw,) document token
+        keep = torch.from_numpy(np.flatnonzero(inside & (token >= 0))).to(weights.device)
+        where = torch.from_numpy(token + self.context.doc_start).to(weights.device)[keep]
+        out = weights.new_zeros(len(self.context))
+        out.scatter_reduce_(0, where, weights[keep], "amax")
+        return out.view(1, 1, -1)
 
     def routing(self) -> dict[str, Any]:
         return {"passages": len(self.passages), "retrieved": len(self.chosen)}
