@@ -5,6 +5,7 @@ file, the API's answer, skipped documents, one store read per changed file, the 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,21 @@ def test_html_over_a_collection_lists_its_documents(docs, model, tmp_path):
     assert page.count('<td class="path">') == 3
     assert f'<div class="file">{docs / "mill.txt"}</div>' in page
     assert 'id="document"' in page
+
+
+def test_a_file_whose_name_is_not_utf8_is_read_and_cited(docs, model):
+    """A name of bytes that are not UTF-8: indexed, answered from, cited (its name printed
+    with the odd byte escaped); the next question finds it unchanged."""
+    with open(os.path.join(os.fsencode(docs), b"r\xe9port.md"), "w") as f:
+        f.write("The report names the miller Tomasz, who sells flour at the market. " * 4)
+    ask = ("ask", docs, MILLER, "--json", "--model", model, "--max-new-tokens", "4")
+    result = run(*ask)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert str(docs / "r\\xe9port.md") in [d["path"] for d in data["documents"]]
+    assert "4 documents (5 files indexed now" in result.stderr
+    again = run(*ask)
+    assert again.exit_code == 0 and "(0 files indexed now, 5 unchanged)" in again.stderr
 
 
 def test_an_empty_or_unreadable_selection_is_an_error(tmp_path, model):

@@ -20,7 +20,7 @@ import pytest
 
 import sekv_core.index.catalog as catalog_module
 from sekv_core.errors import SekvError
-from sekv_core.index.catalog import Catalog, Synced, default_path
+from sekv_core.index.catalog import Catalog, Synced, default_path, path_of, stored_path
 from sekv_core.index.embedder import load_embedder
 from sekv_core.index.likelihood import QuestionLikelihood
 from sekv_core.index.ranking import Finder, Ranked, question_parts
@@ -344,6 +344,37 @@ def test_moved_file_is_followed_not_read(catalog, folder, monkeypatch, target):
     assert moved.content == ferry
     assert top_name(catalog, synced, FERRY) == Path(target).name
     assert_mirrors(default_path(), folder)
+
+
+def test_a_name_that_is_not_utf8_is_indexed_followed_and_dropped(catalog, folder, monkeypatch):
+    """A file whose name's bytes are not UTF-8 (Python holds it with surrogate escapes) is
+    kept under a path that turns back into its own: found unchanged, followed when renamed,
+    dropped when gone."""
+    raw = os.path.join(os.fsencode(folder), b"r\xe9port.md")
+    with open(raw, "w") as f:
+        f.write(DOCS["ferry.md"].replace("ferry", "barge"))
+    name = Path(os.fsdecode(raw))
+    first = sync(catalog, folder)
+    by_path = {f.path: f for f in first.files}
+    assert by_path[name].content is not None and first.read == len(DOCS) + 1
+    stored = set(audit(default_path())["files"])
+    assert f"bytes:{folder}/r%E9port.md" in stored and str(folder / "ferry.md") in stored
+    forbid_reading(monkeypatch)
+    assert sync(catalog, folder).unchanged == len(DOCS) + 1
+    renamed = Path(os.fsdecode(os.path.join(os.fsencode(folder), b"r\xe9port-\xff.md")))
+    os.replace(name, renamed)
+    moved = sync(catalog, folder)
+    assert (moved.read, moved.followed) == (0, 1)
+    assert {f.path: f.content for f in moved.files}[renamed] == by_path[name].content
+    renamed.unlink()
+    assert sync(catalog, folder).dropped == 1
+    assert_mirrors(default_path(), folder)
+
+
+def test_stored_paths_turn_back_into_the_paths_named():
+    for path in ["/d/ferry.md", "/d/r%E9port.md", os.fsdecode(b"/d/r\xe9port %25.md")]:
+        assert path_of(stored_path(path)) == path
+    assert stored_path("/d/r%E9port.md") == "/d/r%E9port.md"  # text is kept as it is
 
 
 def test_unchanged_sync_opens_no_file(catalog, folder, monkeypatch):

@@ -3,7 +3,9 @@
 Tables (schema :data:`SCHEMA`, the file's ``application_id`` :data:`APP_ID`):
 
 - ``files``: each file by absolute path with the ``(size, mtime_ns, dev, inode)`` it had when
-  read, and its ``content`` (or the ``error`` it could not be read for);
+  read, and its ``content`` (or the ``error`` it could not be read for); a path whose bytes are
+  not UTF-8 is kept as ``bytes:`` and its bytes percent-quoted (:func:`stored_path`): text, and
+  never an absolute path, so a reader that does not know the form passes it by;
 - ``contents``: each distinct text by the SHA-256 of its file's bytes (two copies of a file
   share one), its characters, words and pages;
 - ``passages``: each content's passages (runs of whole sentences of about
@@ -39,6 +41,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 import numpy as np
 
@@ -56,6 +59,7 @@ FILE_NAME = "index.sqlite"
 PASSAGE_WORDS = 12  # a passage ends at the first sentence end past this many words ...
 PASSAGE_MAX_WORDS = 60  # ... or here at the latest (a sentence that long is cut)
 BUSY_SECONDS = 60.0  # how long a writer waits for another process's transaction
+NOT_TEXT = "bytes:"  # a stored path that is its file's bytes, quoted (stored_path)
 
 TABLES = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -121,6 +125,24 @@ class SyncProgress:
 
 def default_path() -> Path:
     return sekv_home() / FILE_NAME
+
+
+def stored_path(path: str) -> str:
+    """``path`` as the ``files`` table keeps it: as it is where it is text (UTF-8), else (a
+    name of other bytes, which Python holds with surrogate escapes) ``bytes:`` and its bytes
+    percent-quoted; :func:`path_of` turns it back."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return NOT_TEXT + quote_from_bytes(os.fsencode(path), safe="/")
+    return path
+
+
+def path_of(stored: str) -> str:
+    """The path a ``files`` row names (:func:`stored_path` turned back)."""
+    if stored.startswith(NOT_TEXT):
+        return os.fsdecode(unquote_to_bytes(stored[len(NOT_TEXT) :]))
+    return stored
 
 
 class Catalog:
@@ -266,7 +288,7 @@ class Catalog:
     def _sync(self, files, folders, embedder, max_tokens, progress) -> Synced:
         db = self.db
         known = {
-            row[0]: row[1:]
+            path_of(row[0]): row[1:]
             for row in db.execute(
                 "SELECT path, size, mtime_ns, dev, ino, content, error FROM files"
             )
@@ -343,7 +365,9 @@ class Catalog:
             if st is not None:  # remembered, so an unchanged unreadable file is not re-read
                 self._write_file(path, st, None, str(exc))
             else:
-                self._transaction(lambda db: db.execute("DELETE FROM files WHERE path=?", (path,)))
+                self._transaction(
+                    lambda db: db.execute("DELETE FROM files WHERE path=?", (stored_path(path),))
+                )
             return
         st = st or os.stat(named)
         cut_up = None  # the passages and their vectors, made only if the index lacks the text
@@ -378,7 +402,7 @@ class Catalog:
                 content = self._insert_content(db, document, *cut_up)
             db.execute(
                 "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (path, *_stamp(st), content, None),
+                (stored_path(path), *_stamp(st), content, None),
             )
             return True
 
@@ -415,20 +439,24 @@ class Catalog:
         self._transaction(
             lambda db: db.execute(
                 "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (path, *_stamp(st), content, error),
+                (stored_path(path), *_stamp(st), content, error),
             )
         )
         self._collect()
 
     def _move(self, old: str, new: str) -> None:
         self._transaction(
-            lambda db: db.execute("UPDATE OR REPLACE files SET path=? WHERE path=?", (new, old))
+            lambda db: db.execute(
+                "UPDATE OR REPLACE files SET path=? WHERE path=?",
+                (stored_path(new), stored_path(old)),
+            )
         )
         self._collect()  # a file moved over another replaces its row (and maybe its text)
 
     def _drop(self, paths: list[str]) -> int:
         def drop(db: sqlite3.Connection) -> int:
-            return sum(db.execute("DELETE FROM files WHERE path=?", (p,)).rowcount for p in paths)
+            delete = "DELETE FROM files WHERE path=?"
+            return sum(db.execute(delete, (stored_path(p),)).rowcount for p in paths)
 
         n = self._transaction(drop)
         self._collect()
@@ -476,7 +504,7 @@ class Catalog:
             "FROM files f LEFT JOIN contents c ON c.id = f.content"
         )
         return {
-            r[0]: (r[1], r[2] or "", r[3] or 0, r[4] or 0, r[5] or 0, r[6] or "")
+            path_of(r[0]): (r[1], r[2] or "", r[3] or 0, r[4] or 0, r[5] or 0, r[6] or "")
             for r in self.db.execute(query)
         }
 
