@@ -47,6 +47,12 @@ class Segmentation:
     def sinks(self) -> np.ndarray:
         return np.flatnonzero(self.roles == SINK)
 
+    def without_spans(self) -> Segmentation:
+        """The same context with every span token an anchor: no spans (a document too short
+        for its spans' codes to pay keeps every token resident: :mod:`sekv_core.store.build`)."""
+        roles = np.where(self.roles == SPAN, ANCHOR, self.roles).astype(np.int8)
+        return Segmentation(roles, self.starts[:0], self.ends[:0], self.threshold)
+
     def span_of(self) -> np.ndarray:
         """(T,) span index of each token, -1 for sinks and anchors."""
         out = np.full(len(self.roles), -1, dtype=np.int64)

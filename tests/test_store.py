@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from sekv_core.store.ingest import open_or_build
 from sekv_core.store.load import StoreInvalid, load_store
 from sekv_core.zoom.memory import SpanMemory
 
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_docs"
 TEXT = "\n\n".join(
     f"Section {i}. The {w} vault on floor {i % 9} holds crate {i * 37 % 101} of copper."
     for i, w in enumerate(["north", "south", "old", "new", "red", "blue"] * 6)
@@ -407,6 +409,26 @@ def test_a_document_of_a_few_tokens_is_stored_and_answered(tiny_loaded, tmp_path
     assert store.n_spans == 0 and store.offload["k_rows"].numel() == 0
     again, hit = open_or_build(tiny_loaded, document, context)
     assert hit and again.resident["sketch"].shape[2] == 0
+
+
+@pytest.mark.integration
+def test_a_store_on_disk_follows_its_documents_length(default_model, tmp_path):
+    """The store's files against the fp16 full KV cache of its context, with the default
+    model: a sentence's no larger (its spans would not pay for their codes' and sketch's
+    tables: every token resident), a story of 1.2K tokens at most 0.30 of it."""
+    sentence = tmp_path / "ferry.md"
+    sentence.write_text(
+        "The ferry to Holm leaves the quay at seven each morning and tickets are sold at the "
+        "kiosk.\n"
+    )
+    template = chat_template(default_model.tokenizer)
+    for path, bound in ((sentence, 1.0), (SAMPLES / "lighthouse.md", 0.30)):
+        document = load_document(path)
+        context = encode_context(default_model.tokenizer, template, document.text)
+        store, _ = open_or_build(default_model, document, context)
+        on_disk = sum(f.stat().st_size for f in store.path.iterdir())
+        full = store.bytes["full_kv_fp16"]
+        assert on_disk <= bound * full, (path.name, len(context), on_disk / full)
 
 
 def test_a_full_disk_is_one_actionable_error(tiny_loaded, tmp_path, sekv_home, monkeypatch):

@@ -4,12 +4,14 @@ format page must be complete enough to read a store."""
 
 import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 from conftest import build_tiny_model
 from safetensors.numpy import load as load_safetensors
+from safetensors.numpy import save_file as save_safetensors
 from test_store import TEXT
 from test_stream import document, text_of
 
@@ -45,7 +47,7 @@ def digest(manifest: dict) -> str:
 def verified(path, expect: dict) -> tuple[dict, dict]:
     """The manifest and the three files' tensors, checked in the page's order."""
     manifest = json.loads((path / "manifest.json").read_text())
-    if manifest.get("format") != "sekv-span-store" or manifest.get("version") != 19:
+    if manifest.get("format") != "sekv-span-store" or manifest.get("version") != 20:
         raise Refused("version")
     if manifest["digest"] != digest(manifest):
         raise Refused("digest")
@@ -182,13 +184,34 @@ def rotated(model, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return keys * cos[0].double() + turned * sin[0].double()
 
 
+def fixed_rows(r: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sinks' and anchors' K and V (L, H, F, D): 8-bit codes times their row's scale."""
+    return tuple(
+        torch.from_numpy(r[name].astype(np.float64) * r[f"{name}_scale"][..., None])
+        for name in ("fixed_k", "fixed_v")
+    )
+
+
+SPANLESS = {  # the tensors of a store without span tokens
+    "resident": {"fixed_pos", "fixed_k", "fixed_v", "fixed_k_scale", "fixed_v_scale"}
+    | {"span_starts", "span_ends", "span_reps"},
+    "offload": {"k_rows", "v_rows"},
+}
+
+
 def read(path, expect: dict, model) -> dict:
     """Everything the page says a reader gets from the files alone."""
     manifest, t = verified(path, expect)
     r, offload = t["resident"], t["offload"]
-    L, H, D = r["k_bits"].shape
     starts, ends = torch.from_numpy(r["span_starts"]), torch.from_numpy(r["span_ends"])
     S = int((ends - starts).sum())
+    if not S:  # no codes, no sketch, no records: every token resident
+        if set(r) != SPANLESS["resident"] or set(offload) != SPANLESS["offload"]:
+            raise Refused("a store without span tokens holds more")
+        if any(offload[name].size for name in offload):
+            raise Refused("a store without span tokens holds records")
+        return dict(trace=t["trace"], fixed=fixed_rows(r), fixed_pos=r["fixed_pos"])
+    L, H, D = r["k_bits"].shape
     widest = int(r["k_bits"].astype(np.int64).sum(-1).max())
     key_b, value_b = -(-widest // 8), D // 2 + 2
     assert manifest["settings"]["value_code"] == "*x4"  # the default tiers
@@ -279,13 +302,13 @@ def test_a_reader_written_from_the_format_page_reads_what_sekv_loads(
             assert float((mine - exact).norm() / exact.norm()) < 0.15
 
 
-def resign(path, change=lambda manifest: None) -> None:
-    """Change the manifest, record offload.safetensors' bytes as they are now and recompute the
-    digest, as a forger would."""
+def resign(path, change=lambda manifest: None, file: str = "offload.safetensors") -> None:
+    """Change the manifest, record ``file``'s bytes as they are now and recompute the digest,
+    as a forger would."""
     manifest = json.loads((path / "manifest.json").read_text())
     change(manifest)
-    data = (path / "offload.safetensors").read_bytes()
-    manifest["files"]["offload.safetensors"] = {
+    data = (path / file).read_bytes()
+    manifest["files"][file] = {
         "sha256": hashlib.sha256(data).hexdigest(),
         "bytes": len(data),
     }
@@ -320,6 +343,32 @@ DAMAGE = {  # what is changed: why the reader refuses
     "coding": (lambda p: (flip(p, "offload.safetensors", "k_coded"), resign(p)), "coding"),
     "check": (lambda p: (flip(p, "offload.safetensors", "v_check"), resign(p)), "tables"),
 }
+
+
+def test_a_short_documents_store_holds_its_tokens_resident_and_no_codes(small, tmp_path):
+    """Its spans would not pay for their codes' and sketch's tables: the reader finds every
+    context token's K and V among the fixed rows, sekv's own, and nothing else."""
+    doc = document(tmp_path, "The ferry to Holm leaves the quay at seven.")
+    ctx = encode_context(small.tokenizer, chat_template(small.tokenizer), doc.text)
+    store, _ = open_or_build(small, doc, ctx, StoreSettings())
+    expect = {"document/sha256": doc.sha256, "document/context_tokens": len(ctx)}
+    got = read(store.path, expect, small.model)
+    assert got["fixed_pos"].tolist() == list(range(len(ctx)))
+    assert set(got["trace"]["roles"].tolist()) <= {0, 1}  # sinks and anchors only
+    memory = SpanMemory(store, Rope(small.model), "cpu", torch.float32)
+    pre = prefill(small.model, ctx.ids, 512)  # the model's own K/V, within 8 bits' error
+    exact_kv = (pre.keys, pre.values)
+    for mine, theirs, exact in zip(got["fixed"], memory.fixed, exact_kv, strict=True):
+        assert torch.allclose(mine.float(), theirs.read(torch.float32), rtol=1e-3, atol=1e-6)
+        assert float((mine - exact.double()).norm() / exact.double().norm()) < 0.01
+    with_codes = tmp_path / "with-codes"  # a store of no spans that holds a code is refused
+    shutil.copytree(store.path, with_codes)
+    tensors = load_safetensors((with_codes / "resident.safetensors").read_bytes())
+    tensors["k_mean"] = np.zeros((1, 1, 16), np.float16)
+    save_safetensors(tensors, str(with_codes / "resident.safetensors"))
+    resign(with_codes, file="resident.safetensors")
+    with pytest.raises(Refused, match="holds more"):
+        read(with_codes, expect, small.model)
 
 
 @pytest.mark.parametrize("damage", DAMAGE)

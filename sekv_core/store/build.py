@@ -1,7 +1,9 @@
 """One-shot build: a span store from one prefill of a context that fits the model window.
 
-Prefill (K, V, surprisal, query moments) -> segmentation -> the sketch's directions and scale
--> the span tokens' pre-RoPE keys and values in the offload codes -> :func:`write_store`.
+Prefill (K, V, surprisal, query moments) -> segmentation (a document too short for its spans
+to pay for their codes' and sketch's tables keeps every token resident) -> the sketch's
+directions and scale -> the span tokens' pre-RoPE keys and values in the offload codes ->
+:func:`write_store`.
 Contexts beyond the window are streamed instead (:mod:`sekv_core.store.stream`).
 """
 
@@ -23,7 +25,7 @@ from ..segment import SPAN, n_sinks, segment
 from ..sketch import quantize_sketch, sketch_basis, span_representatives
 from ..summary import one_thread
 from .codes import fit_code
-from .format import trace_tensors
+from .format import spans_pay, trace_tensors
 from .load import SpanStore
 from .write import write_store
 
@@ -44,6 +46,8 @@ def build_store(
 
     t0 = time.perf_counter()
     seg = segment(pre.surprisal, context.doc_start, settings.segment)
+    if not spans_pay(loaded.spec, settings, int((seg.roles == SPAN).sum())):
+        seg = seg.without_spans()  # a short document: every token resident
     starts, ends = torch.from_numpy(seg.starts), torch.from_numpy(seg.ends)
     fixed = torch.from_numpy(np.flatnonzero(seg.roles != SPAN))  # sinks + anchors, ascending
     span_tokens = torch.from_numpy(np.flatnonzero(seg.roles == SPAN))  # spans in order

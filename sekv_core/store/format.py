@@ -24,16 +24,20 @@ import torch
 from ..config import StoreSettings
 from ..documents import Document, token_pages
 from ..kvquant import KV_BITS, quantize_rows, row_bytes
-from ..models import LoadedModel
+from ..models import LoadedModel, ModelSpec
 from ..prompt import Context
+from ..summary import STORE_DTYPE
+from .codes import fit_code
 
 FORMAT = "sekv-span-store"
-FORMAT_VERSION = 19
+FORMAT_VERSION = 20
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit rows' scales
 # the tensors of a code (a code has those it uses: docs/store-format.md)
 CODE_PARTS = ("basis", "basis_exp", "mean", "range", "metric", "bits")
 CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in CODE_PARTS)
+# the routing sketch's directions, mean and scales (a store without span tokens has none)
+SKETCH_TABLES = ("sketch_proj", "sketch_key", "sketch_mean", "sketch_scale")
 DIGEST = "digest"  # the manifest's own checksum (of every other field)
 
 
@@ -55,16 +59,45 @@ def store_key(loaded: LoadedModel, document: Document, context: Context, setting
 def device_bytes(resident: dict[str, torch.Tensor], sketch_bits: int) -> int:
     """Bytes of the device tier as an answer holds it: sinks' and anchors' K and V as 8-bit
     rows, the sketch's rows (``sketch_bits`` per number) and its directions, mean and scales
-    at 2 bytes per number, each span's length and representatives and each span token's span
-    (int64)."""
+    at 2 bytes per number (a store without span tokens has no sketch), each span's length and
+    representatives and each span token's span (int64)."""
     L, H, F, D = resident["fixed_k"].shape
-    R = resident["sketch_proj"].shape[-1]
     spans = int(resident["span_starts"].numel())
     span_tokens = int((resident["span_ends"] - resident["span_starts"]).sum())
     out = 2 * L * H * F * row_bytes(D, KV_BITS) + 8 * (spans + span_tokens)
-    out += L * H * span_tokens * R * sketch_bits // 8
-    out += 2 * sum(resident[n].numel() for n in ("sketch_proj", "sketch_mean", "sketch_scale"))
+    if span_tokens:
+        R = resident["sketch_proj"].shape[-1]
+        out += L * H * span_tokens * R * sketch_bits // 8
+        out += 2 * sum(resident[n].numel() for n in ("sketch_proj", "sketch_mean", "sketch_scale"))
     return out + resident["span_reps"].numel() * 8
+
+
+def spans_pay(spec: ModelSpec, settings: StoreSettings, span_tokens: int) -> bool:
+    """Whether a context's ``span_tokens`` are worth coding into the offload tier: their K and
+    V as 8-bit resident rows would take more bytes than the tables of the codes and the sketch
+    that coding needs (:func:`spanless_tables`: their bytes are the same at any length)."""
+    L, H, D = spec.num_layers, spec.num_kv_heads, spec.head_dim
+    rows = L * H * span_tokens * 2 * row_bytes(D, KV_BITS)
+    return rows > nbytes(spanless_tables(1, 1, D, settings)) * L * H
+
+
+def spanless_tables(
+    num_layers: int, num_kv_heads: int, head_dim: int, settings: StoreSettings
+) -> dict[str, torch.Tensor]:
+    """The tables a store without span tokens does not hold, as answers read them: its codes
+    fitted to no rows, and a sketch of zero directions (unit scales) — nothing is decoded or
+    routed with them."""
+    L, H, D = num_layers, num_kv_heads, head_dim
+    R = min(settings.sketch_dim, D)
+    empty = torch.zeros(L, H, 0, D)
+    return {
+        **fit_code(empty, settings.key_code).tensors("k"),
+        **fit_code(empty, settings.value_code).tensors("v"),
+        "sketch_proj": torch.zeros(L, H, D, R, dtype=STORE_DTYPE),
+        "sketch_key": torch.zeros(L, H, D, R, dtype=STORE_DTYPE),
+        "sketch_mean": torch.zeros(L, H, D, dtype=STORE_DTYPE),
+        "sketch_scale": torch.ones(L, H, R, dtype=STORE_DTYPE),
+    }
 
 
 def quantize_fixed(fixed_k: torch.Tensor, fixed_v: torch.Tensor) -> dict[str, torch.Tensor]:

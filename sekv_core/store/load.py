@@ -52,6 +52,7 @@ from .format import (
     manifest_digest,
     map_safetensors,
     sha256,
+    spanless_tables,
 )
 
 
@@ -101,8 +102,9 @@ def load_store(
         raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
     check_tokens(trace, resident, context, manifest["positions"]["sinks"])
     try:
-        codes = store_codebooks(resident, settings.key_code, settings.value_code)
         rows = int((resident["span_ends"] - resident["span_starts"]).sum())
+        resident = resident if rows else spanless(resident, settings)
+        codes = store_codebooks(resident, settings.key_code, settings.value_code)
         tier = OffloadTier(offload, rows, codes)
         with_sketch(resident, tier, codes, manifest, loaded, settings)
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
@@ -125,7 +127,7 @@ def with_sketch(
     where a stored sketch is missing, not expected or of another shape."""
     rows = int((resident["span_ends"] - resident["span_starts"]).sum())
     resident["part_rows"] = torch.tensor([0, rows])  # the records: one part (L, H, S, B)
-    if stored_sketch(manifest):
+    if stored_sketch(manifest) and rows:  # (a store without span tokens has no sketch)
         L, H, R = resident["sketch_scale"].shape
         shape = (L, H, rows, R * settings.sketch_bits // 8)
         sketch = resident.get("sketch")
@@ -138,6 +140,18 @@ def with_sketch(
     rope, bits = Rope(loaded.model), settings.sketch_bits
     keys = tier.whole(("k",))["k_rows"]
     resident["sketch"] = sketch_rows(resident, keys, codes["k"], rope, bits)
+
+
+def spanless(resident: dict[str, torch.Tensor], settings: StoreSettings) -> dict[str, torch.Tensor]:
+    """The resident tables of a store without span tokens as answers read them: with the codes'
+    and the sketch's tables it does not hold (:func:`~sekv_core.store.format.spanless_tables`:
+    nothing is decoded or routed with them). ValueError where it holds one."""
+    L, H, _, D = resident["fixed_k"].shape
+    supplied = spanless_tables(L, H, D, settings)
+    held = sorted(name for name in supplied if name in resident)
+    if held:
+        raise ValueError(f"it has no span tokens but holds {', '.join(held)}")
+    return {**resident, **supplied}
 
 
 def stored_sketch(manifest: dict[str, Any]) -> bool:

@@ -31,6 +31,7 @@ from .codes import Code, store_codebooks
 from .entropy import OffloadTier, compacted
 from .format import (
     DIGEST,
+    SKETCH_TABLES,
     code_stats,
     device_bytes,
     manifest_digest,
@@ -39,21 +40,12 @@ from .format import (
     sha256,
     store_manifest,
 )
-from .load import SpanStore, ready, sketch_rows, stored_sketch, with_sketch
+from .load import SpanStore, ready, sketch_rows, spanless, stored_sketch, with_sketch
 from .locks import WRITER, mark_writer
 
 SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, the manifest)
-# the resident file's tables besides the fixed rows and the codes' tensors
-TABLES = (
-    "fixed_pos",
-    "span_starts",
-    "span_ends",
-    "span_reps",
-    "sketch_proj",
-    "sketch_key",
-    "sketch_mean",
-    "sketch_scale",
-)
+# the resident file's tables besides the fixed rows, the sketch's and the codes' tensors
+TABLES = ("fixed_pos", "span_starts", "span_ends", "span_reps")
 
 
 def write_store(
@@ -72,20 +64,28 @@ def write_store(
     """Write the store at ``path``; returns it as :func:`~sekv_core.store.load.load_store` would
     read it back.
 
-    tables : :data:`TABLES` plus ``fixed_k``, ``fixed_v`` (L, H, F, D) float (keys post-RoPE
-        at original positions, pre-RoPE when bounded); codes : the offload codes ``k``, ``v``;
+    tables : :data:`TABLES`, :data:`~sekv_core.store.format.SKETCH_TABLES` and ``fixed_k``,
+        ``fixed_v`` (L, H, F, D) float (keys post-RoPE at original positions, pre-RoPE when
+        bounded); codes : the offload codes ``k``, ``v``; a store without span tokens writes
+        neither them nor the sketch's tables (a load supplies them:
+        :func:`~sekv_core.store.load.spanless`);
     records : each kind's fixed-rate records (L, H, S, B) uint8, contiguous; emptied once
         written (the store returned keeps what a load decodes at once, a store within the
         window's keys, without a copy); trace : :func:`~sekv_core.store.format.trace_tensors`;
     report : manifest sections the builder adds (``stats``, ``timings``, a stream's report).
     """
+    rows = records["k"].shape[2]
     resident = {name: _stored(tables[name]) for name in TABLES}
     resident.update(quantize_fixed(tables["fixed_k"].cpu(), tables["fixed_v"].cpu()))
-    resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
-    stored = store_codebooks(resident, settings.key_code, settings.value_code)  # as a load reads
-    rows = records["k"].shape[2]
+    if rows:  # a store without span tokens holds neither the sketch's tables nor codes
+        resident.update({name: _stored(tables[name]) for name in SKETCH_TABLES})
+        resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
+    read = resident if rows else spanless(resident, settings)  # the tables as a load reads them
+    stored = store_codebooks(read, settings.key_code, settings.value_code)
     manifest = store_manifest(loaded, document, context, settings, positions)
-    if stored_sketch(manifest):  # a bounded store's sketch, of its pre-RoPE keys as decoded
+    if (
+        stored_sketch(manifest) and rows
+    ):  # a bounded store's sketch, of its pre-RoPE keys as decoded
         bits = settings.sketch_bits
         resident["sketch"] = sketch_rows(resident, records["k"].view(-1), stored["k"], None, bits)
     offload = compacted(records, codes)
@@ -107,8 +107,8 @@ def write_store(
     records.clear()  # the rest is the file's: answers decode the blocks they read
     release_freed_memory()
     manifest = json.loads(json.dumps(manifest))
-    with_sketch(resident, tier, stored, manifest, loaded, settings)
-    return ready(path, manifest, resident, trace, tier, loaded, settings)
+    with_sketch(read, tier, stored, manifest, loaded, settings)
+    return ready(path, manifest, read, trace, tier, loaded, settings)
 
 
 def _stored(t: torch.Tensor) -> torch.Tensor:
