@@ -2,13 +2,14 @@
 
     python scripts/store_sizes.py                         # samples, 2K/4K/8K haystacks
     python scripts/store_sizes.py --books 16000,32000,64000   # and generated books (slow)
+    python scripts/store_sizes.py --lengths 20,60,200,500,1000,2000,4000 --loads 0
 
-Builds a store for each sample document, for generated haystacks of 2K, 4K and 8K tokens (a
-needle at half depth, seed 1) and for generated books of the given token counts (seed 1) under
-a scratch $SEKV_HOME, and prints one JSON row per document: tokens, the store's files together
-(as ``du -b`` counts them), the fp16 full KV cache's bytes and their ratio, the build's
-seconds and the median seconds of ``--loads`` loads of the stored document (its three load
-stages: verify, read, sketch).
+Builds a store for each sample document, for generated haystacks of ``--lengths`` tokens
+(default 2K, 4K and 8K; a needle at half depth, seed 1) and for generated books of the given
+token counts (seed 1) under a scratch $SEKV_HOME, and prints one JSON row per document:
+tokens, the store's files together (as ``du -b`` counts them), the fp16 full KV cache's bytes
+and their ratio, the build's seconds and the median seconds of ``--loads`` loads of the stored
+document (its three load stages: verify, read, sketch).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from sekv_bench.haystack import NEEDLES, haystack  # noqa: E402
 from sekv_core.config import StoreSettings  # noqa: E402
 from sekv_core.documents import load_document  # noqa: E402
 from sekv_core.models import load_model  # noqa: E402
+from sekv_core.paths import home_path  # noqa: E402
 from sekv_core.prompt import chat_template, encode_context  # noqa: E402
 from sekv_core.store.ingest import open_or_build  # noqa: E402
 from sekv_core.store.load import load_store  # noqa: E402
 
 SAMPLES = ("handbook.pdf", "lighthouse.md")
-LENGTHS = (2000, 4000, 8000)
 
 
 def main() -> None:
@@ -43,14 +44,20 @@ def main() -> None:
     parser.add_argument("--key-code", default=StoreSettings().key_code)
     parser.add_argument("--value-code", default=StoreSettings().value_code)
     parser.add_argument("--books", default="", help="book lengths in tokens, comma-separated")
+    parser.add_argument(
+        "--lengths", default="2000,4000,8000", help="haystack lengths in tokens, comma-separated"
+    )
     parser.add_argument("--loads", type=int, default=3, help="timed loads per document")
     args = parser.parse_args()
     settings = replace(StoreSettings(), key_code=args.key_code, value_code=args.value_code)
+    models = home_path() / "models"  # converted models: reused, not converted again
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["SEKV_HOME"] = scratch
+        if models.is_dir():
+            (Path(scratch) / "models").symlink_to(models)
         loaded = load_model(None)
         docs = [ROOT / "sample_docs" / name for name in SAMPLES]
-        for tokens in LENGTHS:
+        for tokens in (int(t) for t in args.lengths.split(",") if t.strip()):
             path = Path(scratch) / f"haystack-{tokens}.txt"
             path.write_text(haystack(loaded.tokenizer, tokens, 0.5, NEEDLES[0], seed=1))
             docs.append(path)
