@@ -57,7 +57,10 @@ log = console(stderr=True, markup=False, highlight=False, soft_wrap=True)  # pla
 HELP_SETTINGS = {"help_option_names": ["--help", "-h"]}  # Typer context_settings: -h too
 
 MODEL_OPTION = typer.Option(
-    None, "--model", "-m", help="Hugging Face id or local directory (default: embedded SmolLM2)."
+    None,
+    "--model",
+    "-m",
+    help="Hugging Face id, local directory or .gguf file (default: embedded SmolLM2).",
 )
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 THREADS_OPTION = typer.Option(

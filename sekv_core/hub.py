@@ -9,7 +9,9 @@ from pathlib import Path
 from .errors import SekvError, one_line
 
 HUB_PROBE_SECONDS = 3.0  # one metadata request says whether the hub is reachable (no retries)
-PASS_A_MODEL = "pass a model directory (config.json, weights, tokenizer) or a cached hub id"
+PASS_A_MODEL = (
+    "pass a model directory (config.json, weights, tokenizer), a .gguf file or a cached hub id"
+)
 
 
 def hub_offline() -> bool:

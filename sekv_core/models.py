@@ -25,7 +25,7 @@ import torch
 
 from .errors import SekvError, one_line
 from .hub import PASS_A_MODEL, hub_snapshot
-from .paths import is_no_space, no_space_error, sekv_home
+from .paths import home_read_only, is_no_space, no_space_error, sekv_home
 from .store.locks import STATE_VERSION, WRITER, clean_leftovers, mark_writer
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -132,37 +132,62 @@ def default_model_dir() -> Path:
     return path
 
 
-CONVERTED_LAYOUT = "v2"  # the converted copy's layout: tied weights under the embedding's name
+CONVERTED_LAYOUT = "v3"  # v3: a manifest of the copy's files, checked at each load
 CONVERT_SPARE_BYTES = 16 << 20  # free space the copy needs beyond its weights (tokenizer, config)
+COPY_MANIFEST = "sekv-copy.json"  # in a converted copy: its source and every file's size
+COPY_FORMAT = "sekv-converted-gguf"
+MODEL_FIX = "copy or download the model again, or pass another --model"
 
 Notice = Callable[[str], None]
-"""Told, in a sentence, of slow work about to start (the default model's conversion)."""
+"""Told, in a sentence, of slow work about to start (a GGUF model's conversion)."""
 
 
 def converted_default(gguf: Path, notice: Notice | None = None) -> Path | None:
-    """The default model dequantised once into safetensors under $SEKV_HOME/models
-    (``notice`` is told before: it takes a while).
+    """The default model's converted copy (:func:`converted_gguf`)."""
+    return converted_gguf(gguf, DEFAULT_MODEL, "the default model", notice)
 
-    Reading the GGUF dequantises every tensor at each load; the converted copy is read as it
-    is (load times: docs/design.md). Its tied embedding is saved under
-    ``model.embed_tokens.weight``, the name transformers loads it by (saved as
-    ``lm_head.weight``, transformers would first initialise both tensors at random). Copies in
-    an older layout are removed. Falls back to the GGUF file's directory if the copy cannot be
-    written (a read-only home); a full disk is a SekvError saying how much to free, its
-    partial copy removed (a killed conversion's is removed by the next, or `sekv stores prune`).
+
+def converted_gguf(gguf: Path, name: str, what: str, notice: Notice | None = None) -> Path | None:
+    """The GGUF model ``gguf`` dequantised once into safetensors (with its config and
+    tokenizer) under ``$SEKV_HOME/models/<name>-<file fingerprint>-<layout>``; ``notice`` is
+    told before a conversion (it takes a while), ``what`` names the model in errors.
+
+    Reading a GGUF dequantises every tensor at each load; the converted copy is read as it is
+    (load times: docs/design.md). Each load checks the copy against its manifest
+    (:func:`copy_problem`); a damaged copy is converted again. The tied embedding is saved
+    under ``model.embed_tokens.weight``, the name transformers loads it by (saved as
+    ``lm_head.weight``, transformers would first initialise both tensors at random). Copies of
+    the same file in an older layout are removed. A copy is written into a ``.tmp-*`` folder
+    and renamed into place once whole. A model of a family sekv does not support is refused
+    before the conversion. Returns None where no copy can be kept (a read-only home, where
+    nothing is tried; a failed write): the GGUF is read instead. A full disk is a SekvError
+    saying how much to free, its partial copy removed (a killed conversion's is removed by the
+    next, or `sekv stores prune`).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    stem = f"{DEFAULT_MODEL}-{file_fingerprint(gguf)}"
+    stem = f"{name}-{file_fingerprint(gguf)}"
     target = sekv_home() / "models" / f"{stem}-{CONVERTED_LAYOUT}"
-    if (target / "model.safetensors").is_file():
+    damage = copy_problem(target, gguf) if target.exists() else None
+    if target.exists() and damage is None:
         return target
+    if home_read_only():  # nothing is written there: the GGUF is read at each load
+        if notice:
+            notice(
+                f"Reading {what} from its GGUF file ({conversion_time(gguf)}); $SEKV_HOME is "
+                "read-only, so no converted copy is kept"
+            )
+        return None
     from safetensors.torch import save_file
 
-    if notice:
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    check_family(what, getattr(config, "model_type", None))
+    if notice and damage:
+        notice(f"The converted copy of {what} is damaged ({damage}); converting it again")
+    elif notice:
         notice(
-            "Converting the default model for its first use (once, 20-40 s); the copy is kept "
-            f"in {target.parent}"
+            f"Converting {what} for its first use (once, {conversion_time(gguf)}); the copy "
+            f"is kept in {target.parent}"
         )
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
@@ -171,6 +196,7 @@ def converted_default(gguf: Path, notice: Notice | None = None) -> Path | None:
     config = copy.deepcopy(model.config)
     config.__dict__.pop("quantization_config", None)
     state = untied_state(model)
+    del model
     needed = sum(t.numel() * t.element_size() for t in state.values()) + CONVERT_SPARE_BYTES
     folder = target.parent
     tmp = None
@@ -183,22 +209,78 @@ def converted_default(gguf: Path, notice: Notice | None = None) -> Path | None:
         mark_writer(tmp)  # a killed conversion's folder: `sekv stores prune` removes it
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # the last
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / WRITER).unlink()
+        write_copy_manifest(tmp, gguf)  # the last: a copy without it is not used
+        if damage is not None:
+            shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     except Exception as exc:  # a full disk, a read-only home, another process won the race
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if is_no_space(exc):
-            raise no_space_error(folder, needed, "to convert the default model") from None
+            raise no_space_error(folder, needed, f"to convert {what}") from None
         if not isinstance(exc, OSError) and "os error" not in str(exc):
             raise
-        if not (target / "model.safetensors").is_file():
+        if copy_problem(target, gguf) is not None:
             return None
     for older in folder.glob(f"{stem}*"):  # the same model in an older layout
         if older != target and not older.name.startswith("."):
             shutil.rmtree(older, ignore_errors=True)
     return target
+
+
+def conversion_time(gguf: Path) -> str:
+    """About how long converting ``gguf`` takes on one core (4 MB a second: measured in
+    docs/design.md)."""
+    minutes = gguf.stat().st_size / 4e6 / 60
+    return f"about {round(minutes)} min" if minutes >= 1.5 else "under a minute"
+
+
+def write_copy_manifest(folder: Path, gguf: Path) -> None:
+    """Record in ``folder`` (a converted copy) its source and each file's size and
+    fingerprint."""
+    files = {
+        p.name: {"bytes": p.stat().st_size, "fingerprint": file_fingerprint(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != COPY_MANIFEST
+    }
+    manifest = {
+        "format": COPY_FORMAT,
+        "layout": CONVERTED_LAYOUT,
+        "source": {"file": gguf.name, "fingerprint": file_fingerprint(gguf)},
+        "files": files,
+    }
+    (folder / COPY_MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def copy_problem(folder: Path, gguf: Path) -> str | None:
+    """What is wrong with the converted copy of ``gguf`` in ``folder`` (None: nothing): its
+    manifest must name ``gguf`` and list a config and weights, and every file it lists must
+    have its size and fingerprint (:func:`file_fingerprint`: a truncated, replaced or
+    rewritten file shows; reading the whole weights at each load would cost seconds)."""
+    try:
+        manifest = json.loads((folder / COPY_MANIFEST).read_text())
+        if (manifest["format"], manifest["layout"]) != (COPY_FORMAT, CONVERTED_LAYOUT):
+            return f"its manifest is a {manifest['format']} {manifest['layout']}"
+        if manifest["source"]["fingerprint"] != file_fingerprint(gguf):
+            return f"it was converted from another file than {gguf.name}"
+        files = manifest["files"]
+        if not {"config.json", "model.safetensors"} <= files.keys():
+            return "its manifest lists no config or no weights"
+        for name, want in files.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != want["bytes"]:
+                return f"{name} is {path.stat().st_size:,} bytes, not {want['bytes']:,}"
+            if file_fingerprint(path) != want["fingerprint"]:
+                return f"{name} was changed"
+    except FileNotFoundError:
+        return "it has no manifest"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"its manifest cannot be read: {one_line(exc)}"
+    return None
 
 
 def untied_state(model: Any) -> dict[str, torch.Tensor]:
@@ -235,8 +317,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 @dataclass
 class ModelSource:
-    """Where a model loads from: a local directory (a hub id's cached snapshot, or the default
-    model's converted copy), with what the messages call it and how to fix it."""
+    """Where a model loads from: a local directory (a hub id's cached snapshot, or a GGUF
+    model's converted copy), with what the messages call it and how to fix it. ``weight_files``
+    are what its fingerprint reads (a GGUF model's: the GGUF file)."""
 
     what: str  # "--model 'X'" or "the default model"
     fix: str  # what to do when its files cannot be read
@@ -249,12 +332,13 @@ class ModelSource:
 def load_model(
     name: str | None = None, device: str | None = None, notice: Notice | None = None
 ) -> LoadedModel:
-    """Load ``name`` (None: the embedded default; a local directory; or a hub id).
+    """Load ``name`` (None: the embedded default; a local directory; a .gguf file; or a hub
+    id).
 
     Hub ids are looked up in the local cache first, so offline mode works with a warm cache;
     ``HF_HUB_OFFLINE=1`` forbids the network entirely. Every failure is a one-line SekvError
     saying what is wrong with ``name`` and what to pass instead. ``notice`` is told of slow
-    work before it starts (the default model's first conversion).
+    work before it starts (a GGUF model's first conversion).
     """
     from transformers import AutoConfig, AutoTokenizer
 
@@ -296,48 +380,73 @@ def load_weights(src: ModelSource, device: str, **kwargs: Any) -> Any:
 
 
 def locate(name: str | None, notice: Notice | None = None) -> ModelSource:
-    """The directory ``name`` loads from, its layout checked (SekvError saying what is wrong)."""
+    """The directory ``name`` loads from, its layout checked (SekvError saying what is wrong);
+    a GGUF model (a ``.gguf`` file, or a directory holding one) is converted once
+    (:func:`converted_gguf`) and loads from its copy."""
     if name is None:
         return default_source(notice)
+    what = f"--model {name!r}"
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return gguf_source(what, path.resolve(), notice)
     if path.is_dir():
-        return local_source(f"--model {name!r}", path.resolve(), str(path.resolve()))
+        return local_source(what, path.resolve(), str(path.resolve()), notice)
     if path.exists():
-        raise SekvError(f"--model {name!r} is a file; pass the directory that holds the model")
+        raise SekvError(
+            f"{what} is a file; pass the directory that holds the model, or a .gguf file"
+        )
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        raise SekvError(f"--model {name!r}: no such directory; {PASS_A_MODEL}")
-    return local_source(f"--model {name!r}", hub_snapshot(name), name)
+        raise SekvError(f"{what}: no such directory; {PASS_A_MODEL}")
+    return local_source(what, hub_snapshot(name), name)
 
 
 def default_source(notice: Notice | None = None) -> ModelSource:
     """The embedded default: its converted safetensors copy, else the GGUF in the wheel."""
-    what, fix = "the default model", f"reinstall it: {INSTALL_DEFAULT}"
     gguf = default_model_dir() / DEFAULT_GGUF
+    fix = f"reinstall it: {INSTALL_DEFAULT}"
+    return gguf_source("the default model", gguf, notice, DEFAULT_MODEL, fix)
+
+
+def gguf_source(
+    what: str, gguf: Path, notice: Notice | None, name: str | None = None, fix: str = MODEL_FIX
+) -> ModelSource:
+    """A GGUF model: its converted copy (made now if there is none), else the file itself.
+    Its id is ``name`` (default: the file's name without .gguf), wherever the file lies."""
+    model_id = name or safe_name(gguf.stem) or "model"
     try:
-        converted = converted_default(gguf, notice)
+        converted = converted_gguf(gguf, model_id, what, notice)
     except SekvError:
         raise
     except Exception as exc:  # a damaged GGUF: transformers/gguf raise many types
-        raise SekvError(f"cannot load {what} ({one_line(exc)}); {fix}") from None
+        raise SekvError(f"{what}: cannot read {gguf} ({one_line(exc)}); {fix}") from None
     if converted is None:
-        return ModelSource(what, fix, gguf.parent, DEFAULT_MODEL, [gguf], gguf.name)
-    return ModelSource(what, fix, converted, DEFAULT_MODEL, [gguf])
+        return ModelSource(what, fix, gguf.parent, model_id, [gguf], gguf.name)
+    return ModelSource(what, fix, converted, model_id, [gguf])
 
 
-def local_source(what: str, path: Path, model_id: str) -> ModelSource:
-    """A model directory, checked before anything heavy is read: a config (or a GGUF file),
-    weights, a tokenizer, and a supported family."""
+def safe_name(name: str) -> str:
+    """``name`` as a file name: letters, digits and ``-._`` (others become ``-``), at most 60."""
+    return "".join(c if c.isalnum() or c in "-._" else "-" for c in name).strip("-.")[:60]
+
+
+def local_source(what: str, path: Path, model_id: str, notice: Notice | None = None) -> ModelSource:
+    """A model directory, checked before anything heavy is read: a config (or one GGUF file,
+    converted once), weights, a tokenizer, and a supported family."""
     try:
         files = sorted(p for p in path.iterdir() if p.is_file())
     except OSError as exc:
         raise SekvError(f"{what}: cannot list {path} ({one_line(exc)}); {PASS_A_MODEL}") from None
     weights = [p for p in files if p.suffix in WEIGHT_SUFFIXES]
-    ggufs = [p.name for p in weights if p.suffix == ".gguf"]
+    ggufs = [p for p in weights if p.suffix == ".gguf"]
     config = path / "config.json"
-    fix = "copy or download the model again, or pass another --model"
     if not config.is_file():
-        if ggufs:  # a GGUF file carries its config and tokenizer
-            return ModelSource(what, fix, path, model_id, weights, ggufs[0])
+        if len(ggufs) == 1:  # a GGUF file carries its config and tokenizer
+            return gguf_source(what, ggufs[0], notice)
+        if ggufs:
+            raise SekvError(
+                f"{what}: {path} holds {len(ggufs)} GGUF files ({', '.join(p.name for p in ggufs)}"
+                f"); pass the one to use: --model {path / ggufs[0].name}"
+            )
         raise SekvError(
             f"{what} is not a model directory: {path} has no config.json; {PASS_A_MODEL}"
         )
@@ -352,7 +461,7 @@ def local_source(what: str, path: Path, model_id: str) -> ModelSource:
             f"{what} has no tokenizer in {path} (one of {', '.join(TOKENIZER_FILES)}); save "
             "the tokenizer there (tokenizer.save_pretrained), or pass another --model"
         )
-    return ModelSource(what, fix, path, model_id, weights)
+    return ModelSource(what, MODEL_FIX, path, model_id, weights)
 
 
 def config_family(what: str, config: Path) -> str | None:

