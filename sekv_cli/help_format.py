@@ -9,10 +9,16 @@ Its options table also cuts what does not fit with an ellipsis: an option's name
 terminal (``--repetition-pena…``), a long word of the help (a path, a default list).
 :func:`nothing_cut` keeps names and types whole and folds a long word of the help onto the next
 line.
+
+In a group's list of commands (``sekv --help``, ``sekv stores --help``) Typer's rich markup mode
+keeps the line breaks of each command's docstring, so a wrapped docstring broke the list's lines
+where the source did (a line holding just "a"). :func:`commands_flow` joins them: each command's
+text wraps at the terminal's width.
 """
 
 from __future__ import annotations
 
+import inspect
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -72,6 +78,26 @@ def nothing_cut() -> None:
         rich_utils.Table = WholeNamesTable  # type: ignore[misc]
     if not getattr(rich_utils._get_parameter_help, "sekv_folds", False):
         rich_utils._get_parameter_help = help_text_folds(rich_utils._get_parameter_help)
+
+
+def command_help_flows(make_help: Any) -> Any:
+    """Typer's ``_make_command_help`` (a command's text in its group's list: the first
+    paragraph of its docstring) with that paragraph's line breaks read as spaces."""
+
+    def flowing(*args: Any, help_text: str, **kwargs: Any) -> Any:
+        first, gap, rest = inspect.cleandoc(help_text).partition("\n\n")
+        if not first.startswith("\b"):  # click's mark for a paragraph kept as written
+            first = " ".join(first.split("\n"))
+        return make_help(*args, help_text=first + gap + rest, **kwargs)
+
+    flowing.sekv_flows = True  # type: ignore[attr-defined]
+    return flowing
+
+
+def commands_flow() -> None:
+    """Each command's text in its group's list wraps at the terminal's width (idempotent)."""
+    if not getattr(rich_utils._make_command_help, "sekv_flows", False):
+        rich_utils._make_command_help = command_help_flows(rich_utils._make_command_help)
 
 
 def sekv_version() -> str:

@@ -11,7 +11,7 @@ from .ask import AskCommand, ask
 from .bench_answers import bench_app  # every bench command registered
 from .chat import chat
 from .common import HELP_SETTINGS, PIPE_CLOSED_EXIT
-from .help_format import flags_without_types, nothing_cut, sekv_version
+from .help_format import commands_flow, flags_without_types, nothing_cut, sekv_version
 from .ingest import ingest
 from .inspect import inspect
 from .stores import stores_app
@@ -39,6 +39,7 @@ class Sekv(typer.Typer):
 
 flags_without_types()
 nothing_cut()
+commands_flow()
 app = Sekv(
     help="Ask questions about long documents with a local LLM and a resolution-adaptive KV cache.",
     no_args_is_help=True,

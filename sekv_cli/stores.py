@@ -154,10 +154,20 @@ def report(done: Removal, json_out: bool, dry_run: bool = False) -> None:
         if not done.removed and not done.busy:
             screen.print(Text("Nothing to remove."))
         elif done.removed:
-            n = len(done.removed)
-            screen.print(Text(f"{verb} {how_many(n, 'store')}, {human_bytes(done.bytes)}."))
+            screen.print(Text(f"{verb} {counted(done.removed)}, {human_bytes(done.bytes)}."))
     for e in done.busy:
         warn(f"kept {e.key} ({describe(e)}): it is being built")
+
+
+NOUNS = {"store": "store", "resumable": "interrupted ingest", "leftover": "leftover work folder"}
+
+
+def counted(entries: list[StoreEntry]) -> str:
+    """``entries`` counted by what they are: ``2 stores``, ``1 store and 1 leftover work
+    folder``, ``1 interrupted ingest``."""
+    kinds = [e.kind if e.is_work else "store" for e in entries]
+    parts = [how_many(kinds.count(k), noun) for k, noun in NOUNS.items() if k in kinds]
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
 
 
 MARKS = {"blocks": " (blocks)", "resumable": " (interrupted ingest)", "leftover": " (leftover)"}

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .collection import Selection, Skipped, joined_document, select_documents
+from .collection import Selection, Skipped, joined_document, none_read, select_documents
 from .config import MAX_TOKENS, MethodSettings, check_int, check_question, check_settings
 from .documents import Document, check_tokens, load_document
 from .engine import Answer, Session
@@ -553,7 +553,7 @@ class Library:
         if not entries:
             named = selection.folders or selection.files
             where = ", ".join(f"'{p}'" for p in named[:3]) + (", …" if len(named) > 3 else "")
-            raise SekvError(f"none of the {len(self.skipped)} documents in {where} could be read")
+            raise SekvError(none_read(len(self.skipped), where))
         return entries
 
     def _document(self, index: int) -> Document:

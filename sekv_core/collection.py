@@ -115,13 +115,21 @@ def select_documents(
     if not files:
         named = ", ".join(f"'{p}'" for p in paths[:3]) + (", …" if len(paths) > 3 else "")
         if skipped:
-            raise SekvError(f"none of the {len(skipped)} documents in {named} could be read")
+            raise SekvError(none_read(len(skipped), named))
         where = "that directory" if len(paths) == 1 else "those directories"
         passed = left_out_phrase(listing.left_out)
         passed = f" ({passed} skipped)" if passed else ""
         raise SekvError(f"no documents in {named}: no .pdf, .txt or .md file in {where}{passed}")
     folders = [Path(p) for p in paths if Path(p).is_dir()]
     return Selection([], skipped, True, files, folders, listing.left_out)
+
+
+def none_read(n: int, where: str) -> str:
+    """The error for a collection (``where``: its paths, quoted) none of whose ``n``
+    documents could be read."""
+    if n == 1:
+        return f"the only document in {where} could not be read"
+    return f"none of the {n} documents in {where} could be read"
 
 
 def left_out_phrase(left_out: LeftOut) -> str:

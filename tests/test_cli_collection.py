@@ -153,7 +153,12 @@ def test_an_empty_or_unreadable_selection_is_an_error(tmp_path, model):
     (tmp_path / "bad" / "x.txt").write_bytes(b"\x00")
     result = run("ingest", tmp_path / "bad", "--model", model)
     assert result.exit_code == 1
-    assert result.stderr.splitlines()[-1] == "Error: none of the 1 documents in " + (
+    assert result.stderr.splitlines()[-1] == "Error: the only document in " + (
+        f"'{tmp_path / 'bad'}' could not be read"
+    )
+    (tmp_path / "bad" / "y.md").write_bytes(b"\x00")
+    result = run("ingest", tmp_path / "bad", "--model", model)
+    assert result.stderr.splitlines()[-1] == "Error: none of the 2 documents in " + (
         f"'{tmp_path / 'bad'}' could be read"
     )
 

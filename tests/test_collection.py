@@ -85,6 +85,15 @@ def test_an_empty_selection_is_an_error(tmp_path):
         select_documents([])
 
 
+def test_a_folder_whose_documents_all_fail_says_how_many_in_words(tmp_path):
+    (tmp_path / "gone.md").symlink_to(tmp_path / "missing.md")
+    with pytest.raises(SekvError, match=r"^the only document in '.*' could not be read$"):
+        select_documents([tmp_path])
+    (tmp_path / "lost.txt").symlink_to(tmp_path / "missing.txt")
+    with pytest.raises(SekvError, match=r"^none of the 2 documents in '.*' could be read$"):
+        select_documents([tmp_path])
+
+
 def test_the_joined_document_keeps_every_page(tmp_path):
     (tmp_path / "a.txt").write_text("First.")
     (tmp_path / "b.txt").write_text("Second.")

@@ -1,5 +1,7 @@
 """`--help` reads like other tools': flags as flags, a version, shell completion."""
 
+import re
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -60,3 +62,22 @@ def test_every_option_with_a_value_shows_its_default():
         told = "default" in (option.help or "").lower()
         shown = option.show_default is not False and option.default not in (None, "", [])
         assert told or shown, (path, option.opts)
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+@pytest.mark.parametrize("group", [[], ["stores"], ["bench"]], ids=["sekv", "stores", "bench"])
+def test_a_command_list_wraps_at_the_width_not_where_the_docstring_did(group, width):
+    """Each command's text in its group's list fills the lines: a line ends only where the next
+    word would not fit (a docstring's own line breaks once left a line holding just "a")."""
+    result = runner.invoke(app, [*group, "--help"], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    first = next(i for i, line in enumerate(lines) if "Commands" in line) + 1
+    rows = [line[1:-1] for line in lines[first:] if line.startswith("│")]
+    column = re.match(r" \S+\s+", rows[0]).end()  # where the commands' text starts
+    room = width - 2 - column - 1  # the box's borders, the padding after the text
+    for before, after in zip(rows, rows[1:], strict=False):
+        if after[:column].strip():
+            continue  # the next command
+        text, word = before[column:].rstrip(), after[column:].split()[0]
+        assert len(text) + 1 + len(word) > room - 1, f"{text!r} ended before {word!r}"

@@ -231,7 +231,7 @@ def test_interrupted_ingests_and_leftovers_are_listed_and_removed(home):
     shown = run("stores", "list")
     assert "3 interrupted or leftover work folders" in shown.stdout
     dry = run("stores", "prune", "--dry-run")
-    assert dry.exit_code == 0 and "Would remove 2 stores" in dry.stdout
+    assert dry.exit_code == 0 and "Would remove 2 leftover work folders, " in dry.stdout
     assert trash.exists() and stale.exists()
     pruned = run("stores", "prune", "--json")
     assert pruned.exit_code == 0, pruned.output
@@ -266,7 +266,7 @@ def test_an_interrupted_ingest_is_listed_by_its_document_and_one_store_is_singul
     assert "atlas.md (interrupted ingest)" in shown
     assert "1 store and 1 interrupted or leftover work folder, " in shown
     removed = run("stores", "rm", entry["key"])
-    assert "Removed 1 store, " in removed.stdout
+    assert "Removed 1 interrupted ingest, " in removed.stdout
     assert "interrupted ingest of /books/atlas.md" in removed.stdout
 
 
@@ -378,3 +378,18 @@ def test_a_read_only_home_lists_its_stores_and_removes_none(home, built, read_on
     assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith(f"Error: $SEKV_HOME {home} is read-only: its stores cannot")
     assert home_files(home) == before
+
+
+def test_what_was_removed_is_counted_by_what_it_is():
+    from types import SimpleNamespace
+
+    from sekv_cli.stores import counted
+
+    def entries(*kinds):
+        return [SimpleNamespace(kind=k, is_work=k in ("resumable", "leftover")) for k in kinds]
+
+    assert counted(entries("span", "blocks")) == "2 stores"
+    assert counted(entries("leftover")) == "1 leftover work folder"
+    assert counted(entries("leftover", "span", "resumable", "leftover")) == (
+        "1 store, 1 interrupted ingest and 2 leftover work folders"
+    )
