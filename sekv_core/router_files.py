@@ -10,6 +10,7 @@ skips a damaged one with a warning and uses the next choice.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
@@ -36,22 +37,29 @@ class RouterFile:
 
 
 def save_router(path: Path, net: ZoomNet, manifest: dict[str, Any], optim: dict | None) -> None:
-    """Write weights (atomically) and, when given, the optimizer state to ``<path>.state``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write weights (atomically) and, when given, the optimizer state to ``<path>.state``;
+    where either is a symbolic link, the file it points at is written and the link stays."""
     meta = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "shape": asdict(net.shape),
         **manifest,
     }
+    metadata = {"manifest": json.dumps(meta)}
     tensors = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp), metadata={"manifest": json.dumps(meta)})
     if optim is not None:
-        state_tmp = path.with_name(f".{path.name}.state.tmp")
-        save_file(optim, str(state_tmp), metadata={"manifest": json.dumps(meta)})
-        state_tmp.replace(path.with_name(path.name + ".state"))
-    tmp.replace(path)
+        _save_through(path.with_name(path.name + ".state"), optim, metadata)
+    _save_through(path, tensors, metadata)
+
+
+def _save_through(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Save ``tensors`` as the file ``path`` names, whole or not at all (a temporary sibling,
+    then a rename): where ``path`` is a symbolic link, as the file it points at."""
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(target)
 
 
 class RouterFileError(SekvError):

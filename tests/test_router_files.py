@@ -289,3 +289,24 @@ def test_a_benchmark_with_a_damaged_router_file_fails_cleanly(tmp_path, tiny, ti
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: the router file "), result.stderr
     assert "manifest is a JSON list" in lines[0] and result.stdout == ""
+
+
+def test_saving_to_a_link_writes_the_file_it_points_at(tmp_path, tiny):
+    """A router file (and its optimizer state) reached by a symbolic link is replaced where
+    the link points, whole; the links stay links, to the new files."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    target, state = kept / "router.safetensors", kept / "router.safetensors.state"
+    write_router(target, tiny)
+    save_file({"x": torch.zeros(1)}, str(state))
+    link = tmp_path / "router.safetensors"
+    link.symlink_to("kept/router.safetensors")  # relative, as a user links
+    (tmp_path / "router.safetensors.state").symlink_to(state)
+    net = ZoomNet(shape_of(tiny))
+    manifest = {"model": {"id": "tiny", "fingerprint": tiny.fingerprint}, "step": 7}
+    save_router(link, net, manifest, {"y": torch.ones(2)})
+    assert link.is_symlink() and link.resolve() == target
+    assert (tmp_path / "router.safetensors.state").is_symlink()
+    assert contents(target)[1]["step"] == 7 and load_router(link).manifest["step"] == 7
+    assert list(contents(state)[0]) == ["y"]
+    assert sorted(p.name for p in kept.iterdir()) == [target.name, state.name]  # no temporary
