@@ -69,8 +69,10 @@ def print_zoom(result: Answer, verbose: bool = False) -> None:
     elif result.routing:
         r, tokens = result.routing, result.document["tokens"]
         out.print(
-            f"zoom: at most {r['zoomed_tokens_max']:,} of the document's "
-            f"{how_many(tokens, 'token')} per layer and KV head, {r['router']} router"
+            Text(
+                f"zoom: at most {r['zoomed_tokens_max']:,} of the document's "
+                f"{how_many(tokens, 'token')} per layer and KV head, {router_words(r)}"
+            )
         )
     mem = result.memory
     out.print(
@@ -81,6 +83,12 @@ def print_zoom(result: Answer, verbose: bool = False) -> None:
         print_routed(ranked, mem, result.routing.get("read_together"))
     if verbose:
         print_diagnostics(result)
+
+
+def router_words(routing: dict[str, Any]) -> str:
+    """Which router routed: ``trained router <file>`` or ``training-free router``."""
+    where = f" {routing['router_file']}" if routing.get("router_file") else ""
+    return f"{routing['router']} router{where}"
 
 
 def print_routed(
@@ -137,10 +145,11 @@ def print_diagnostics(result: Answer) -> None:
         if r.get("neighbours"):
             rule += f", {r['neighbours']} neighbour(s) on each side"
         out.print(
-            f"routing: {r['router']} router, budget {how_many(r['budget'], 'token')} per layer "
-            "and head, "
-            f"{rule}; {r['reconstructions']:,} span reconstructions, zoom rate "
-            f"{r['zoom_rate']:.1%}"
+            Text(
+                f"routing: {router_words(r)}, budget {how_many(r['budget'], 'token')} per "
+                f"layer and head, {rule}; {r['reconstructions']:,} span reconstructions, zoom "
+                f"rate {r['zoom_rate']:.1%}"
+            )
         )
 
 

@@ -31,8 +31,9 @@ def train(
         None,
         "--out",
         help="Router file to write (resumes when it holds an earlier run). "
-        "Default: $SEKV_HOME/routers/<model>.safetensors, used by `sekv ask` automatically "
-        "(a file elsewhere: `sekv bench … --router FILE`).",
+        "Default: $SEKV_HOME/routers/<model>-<fingerprint>.safetensors, which `sekv ask` "
+        "routes with whenever it answers with this model (a file elsewhere: "
+        "`sekv bench … --router FILE`).",
     ),
     docs: int = typer.Option(8, "--docs", min=1, help="Generated training documents."),
     doc_tokens: str = typer.Option(

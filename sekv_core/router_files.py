@@ -30,10 +30,12 @@ FORMAT_VERSION = 3  # 3: features read from the sketch alone (span mass estimate
 
 @dataclass
 class RouterFile:
-    """A trained router on disk: weights + manifest (+ optimizer state beside it)."""
+    """A trained router on disk: weights + manifest (+ optimizer state beside it), and the file
+    it was read from."""
 
     net: ZoomNet
     manifest: dict[str, Any]
+    path: Path
 
 
 def save_router(path: Path, net: ZoomNet, manifest: dict[str, Any], optim: dict | None) -> None:
@@ -201,7 +203,7 @@ def load_router(path: Path, fingerprint: str | None = None, model_id: str = "") 
     net = ZoomNet(shape)
     net.load_state_dict(state)
     net.requires_grad_(False)
-    return RouterFile(net, manifest)
+    return RouterFile(net, manifest, path)
 
 
 SHIPPED = Path(__file__).parent / "routers"  # trained routers shipped with the package

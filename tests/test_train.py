@@ -344,3 +344,53 @@ def test_training_distils_along_the_full_kv_models_own_answer(prepared, tmp_path
     got = teacher_answer(loaded, cache, len(context), q, 8)
     assert loaded.tokenizer.decode(got, skip_special_tokens=True) == want.answer
     assert cache.get_seq_length() == len(context)
+
+
+def test_a_router_per_model_for_a_gguf_model(tmp_path, tiny_gguf, tiny_model_dirs, sekv_home):
+    """`sekv train --model X.gguf's folder` (Qwen2.5-0.5B's head groups: 14 query heads, 2 KV)
+    keeps the router under the model's fingerprint; `sekv ask` with that model routes with it
+    and says which file; with another model it routes training-free and says so."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from sekv_cli.main import app
+    from sekv_core.models import load_model
+    from sekv_core.router_files import user_router_path
+
+    runner = CliRunner()
+    model = str(tiny_gguf)
+    args = ["train", "--model", model, "--steps", "2", "--docs", "1", "--held-out", "1"]
+    trained = runner.invoke(app, [*args, "--doc-tokens", "100,140", "--json"])
+    assert trained.exit_code == 0, trained.output
+    path = Path(json.loads(trained.stdout)["router"])
+    loaded = load_model(model, device="cpu")
+    assert path == user_router_path(loaded.model_id, loaded.fingerprint)
+    assert path.parent == sekv_home / "routers" and path.is_file()
+    assert path.name.startswith("tiny-qwen2.Q8_0-")
+    router = load_router(path, loaded.fingerprint, loaded.model_id)
+    assert router.manifest["model"] == {"id": loaded.model_id, "fingerprint": loaded.fingerprint}
+    assert router.net.shape == NetShape(2, 14, 2, 16, router.net.shape.dim)
+    copy = tmp_path / "copy.safetensors"  # the file round-trips
+    save_router(copy, router.net, router.manifest, None)
+    back = load_router(copy, loaded.fingerprint)
+    assert back.manifest == router.manifest and back.path == copy
+    for name, tensor in router.net.state_dict().items():
+        assert torch.equal(tensor, back.net.state_dict()[name])
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The keeper is named Orla. The lamp is lit at dusk. " * 12)
+    for name, routed, used in (
+        (model, "trained", str(path)),
+        (str(tiny_model_dirs["llama"]), "training-free", None),
+    ):
+        ask = ["ask", str(doc), "Who is the keeper?", "--model", name, "--max-new-tokens", "2"]
+        asked = runner.invoke(app, [*ask, "--json"])
+        assert asked.exit_code == 0, asked.output
+        routing = json.loads(asked.stdout)["routing"]
+        assert (routing["router"], routing["router_file"]) == (routed, used), name
+        shown = runner.invoke(app, [*ask, "--show-zoom"])
+        assert shown.exit_code == 0, shown.output
+        says = f"trained router {path}" if used else "training-free router"
+        assert f"per layer and KV head, {says}\n" in shown.stdout, shown.stdout

@@ -280,6 +280,7 @@ class SeKV(Method):
         t = p.trace
         out: dict[str, Any] = {
             "router": p.router.name,
+            "router_file": str(self.trained.path) if self.trained is not None else None,
             "budget": p.budget,
             "sketch_dims": self.spans.routed_dims,
             "margin": p.margin,
