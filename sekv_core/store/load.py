@@ -8,7 +8,8 @@ A load runs three stages:
    tensors come from (a store replaced meanwhile fails, it is never read half old, half new);
 2. **read** — the three files' tensors, the token ids and sinks checked against the context;
    the offload tier's coding memory-mapped, its blocks decoded as answers first read them
-   (:class:`~sekv_core.store.entropy.OffloadTier`);
+   (:class:`~sekv_core.store.entropy.OffloadTier`); a store without span tokens given the
+   codes' and sketch's tables it does not hold, of no effect (:func:`spanless`);
 3. **sketch** — the routing sketch's rows: a bounded store's as stored, else rebuilt from the
    decoded span keys (:func:`sketch_rows`); then the resident tier placed on the model's device.
 

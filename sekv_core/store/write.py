@@ -83,9 +83,7 @@ def write_store(
     read = resident if rows else spanless(resident, settings)  # the tables as a load reads them
     stored = store_codebooks(read, settings.key_code, settings.value_code)
     manifest = store_manifest(loaded, document, context, settings, positions)
-    if (
-        stored_sketch(manifest) and rows
-    ):  # a bounded store's sketch, of its pre-RoPE keys as decoded
+    if stored_sketch(manifest) and rows:  # a bounded store's sketch, of pre-RoPE keys as decoded
         bits = settings.sketch_bits
         resident["sketch"] = sketch_rows(resident, records["k"].view(-1), stored["k"], None, bits)
     offload = compacted(records, codes)
