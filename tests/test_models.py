@@ -349,4 +349,19 @@ def test_gguf_models_that_cannot_be_converted_are_one_error(tmp_path, tiny_gguf,
     broken.write_bytes(gguf.read_bytes()[:5000])
     with pytest.raises(SekvError, match=rf"--model '{broken}': cannot read {broken} \(.*copy or"):
         load_model(str(broken))
+    import gguf as gguf_writer
+    import numpy as np
+
+    other = tmp_path / "gpt2.gguf"  # refused before anything is dequantised
+    writer = gguf_writer.GGUFWriter(str(other), "gpt2")
+    writer.add_block_count(1)
+    writer.add_embedding_length(32)
+    writer.add_head_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((10, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(SekvError, match="is a 'gpt2' model; sekv supports llama"):
+        load_model(str(other))
     assert not (sekv_home / "models").exists() or not list((sekv_home / "models").iterdir())
