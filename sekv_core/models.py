@@ -142,11 +142,6 @@ Notice = Callable[[str], None]
 """Told, in a sentence, of slow work about to start (a GGUF model's conversion)."""
 
 
-def converted_default(gguf: Path, notice: Notice | None = None) -> Path | None:
-    """The default model's converted copy (:func:`converted_gguf`)."""
-    return converted_gguf(gguf, DEFAULT_MODEL, "the default model", notice)
-
-
 def converted_gguf(gguf: Path, name: str, what: str, notice: Notice | None = None) -> Path | None:
     """The GGUF model ``gguf`` dequantised once into safetensors (with its config and
     tokenizer) under ``$SEKV_HOME/models/<name>-<file fingerprint>-<layout>``; ``notice`` is

@@ -1,3 +1,4 @@
+import functools
 import importlib.util
 import os
 import socket
@@ -101,12 +102,15 @@ def test_default_model_conversion_is_told_and_kept_in_the_layout_that_loads_whol
     older = sekv_home / "models" / stem
     older.mkdir(parents=True)
     told = []
-    path = models.converted_default(gguf, told.append)
+    convert = functools.partial(
+        models.converted_gguf, gguf, models.DEFAULT_MODEL, "the default model"
+    )
+    path = convert(told.append)
     assert len(told) == 1 and "Converting the default model" in told[0]
     assert path.name.startswith(stem) and not older.exists()
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()
-    assert models.converted_default(gguf, told.append) == path and len(told) == 1
+    assert convert(told.append) == path and len(told) == 1
     monkeypatch.undo()
     loaded = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor([[1, 5, 9, 3]])
