@@ -6,6 +6,7 @@ Document text is never read as Rich markup: it goes into ``Text`` objects, style
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -86,8 +87,13 @@ def print_zoom(result: Answer, verbose: bool = False) -> None:
 
 
 def router_words(routing: dict[str, Any]) -> str:
-    """Which router routed: ``trained router <file>`` or ``training-free router``."""
-    where = f" {routing['router_file']}" if routing.get("router_file") else ""
+    """Which router routed: ``trained router <file>`` (the one shipped with sekv named so),
+    or ``training-free router``."""
+    from sekv_core.router_files import SHIPPED  # an answer's: torch is loaded by now
+
+    where = ""
+    if file := routing.get("router_file"):
+        where = " (shipped)" if Path(file).parent == SHIPPED else f" {one_line(file)}"
     return f"{routing['router']} router{where}"
 
 

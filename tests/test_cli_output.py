@@ -432,3 +432,16 @@ def test_the_ingest_log_starts_at_once_for_a_long_document(monkeypatch):
     with common.prefill_progress("Ingesting book.txt") as progress:
         progress(0, 14_000_000)
     assert buffer.getvalue() == "Ingesting book.txt: 0/14,000,000 tokens…\n"
+
+
+def test_the_router_is_named_by_its_file_unless_sekv_shipped_it(tmp_path):
+    from sekv_cli.render import router_words
+    from sekv_core.router_files import SHIPPED
+
+    shipped = {"router": "trained", "router_file": str(SHIPPED / "smollm2.safetensors")}
+    mine = {"router": "trained", "router_file": str(tmp_path / "mine.safetensors")}
+    assert router_words(shipped) == "trained router (shipped)"
+    assert router_words(mine) == f"trained router {tmp_path / 'mine.safetensors'}"
+    assert router_words({"router": "training-free", "router_file": None}) == (
+        "training-free router"
+    )
