@@ -345,7 +345,7 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
                 "prefill / build / load s": f"{seconds(f['prefill_s'])} / "
                 f"{seconds(s['build_s'])} / {seconds(s['load_s'])}",
                 "build ×": times(q["build_over_prefill"]) + spread(q, "build"),
-                "ask 1st token s full / sekv": process_first_tokens(r.get("processes")),
+                "ask 1st byte s full / sekv": process_first_tokens(r.get("processes")),
                 "ask wall ×": times(q["process_wall"]),
                 "peak RSS ×": times(q["build_rss_over_prefill_rss"]),
             }
@@ -360,11 +360,11 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def process_first_tokens(runs: dict[str, Any] | None) -> str:
-    """`sekv ask`'s first answer token after the process started, full KV / SeKV (a stored
+    """`sekv ask`'s first byte on stdout after the process started, full KV / SeKV (a stored
     document): "–" without the child processes."""
     if runs is None:
         return "–"
-    full, sekv = (runs[k]["first_token_after_start_s"] for k in ("ask_full", "ask_sekv"))
+    full, sekv = (runs[k]["first_byte_s"] for k in ("ask_full", "ask_sekv"))
     return f"{seconds(full)} / {seconds(sekv)}"
 
 
@@ -395,8 +395,9 @@ def markdown(result: dict[str, Any]) -> str:
         "prefill + first token; SeKV: the store loaded from disk + first token). Build: "
         f"SeKV's first session on the document (an empty store home) vs full KV's prefill, "
         f"median of {BUILD_PAIRS} each, alternately. "
-        "Ask 1st token: `sekv ask`'s first answer token after the process started (interpreter "
-        "start-up, imports, the model and, for SeKV, its stored document loaded). "
+        "Ask 1st byte: `sekv ask`'s first byte on stdout after the process was started, as "
+        "at a shell (interpreter start-up, imports, the model and, for SeKV, its stored "
+        "document loaded, the first token). "
         "Ask wall: `sekv ask` as a whole process on a cached store vs `sekv ask --method "
         "full`. Peak RSS: `sekv ingest` vs `sekv ask --method full` (its prefill).",
         "",

@@ -143,11 +143,31 @@ def sekv_command(args: list[str], model: str | None, threads: int) -> dict[str, 
     }
 
 
+def first_byte(args: list[str], model: str | None, threads: int) -> float:
+    """Seconds from starting ``sekv ARGS`` (plain text, as at a shell) to the first byte it
+    writes on stdout: interpreter start-up, imports, model and store loads and the first
+    token, as a person waits for them. The rest of its output is read and dropped."""
+    args = [*args, "--threads", str(threads), *(["--model", model] if model else [])]
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, os.devnull, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert child.stdout is not None
+    first = child.stdout.read(1)
+    after = time.perf_counter() - start
+    _, err = child.communicate()
+    if child.returncode != 0 or not first:
+        raise SekvError(f"`sekv {' '.join(args)}` failed: {err.decode(errors='replace')[-500:]}")
+    return round(after, 3)
+
+
 def process_runs(
     path: Path, question: str, tokens: int, model: str | None, threads: int
 ) -> dict[str, Any]:
     """`sekv ingest` (a fresh store build), then `sekv ask` on the cached store and with
-    ``--method full``, each a child process in its own empty ``$SEKV_HOME``.
+    ``--method full``, each a child process in its own empty ``$SEKV_HOME``; then each ask
+    again as plain text, timed to its first byte on stdout (:func:`first_byte`).
 
     Full KV's ask stands for its prefill's peak RSS (decoding ``tokens`` more adds little).
     Answers are not teacher-forced here: each stops at its own end, ``tokens_generated`` says
@@ -158,6 +178,8 @@ def process_runs(
         ask = ["ask", str(path), question, "--max-new-tokens", str(tokens)]
         sekv = sekv_command(ask, model, threads)
         full = sekv_command([*ask, "--method", "full"], model, threads)
+        sekv["first_byte_s"] = first_byte(ask, model, threads)
+        full["first_byte_s"] = first_byte([*ask, "--method", "full"], model, threads)
     return {
         "build": {
             "wall_s": build["wall_s"],
@@ -177,6 +199,7 @@ def answer_run(run: dict[str, Any]) -> dict[str, Any]:
     return {
         "wall_s": run["wall_s"],
         "first_token_after_start_s": data["timings"].get("first_token_after_start_s"),
+        "first_byte_s": run.get("first_byte_s"),
         "peak_rss_bytes": run["peak_rss_bytes"],
         "tokens_generated": data["tokens_generated"],
         "cache_hit": data["store"].get("cache_hit"),
