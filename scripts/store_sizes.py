@@ -30,10 +30,10 @@ from sekv_bench.book import planted_facts, write_book  # noqa: E402
 from sekv_bench.haystack import NEEDLES, haystack  # noqa: E402
 from sekv_core.config import StoreSettings  # noqa: E402
 from sekv_core.documents import load_document  # noqa: E402
+from sekv_core.ingest import open_or_build  # noqa: E402
 from sekv_core.models import load_model  # noqa: E402
 from sekv_core.paths import home_path  # noqa: E402
 from sekv_core.prompt import chat_template, encode_context  # noqa: E402
-from sekv_core.store.ingest import open_or_build  # noqa: E402
 from sekv_core.store.load import load_store  # noqa: E402
 
 SAMPLES = ("handbook.pdf", "lighthouse.md")

@@ -24,9 +24,9 @@ from typing import Any
 from sekv_core.config import DEFAULT_BUDGET, MethodSettings, StoreSettings, exceeds_window
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
+from sekv_core.ingest import open_or_build
 from sekv_core.models import LoadedModel
 from sekv_core.prompt import chat_template, encode_context
-from sekv_core.store.ingest import open_or_build
 
 from .haystack import NEEDLES, Needle, sentence
 from .rows import resident_share

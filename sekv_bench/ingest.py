@@ -10,10 +10,10 @@ from typing import Any
 from sekv_core.config import StoreSettings
 from sekv_core.documents import load_document
 from sekv_core.engine import check_window
+from sekv_core.ingest import open_or_build, store_path
 from sekv_core.methods.full import prefill_cache
 from sekv_core.models import LoadedModel
 from sekv_core.prompt import chat_template, encode_context
-from sekv_core.store.ingest import open_or_build, store_path
 
 
 def bench_ingest(

@@ -282,7 +282,7 @@ def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKE
     check_home(answering=True)
     from sekv_core.engine import check_window  # torch: only once the input is known to be usable
     from sekv_core.prompt import chat_template, encode_context
-    from sekv_core.store.ingest import open_or_build
+    from sekv_core.ingest import open_or_build
 
     loaded = load_model_quietly(model, threads)
     with prefill_progress(f"Ingesting {one_line(document.path.name)}") as progress:
@@ -364,7 +364,7 @@ def check_document_tokens(loaded, document, context, max_tokens: int, store_sett
     """Refuse a document over ``max_tokens`` tokens before it is prefilled, unless its span
     store for ``store_settings`` is built already (nothing left to read)."""
     from sekv_core.documents import check_tokens
-    from sekv_core.store.ingest import store_path
+    from sekv_core.ingest import store_path
 
     tokens = len(context) - context.doc_start
     if tokens > max_tokens and not store_path(loaded, document, context, store_settings).exists():

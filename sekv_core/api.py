@@ -45,12 +45,12 @@ from .index.catalog import Catalog, Indexed, Synced, SyncProgress
 from .index.embedder import load_embedder
 from .index.likelihood import QuestionLikelihood
 from .index.ranking import Finder, Ranked
+from .ingest import open_or_build, store_path
 from .methods import METHODS, SeKV
 from .models import LoadedModel, load_model
 from .prompt import Context, Turn, chat_template, encode_context, encode_question
 from .sampling import Sampling
 from .sources import in_documents
-from .store.ingest import open_or_build, store_path
 from .store.load import StoreInvalid, check_claims, read_manifest
 from .store.shelf import mark_used
 from .together import NotTogether, ask_together

@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .code_specs import check_code
 from .errors import ArgumentError, SekvError
-from .store.specs import check_code
 
 # documents of more tokens are refused unless asked for (--max-tokens): on a CPU a streamed
 # ingest of a million tokens is hours of work and GBs of store
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
-# the offload tier's codes (sekv_core.store.specs): keys on one even grid per (layer, KV head),
+# the offload tier's codes (sekv_core.code_specs): keys on one even grid per (layer, KV head),
 # values at 4 bits on every direction with a row scale; why these: docs/design.md
 KEY_CODE = "even:0.175"
 VALUE_CODE = "*x4"
@@ -68,7 +68,7 @@ class StoreSettings:
     """Everything that changes a span store's content (part of its key on disk)."""
 
     segment: SegmentSettings = field(default_factory=SegmentSettings)
-    # the offload tier's codes of span keys (pre-RoPE) and values (sekv_core.store.specs)
+    # the offload tier's codes of span keys (pre-RoPE) and values (sekv_core.code_specs)
     key_code: str = KEY_CODE
     value_code: str = VALUE_CODE
     sketch_dim: int = 32  # routing sketch dims per span token (even: 4-bit pairs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .zoom import kernels
+from .native import kernels
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,7 @@ class Rope:
 
     def rotate(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Pre-RoPE keys (..., T, D) -> post-RoPE at ``positions`` (T,). Rows (T, D) of a static
-        rotary type on the CPU rotate in one native call (:mod:`sekv_core.zoom.kernels`), with the
+        rotary type on the CPU rotate in one native call (:mod:`sekv_core.native.kernels`), with the
         same products and sums."""
         if (
             self.static

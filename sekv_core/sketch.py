@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from .bitpack import pack_codes, unpack_codes
+from .native import kernels
 from .summary import STORE_DTYPE
-from .zoom import kernels
 
 RIDGE = 1e-4  # query directions below this share of the strongest one are floored (invertible W)
 
@@ -174,7 +174,7 @@ def sketch_queries(memory, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, t
 
 def reads_natively(memory, layer: int, q: torch.Tensor) -> bool:
     """Whether the native kernels read ``layer``'s sketch for queries ``q``: a whole memory's
-    4-bit sketch held column-major, float32 queries, on the CPU (:mod:`sekv_core.zoom.kernels`; a
+    4-bit sketch held column-major, float32 queries, on the CPU (:mod:`sekv_core.native.kernels`; a
     subset of a memory is read by the tensor code)."""
     first_row = getattr(memory, "first_row", None)  # a subset (prefilter) reads its own rows
     packed = memory.sketch[layer]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import sekv_core.api as api
-import sekv_core.store.ingest as ingest
+import sekv_core.ingest as ingest
 from sekv_core.api import Library, open_documents
 from sekv_core.config import MethodSettings
 from sekv_core.conversation import Conversation

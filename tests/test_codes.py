@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-import sekv_core.zoom.kernels as kernels
+import sekv_core.native.kernels as kernels
+from sekv_core.code_specs import check_code, parse_tiers, record_bytes
 from sekv_core.config import KEY_CODE, VALUE_CODE, MethodSettings, SegmentSettings, StoreSettings
 from sekv_core.documents import load_document
 from sekv_core.errors import SekvError
 from sekv_core.methods import SeKV
-from sekv_core.native import library
+from sekv_core.native.build import library
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.store.codes import (
     EvenCode,
@@ -21,7 +22,6 @@ from sekv_core.store.codes import (
     on_grid,
     query_metric,
 )
-from sekv_core.store.specs import check_code, parse_tiers, record_bytes
 
 
 def low_rank_rows(seed=0, L=2, H=3, S=300, D=16):

@@ -25,11 +25,11 @@ from conftest import build_tiny_model
 from sekv_core.config import StoreSettings, override
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
+from sekv_core.ingest import open_or_build, store_path
 from sekv_core.methods import MethodSettings
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.store.format import DIGEST, FILES, manifest_digest
-from sekv_core.store.ingest import open_or_build, store_path
 from sekv_core.store.locks import clean_leftovers, mark_writer, store_lock
 from sekv_core.store.parts import STATE_VERSION
 
@@ -322,7 +322,7 @@ from sekv_core.config import StoreSettings, override
 from sekv_core.documents import load_document
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
-from sekv_core.store.ingest import open_or_build
+from sekv_core.ingest import open_or_build
 stream.CHECKPOINT_S = {checkpoint_s}
 loaded = load_model({model!r}, device="cpu")
 document = load_document({doc!r})
@@ -379,7 +379,7 @@ def test_concurrent_ingests_build_once(reference, tiny_model_dirs, sekv_home, se
     arrived = sekv_home / "arrived"
     arrived.mkdir(parents=True)
     sync = textwrap.dedent(f"""
-        import sekv_core.store.build as b, sekv_core.store.ingest as ing
+        import sekv_core.store.build as b, sekv_core.ingest as ing
         real_lock, real_prefill = ing.store_lock, b.prefill
         def store_lock(*a, **k):
             open({str(arrived)!r} + f"/{{os.getpid()}}", "w").close()

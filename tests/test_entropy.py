@@ -10,10 +10,10 @@ from test_store import prepare
 
 import sekv_core.store.entropy as entropy
 from sekv_core.config import StoreSettings
+from sekv_core.ingest import open_or_build
 from sekv_core.rope import Rope
 from sekv_core.store.codes import fit_code, store_codebooks
 from sekv_core.store.format import manifest_digest, nbytes, sha256
-from sekv_core.store.ingest import open_or_build
 from sekv_core.store.load import StoreInvalid, load_store
 from sekv_core.zoom.memory import SpanMemory
 

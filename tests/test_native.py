@@ -1,4 +1,4 @@
-"""The decode step's native kernels (sekv_core/native.py, kernels.py) decide as the tensor code."""
+"""The decode step's native kernels (sekv_core/native/) decide as the tensor code."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sekv_core import native
 from sekv_core.kvquant import quantize_rows
+from sekv_core.native import build as native
+from sekv_core.native import kernels
 from sekv_core.prompt import chat_template, encode_question
 from sekv_core.rope import Rope
 from sekv_core.sketch import column_major, reads_natively
 from sekv_core.store.codes import fit_code
-from sekv_core.zoom import kernels
 from sekv_core.zoom.pools import ZoomPool
 from sekv_core.zoom.router import SketchRouter, TrainedRouter, select
 from sekv_core.zoom.trace import ZoomTrace

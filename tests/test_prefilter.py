@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import build_tiny_model
 
-import sekv_core.store.stream as stream_mod
+import sekv_core.zoom.chunks as chunks
 import sekv_core.zoom.prefilter as prefilter_mod
 from sekv_core.config import SegmentSettings, StoreSettings, StreamSettings
 from sekv_core.documents import Document, load_document
@@ -50,7 +50,7 @@ def book(tmp_path: Path, sections: int = 24) -> Document:
 def test_prefilter_scores_candidates_exactly(small, tmp_path, monkeypatch):
     """Books with many spans: routers score only the spans whose representative tokens (their
     highest-surprisal ones) score among the best; the candidates keep their exact scores."""
-    monkeypatch.setattr(stream_mod, "STREAM_PREFILTER_SPANS", 8)  # streamed chunks prefilter
+    monkeypatch.setattr(chunks, "STREAM_PREFILTER_SPANS", 8)  # streamed chunks prefilter
     doc = book(tmp_path)
     settings = MethodSettings(budget=16, store=BOOK)
     session = Session(small, doc, "sekv", settings)

@@ -13,13 +13,13 @@ from safetensors.torch import load_file
 import sekv_core.store.write as write_module
 from sekv_core.config import StoreSettings, StreamSettings
 from sekv_core.documents import load_document
+from sekv_core.ingest import open_or_build
 from sekv_core.kvquant import quantize_rows
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.rope import Rope
 from sekv_core.sketch import dequantize_sketch, quantize_sketch
 from sekv_core.store.format import FILES, FORMAT_VERSION
-from sekv_core.store.ingest import open_or_build
 from sekv_core.store.load import StoreInvalid, load_store
 from sekv_core.zoom.memory import SpanMemory
 
@@ -244,7 +244,7 @@ def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv
     script = textwrap.dedent(f"""
         import os, signal
         import sekv_core.store.write as fmt
-        import sekv_core.store.ingest as ingest
+        import sekv_core.ingest as ingest
         real = fmt.save_file
         def save_then_die(tensors, path):
             real(tensors, path)

@@ -17,12 +17,12 @@ from test_stream import document, text_of
 
 import sekv_core.store.entropy as entropy  # only its switch: a store without the coder
 from sekv_core.config import StoreSettings
+from sekv_core.ingest import open_or_build
 from sekv_core.models import load_model
 from sekv_core.prefill import prefill
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.rope import Rope
 from sekv_core.sketch import dequantize_sketch
-from sekv_core.store.ingest import open_or_build
 from sekv_core.zoom.memory import SpanMemory
 
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")

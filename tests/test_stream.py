@@ -21,6 +21,7 @@ from sekv_core.config import SegmentSettings, StoreSettings, StreamSettings
 from sekv_core.documents import Document, token_pages
 from sekv_core.engine import Session
 from sekv_core.errors import SekvError
+from sekv_core.ingest import open_or_build
 from sekv_core.methods import MethodSettings, SeKV
 from sekv_core.models import load_model
 from sekv_core.passages import FUSION_K, NEUTRAL_QUESTION
@@ -31,7 +32,6 @@ from sekv_core.store import shelf
 from sekv_core.store.codes import load_code
 from sekv_core.store.entropy import usable as entropy_coded
 from sekv_core.store.format import CODEBOOKS, FILES
-from sekv_core.store.ingest import open_or_build
 from sekv_core.store.partial import PartialStore
 from sekv_core.zoom.attention import ZoomPolicy, sekv_attention
 from sekv_core.zoom.router import SketchRouter

@@ -17,12 +17,12 @@ from .. import passages
 from ..config import DEFAULT_BUDGET
 from ..decode import Forcing, PositionedStep, decode_tokens
 from ..documents import Document
+from ..ingest import open_or_build
 from ..lexical import LexicalIndex
 from ..prompt import chat_template, question_text, stop_ids
 from ..rope import Rope
 from ..router_files import RouterFile, resolve_router
 from ..sampling import Sampling
-from ..store.ingest import open_or_build
 from ..store.load import SpanStore
 from ..zoom.attention import Observer, ZoomPolicy, sekv_attention
 from ..zoom.memory import SpanMemory

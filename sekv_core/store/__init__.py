@@ -1,16 +1,17 @@
 """The span store: a document's spans, coded once, kept on disk, verified at every load.
 
-- :mod:`.ingest` — :func:`~.ingest.open_or_build`: load a valid store, else build one (the only
-  module that knows both builders).
+The store knows nothing of zooming: :func:`sekv_core.ingest.open_or_build` (above the store and
+the zoom) opens a valid store or builds one, and hands the streamed build the zoom's chunk reader.
+
 - :mod:`.build` — the one-shot build: one prefill of a context that fits the model window.
 - :mod:`.stream` — the streamed build of a longer context, chunk by chunk; :mod:`.layout` where
   its tokens sit, :mod:`.parts` its part files and checkpoints (resume), :mod:`.partial` the
-  store grown so far, which each chunk zooms into.
+  store grown so far, which each chunk reads (through the caller's chunk reader).
 - :mod:`.write` — the one finishing path of both builds: code, then write atomically.
 - :mod:`.load` — :class:`~.load.SpanStore`, verified and read in three stages.
 - :mod:`.format` — names, manifest and digest (every file: ``docs/store-format.md``).
-- :mod:`.codes`, :mod:`.specs` — the offload tier's key and value codes;
-  :mod:`.entropy` (``rans.c``) — those records entropy-coded in blocks.
+- :mod:`.codes` — the offload tier's key and value codes (their specs: :mod:`sekv_core.code_specs`);
+  :mod:`.entropy` (``sekv_core/native/rans.c``) — those records entropy-coded in blocks.
 - :mod:`.locks` — one builder per store, leftovers of killed builders; :mod:`.shelf` — the
   stores on disk (`sekv stores`).
 """

@@ -30,10 +30,10 @@ from functools import cached_property
 import torch
 
 from ..bitpack import pack_codes, unpack_codes
+from ..code_specs import MAX_BITS, Tier, parse_even, parse_tiers, record_bytes
 from ..errors import SekvError
+from ..native import kernels
 from ..summary import STORE_DTYPE, stored
-from ..zoom import kernels
-from .specs import MAX_BITS, Tier, parse_even, parse_tiers, record_bytes
 
 SCALE = torch.float16  # per-row tier scales (specs.SCALE_BYTES each)
 RIDGE = 1e-4  # the key metric's floor, a share of its largest dimension (no direction is free)

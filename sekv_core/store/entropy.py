@@ -8,7 +8,7 @@ discretised Gaussian fitted to that field over every span token's row (two fp16 
 centre and spread, the spread picked from :data:`SPREADS` times the field's deviation by the
 length it codes to). Every symbol keeps a probability of at least 2^-12, so a field always
 codes. A (layer, head)'s rows are cut into blocks of :data:`BLOCK_ROWS`, each coded alone with a
-static rANS coder (``rans.c``): an answer decodes the blocks its zooms touch
+static rANS coder (``native/rans.c``): an answer decodes the blocks its zooms touch
 (:class:`OffloadTier`), not the tier.
 
 Lossless: a block decodes to its records bit for bit. The build decodes what it wrote and keeps
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..native import library
+from ..native.build import library
 from ..threads import each_on_threads
 
 PROB_BITS = 12  # a table's probabilities are multiples of 2^-PROB_BITS

@@ -17,7 +17,7 @@ A build ends with stage 3 on the tables it has just written (:func:`with_sketch`
 :func:`ready`): the files were written from them and its records are the decoded ones.
 
 A store that fails any check raises :class:`StoreInvalid` and is never used
-(:func:`sekv_core.store.ingest.open_or_build` rebuilds it).
+(:func:`sekv_core.ingest.open_or_build` rebuilds it).
 """
 
 from __future__ import annotations

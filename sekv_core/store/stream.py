@@ -1,20 +1,18 @@
 """Streamed ingest: a span store built chunk by chunk, for documents beyond the model window.
 
-Each chunk of ``prefill_chunk`` tokens runs through the model with the mixed-resolution attention
-(:mod:`sekv_core.zoom.attention`): it attends to the sinks, the tokens not yet committed (at least
-``stream.window`` of them, full resolution) and the spans zoomed from the store built so far
-(sketch router, ``stream.budget`` tokens per layer and KV head, routed by ``stream.route_queries``
-of its queries; beyond STREAM_PREFILTER_SPANS spans only the candidates of
-:func:`sekv_core.zoom.prefilter.candidates`, found through its coarse block index, are scored, so
-the time per chunk stays flat along the book). Once more than ``window + chunk`` tokens wait, the
-oldest complete spans are committed as one *part* (:mod:`sekv_core.store.parts`): segmented
-with the rule of :func:`sekv_core.segment.segment` (threshold mu + alpha sigma of the
-surprisal read so far), coded, written to disk and appended to the growing store
-(:mod:`sekv_core.store.partial`). Held in memory: the waiting tokens, the chunk, the zoom
-cache and the resident routing tier (sketch, tables); the records stay on disk.
+Each chunk of ``prefill_chunk`` tokens runs through the model by the caller's
+:class:`ChunkReader` (the zoom's, :class:`sekv_core.zoom.chunks.ZoomedChunks`): it attends to
+the sinks, the tokens not yet committed (at least ``stream.window`` of them, full resolution)
+and the spans zoomed from the store built so far (``stream.budget`` tokens per layer and KV
+head, routed by ``stream.route_queries`` of its queries). Once more than ``window + chunk``
+tokens wait, the oldest complete spans are committed as one *part*
+(:mod:`sekv_core.store.parts`): segmented with the rule of :func:`sekv_core.segment.segment`
+(threshold mu + alpha sigma of the surprisal read so far), coded, written to disk and appended
+to the growing store (:mod:`sekv_core.store.partial`). Held in memory: the waiting tokens, the
+chunk, the zoom cache and the resident routing tier (sketch, tables); the records stay on disk.
 
 Positions: a context beyond the window gets a *bounded* store (pre-RoPE keys everywhere) and
-chunks see the layout of :mod:`sekv_core.zoom.memory` — sinks at 0.., zoomed tokens packed before
+chunks see the layout of a bounded span memory — sinks at 0.., zoomed tokens packed before
 the waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the window.
 A book keeps no anchors (their boundary tokens stay in their spans). A context that fits
 (``stream.always``) keeps original positions and anchors throughout.
@@ -31,9 +29,10 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -44,12 +43,11 @@ from ..models import LoadedModel
 from ..paths import private_dir
 from ..prefill import Progress, release_freed_memory
 from ..prompt import Context
+from ..rope import Rope
 from ..segment import ANCHOR, SPAN, Segmentation
+from ..sketch import QueryMoments
 from ..summary import STORE_DTYPE
 from ..surprisal import Surprisal
-from ..zoom.attention import LocalWindow, ZoomPolicy, sekv_attention
-from ..zoom.memory import SpanMemory
-from ..zoom.router import SketchRouter
 from .format import trace_tensors
 from .layout import StreamLayout
 from .load import SpanStore
@@ -66,10 +64,44 @@ from .parts import (
 from .write import write_store
 
 CHECKPOINT_S = 30.0  # at most this long between checkpoints
-# a chunk's router scores exactly only the best 64 spans per KV head by their representative
-# tokens (found through the block index) once the store holds 256 spans: the cost per chunk
-# stays flat
-STREAM_PREFILTER_SPANS, STREAM_PREFILTER_KEEP = 256, 64
+
+
+class ChunkReader(Protocol):
+    """What runs a stream's chunks through the model, attending to the store grown so far."""
+
+    def attending(self) -> AbstractContextManager[None]:
+        """The block :meth:`read` runs in."""
+        ...
+
+    def start(self, store: PartialStore) -> None:
+        """Read ``store`` (the sinks, no spans yet) from the next chunk on."""
+        ...
+
+    def refresh(self) -> None:
+        """``store`` gained a part."""
+        ...
+
+    def read(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        window: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        moments: QueryMoments | None,
+        pool_end: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One chunk (``ids``, ``positions``: (c,)) after the waiting tokens ``window`` (keys
+        pre-RoPE, values: (L, H, W, D); RoPE cos, sin: (W, D)); ``pool_end``: the first local
+        position, None for the first chunk. Returns the last hidden states (c, hidden) and the
+        chunk's post-RoPE keys and values (L, H, c, D)."""
+        ...
+
+    def resident_bytes(self) -> int:
+        """Bytes held on the device for the store."""
+        ...
+
+
+# makes a stream's reader: (model, its RoPE frame, zoom budget, routing queries)
+ChunkReaders = Callable[[LoadedModel, Rope, int, int], ChunkReader]
 
 
 class StreamBuilder:
@@ -82,10 +114,11 @@ class StreamBuilder:
         document: Document,
         context: Context,
         settings: StoreSettings,
+        readers: ChunkReaders,
         checkpoint_s: float = CHECKPOINT_S,
     ) -> None:
         self.path, self.loaded, self.document, self.context = path, loaded, document, context
-        self.settings, self.checkpoint_s = settings, checkpoint_s
+        self.settings, self.readers, self.checkpoint_s = settings, readers, checkpoint_s
         self.work = path.with_name(f".partial-{path.name}")
         self.checkpoints = Checkpoints(self.work, path.name, os.path.abspath(document.path))
         self.T, self.doc_start = len(context), context.doc_start
@@ -115,7 +148,8 @@ class StreamBuilder:
             "settings": self.settings.to_dict(),
         }
         self.store = PartialStore(self.work, manifest, self.settings, self.device, self.keep)
-        self.memory: SpanMemory | None = None
+        budget, queries = lay.budget, self.settings.stream.route_queries
+        self.reader = self.readers(self.loaded, lay.rope, budget, queries)
 
     def run(
         self, progress: Progress | None = None, warn: Callable[[str], None] | None = None
@@ -138,7 +172,7 @@ class StreamBuilder:
         if progress and self.state.next:
             progress(self.state.next, self.T)
         last_checkpoint = time.perf_counter()
-        with sekv_attention(self.loaded.model):
+        with self.reader.attending():
             while self.state.next < self.T:
                 t0 = time.perf_counter()
                 self._step()
@@ -168,28 +202,15 @@ class StreamBuilder:
         waiting = torch.arange(s.commit_end, max(a, s.commit_end)) - shift  # none at first
         cos, sin = lay.rope.tables(waiting, like)
         moments = s.moments if s.sketch_basis is None else None
-        window = LocalWindow(s.pending_k, s.pending_v, cos, sin, moments=moments)
-        memory, policy = None, None
-        if a > 0:
-            memory = self.memory
-            memory.pool_end = s.commit_end - shift
-            policy = chunk_policy(lay.budget, self.settings.stream.route_queries)
+        window = (s.pending_k, s.pending_v, cos, sin)
+        pool_end = s.commit_end - shift if a > 0 else None
         self.max_position = max(self.max_position, int(positions[-1]))
-        out = self.loaded.model.get_decoder()(
-            input_ids=self.ids[a:b][None],
-            position_ids=positions[None].to(self.device),
-            use_cache=False,
-            sekv_memory=memory,
-            sekv_policy=policy,
-            sekv_window=window,
-        )
+        hidden, keys, values = self.reader.read(self.ids[a:b], positions, window, moments, pool_end)
         # row i predicts token a + i + 1 (the last row: the next chunk's first token)
         last = min(b + 1, self.T)
-        nll = self.nll(out.last_hidden_state[0, : last - a - 1], self.ids[a + 1 : last])
+        nll = self.nll(hidden[: last - a - 1], self.ids[a + 1 : last])
         s.surprisal[a + 1 : last] = nll.cpu().numpy()
-        keys = torch.stack([k for k, _ in window.captured])  # (L, H, c, D) post-RoPE
-        values = torch.stack([v for _, v in window.captured])
-        keys = lay.rope.unrotate(keys, positions)
+        keys = lay.rope.unrotate(keys, positions)  # (L, H, c, D) post-RoPE -> pre-RoPE
         s.pending_k = torch.cat([s.pending_k, keys], dim=2)
         s.pending_v = torch.cat([s.pending_v, values], dim=2)
         if a == 0:  # the prompt head + first document tokens become the sinks
@@ -211,12 +232,10 @@ class StreamBuilder:
             self.timings["commit_s"] += time.perf_counter() - t0
 
     def _start_memory(self) -> None:
-        """The growing span memory: the sinks, no spans yet."""
+        """The growing store, read by the next chunks: the sinks, no spans yet."""
         s, sinks = self.state, torch.arange(self.layout.sinks)
         self.store.start(sinks, self.layout.frame(s.sink_k, 0, sinks), s.sink_v)
-        # 16-bit zoom: what a chunk attends to is part of the store (answers may hold 8 bits)
-        rope, dev = self.layout.rope, self.device
-        self.memory = SpanMemory(self.store, rope, dev, self.dtype, kv_bits=16)
+        self.reader.start(self.store)
         if s.sketch_basis is not None:
             self.store.place_sketch_basis(s.sketch_basis)
         if s.code is not None:
@@ -256,7 +275,7 @@ class StreamBuilder:
             keys_pre, values, h, c, spans, chosen, basis, codes, settings, lay.frame
         )
         self.store.commit(part)
-        self.memory.refresh()
+        self.reader.refresh()
         s.pending_k = s.pending_k[:, :, end - c :]
         s.pending_v = s.pending_v[:, :, end - c :]
         s.commit_end = end
@@ -284,7 +303,7 @@ class StreamBuilder:
             self._start_memory()
         for meta in parts:
             self.store.replay(meta)
-            self.memory.refresh()
+            self.reader.refresh()
         return True
 
     def _finish(self) -> SpanStore:
@@ -327,7 +346,7 @@ class StreamBuilder:
             "max_position": self.max_position,
             "parts": len(self.store.files),
             "peak_window_bytes": self.peak_window_bytes,
-            "memory_resident_bytes": self.memory.resident_bytes() if self.memory else 0,
+            "memory_resident_bytes": self.reader.resident_bytes(),
             "tokens_per_s_at": speed_along(self.chunk_times, self.T),
         }
 
@@ -345,34 +364,20 @@ def speed_along(chunk_times: list[tuple[int, int, float]], total: int) -> dict[s
     return at
 
 
-def chunk_policy(budget: int, route_queries: int) -> ZoomPolicy:
-    """How a chunk zooms into the store built so far: the sketch router, ``budget`` tokens per
-    (layer, KV head), routed by ``route_queries`` of its queries, prefiltered on long stores."""
-    return ZoomPolicy(
-        SketchRouter(),
-        budget=budget,
-        route_queries=route_queries,
-        track_mass=False,
-        prefilter_spans=STREAM_PREFILTER_SPANS,
-        prefilter_keep=STREAM_PREFILTER_KEEP,
-        prefilter_blocks=True,
-        ordered=True,
-    )
-
-
 def build_streamed(
     path: Path,
     loaded: LoadedModel,
     document: Document,
     context: Context,
     settings: StoreSettings,
+    readers: ChunkReaders,
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
     checkpoint_s: float | None = None,
 ) -> SpanStore:
-    """Stream ``context`` into a store at ``path`` (resuming an interrupted build); returns it
-    (the builder's report is in its manifest under ``stream``). Checkpoints at most every
-    ``checkpoint_s`` seconds (default CHECKPOINT_S)."""
+    """Stream ``context`` into a store at ``path`` (resuming an interrupted build), its chunks
+    read by ``readers(...)``; returns it (the builder's report is in its manifest under
+    ``stream``). Checkpoints at most every ``checkpoint_s`` seconds (default CHECKPOINT_S)."""
     checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
-    builder = StreamBuilder(path, loaded, document, context, settings, checkpoint_s)
+    builder = StreamBuilder(path, loaded, document, context, settings, readers, checkpoint_s)
     return builder.run(progress, warn)

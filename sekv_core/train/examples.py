@@ -20,11 +20,11 @@ from transformers import DynamicCache
 
 from ..config import StoreSettings
 from ..documents import load_document
+from ..ingest import open_or_build
 from ..methods.full import prefill_cache
 from ..models import LoadedModel
 from ..prompt import chat_template, encode_context, encode_question
 from ..rope import Rope
-from ..store.ingest import open_or_build
 from ..zoom.memory import SpanMemory
 from .data import make_corpus
 from .settings import TrainSettings

@@ -8,5 +8,7 @@
 - :mod:`.pools` — the zoomed tokens of one layer, in slots later steps reuse.
 - :mod:`.attention` — the mixed-resolution attention inside the model (one softmax).
 - :mod:`.trace` — what the router did during one answer.
-- :mod:`.kernels` (``zoomstep.c``) — one native call per decode step on the CPU.
+- :mod:`.chunks` — a streamed build's chunks, read through the zoom into the store grown so far.
+
+On the CPU each decode step's work is one native call (:mod:`sekv_core.native.kernels`).
 """

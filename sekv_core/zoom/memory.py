@@ -31,12 +31,12 @@ from typing import Any, Protocol
 import torch
 
 from ..kvquant import KV_BITS, Rows, row_bytes
+from ..native import kernels
 from ..rope import Rope
 from ..sketch import column_major, is_column_major, span_token_positions
 from ..store.codes import store_codebooks
 from ..store.format import FIXED_SCALES
 from ..store.load import SpanStore
-from . import kernels
 from .pools import KeyFrame, ZoomPool
 from .prefilter import RepBlocks, RepTables
 from .reconstruct import FlatRecords, OffloadReader, RecordIndex, reconstruct

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from ..kvquant import Rows
+from ..native import kernels
 from ..rope import Rope, rotate_half
-from . import kernels
 
 NEVER = torch.iinfo(torch.int64).max  # the last use of a slot that must not be taken
 
@@ -138,8 +138,8 @@ class ZoomPool:
     ) -> int:
         """Read the picked (span, head) pairs the pool does not hold, in one batch, into slots
         that no picked span uses (free first, then the least recently active). Returns the
-        head-tokens read. On the CPU the bookkeeping is native code (:mod:`sekv_core.zoom.kernels`),
-        with the same placement."""
+        head-tokens read. On the CPU the bookkeeping is native code
+        (:mod:`sekv_core.native.kernels`), with the same placement."""
         fast = self.in_native_code(zoom, lengths, first_row)
         if fast:
             heads, spans, needed = kernels.new_pairs(zoom, self.held, self.owner, lengths)
@@ -190,7 +190,7 @@ class ZoomPool:
     def in_native_code(
         self, zoom: torch.Tensor, lengths: torch.Tensor, first_row: torch.Tensor
     ) -> bool:
-        """Whether an update runs in :mod:`sekv_core.zoom.kernels` (8-bit rows on the CPU)."""
+        """Whether an update runs in :mod:`sekv_core.native.kernels` (8-bit rows on the CPU)."""
         return (  # the pool's own tensors are contiguous, made here
             self.kv_bits == 8
             and zoom.dtype == torch.bool

@@ -16,8 +16,8 @@ from typing import Protocol
 
 import torch
 
+from ..native import kernels
 from ..rope import Rope
-from . import kernels
 
 
 @dataclass
@@ -139,7 +139,7 @@ def _gathered(
     heads: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]] | None:
     """The pairs' records, positions and rows per head read in one native call
-    (:func:`sekv_core.zoom.kernels.gather`) from a tier held whole, or None where the tensor code
+    (:func:`sekv_core.native.kernels.gather`) from a tier held whole, or None where the tensor code
     reads them."""
     if not isinstance(reader, FlatRecords):  # read per range (a streamed build's part files)
         return None

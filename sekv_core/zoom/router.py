@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
+from ..native import kernels
 from ..sketch import reads_natively, segment_max, sketch_logits
-from . import kernels
 from .zoomnet import ZoomGate, ZoomNet, sketch_spans
 
 T = TypeVar("T")
@@ -163,7 +163,7 @@ def select(
     the best-ranked spans only, enough to fill the budget twice over with the shortest spans;
     for a head whose lower-ranked spans could still have taken part, over every span (so a
     head's decision never depends on the other heads'). Spans of equal score go in document
-    order. On the CPU the same decision is one native call (:mod:`sekv_core.zoom.kernels`).
+    order. On the CPU the same decision is one native call (:mod:`sekv_core.native.kernels`).
     """
     if (
         scores.dtype == torch.float32

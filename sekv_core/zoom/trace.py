@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import kernels
+from ..native import kernels
 
 
 @dataclass

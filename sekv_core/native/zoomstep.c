@@ -1,7 +1,7 @@
 /* The decode step on the CPU, one call per step where the tensor code takes dozens of small
  * ops: routing (the routers' sketch reads, select), the zoom pool's update, zoom-in reads
  * (records gathered and decoded, keys rotated), the memory entries attention reads, and the
- * trace. Built and loaded by sekv_core/native.py, called through sekv_core/zoom/kernels.py;
+ * trace. Built and loaded by sekv_core/native/build.py, called through sekv_core/native/kernels.py;
  * the same decisions and rows as the tensor code (ties in score: document order; the sketch
  * scores to float rounding). Arrays are C-contiguous; bool arrays are one byte per element. */
 #include <math.h>

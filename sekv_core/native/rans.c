@@ -1,6 +1,6 @@
 /* The offload tier's entropy coder: a static rANS coder (32-bit states, 16-bit words) over
  * the bit fields of fixed-size records. Built with zoomstep.c into one library by
- * sekv_core/native.py, called through sekv_core/store/entropy.py.
+ * sekv_core/native/build.py, called through sekv_core/store/entropy.py.
  *
  * Records (L, H, S, B) uint8; each layer's record is cut into F fields of widths[l][f] bits
  * (0..8, lowest bits first, covering the record's 8 B bits; 0: none). A field's symbols over a

@@ -2,7 +2,9 @@
 
 The only module that knows both builders: a context that fits the model window is built in one
 prefill (:mod:`sekv_core.store.build`), a longer one is streamed
-(:mod:`sekv_core.store.stream`). One process builds a given store at a time
+(:mod:`sekv_core.store.stream`), its chunks read through the zoom
+(:class:`sekv_core.zoom.chunks.ZoomedChunks`): above both rooms, it hands the store's builder
+the zoom's reader. One process builds a given store at a time
 (:func:`sekv_core.store.locks.store_lock`); another that wants it waits, then loads what the
 first built. What killed builders left behind is cleaned before a build
 (`sekv_core.store.locks.clean_leftovers`).
@@ -13,19 +15,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..config import StoreSettings, exceeds_window
-from ..documents import Document
-from ..errors import SekvError
-from ..models import LoadedModel
-from ..paths import home_read_only, read_only_error, stores_dir
-from ..prefill import Progress
-from ..prompt import Context
-from .build import build_store
-from .format import store_key
-from .load import SpanStore, StoreInvalid, load_store
-from .locks import STATE_VERSION, clean_leftovers, store_lock
-from .shelf import mark_used
-from .stream import build_streamed
+from .config import StoreSettings, exceeds_window
+from .documents import Document
+from .errors import SekvError
+from .models import LoadedModel
+from .paths import home_read_only, read_only_error, stores_dir
+from .prefill import Progress
+from .prompt import Context
+from .store.build import build_store
+from .store.format import store_key
+from .store.load import SpanStore, StoreInvalid, load_store
+from .store.locks import STATE_VERSION, clean_leftovers, store_lock
+from .store.shelf import mark_used
+from .store.stream import build_streamed
+from .zoom.chunks import ZoomedChunks
 
 
 def store_path(
@@ -102,5 +105,8 @@ def _load_or_build(
                 warn(f"rebuilding the span store at {path}: {exc}")
     clean_leftovers(path.parent, path, STATE_VERSION)
     if settings.stream.always or exceeds_window(loaded.spec.window, len(context)):
-        return build_streamed(path, loaded, document, context, settings, progress, warn), False
+        store = build_streamed(
+            path, loaded, document, context, settings, ZoomedChunks, progress, warn
+        )
+        return store, False
     return build_store(path, loaded, document, context, settings, progress), False

@@ -1,4 +1,4 @@
-"""The decode step's kernels on the CPU (:mod:`sekv_core.native`), one typed call each.
+"""The decode step's kernels on the CPU (:mod:`sekv_core.native.build`), one typed call each.
 
 Each takes and returns torch tensors on the CPU (callers check :func:`usable` first; the tensor
 code runs elsewhere) and checks the sizes the C code trusts. Routing: :func:`select`,
@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from ..native import library, usable
+from .build import library, usable
 
 __all__ = ["usable"]
 

@@ -1,4 +1,5 @@
-"""Specs of the offload tier's two codes, checked without torch (settings read them early).
+"""Specs of the offload tier's two codes, checked without torch: settings
+(:mod:`sekv_core.config`) read them early, below the store that codes by them.
 
 Keys: ``"even:S"`` — one even grid per (layer, KV head) on the document's directions, its step
 S times the head's root-mean-square coefficient (:class:`~sekv_core.store.codes.EvenCode`).

@@ -1,11 +1,11 @@
-"""The native kernels (``zoomstep.c``, ``rans.c``): built on first use, loaded once.
+"""The native library (``zoomstep.c``, ``rans.c``): built on first use, loaded once.
 
 On a CPU a SeKV decode step's cost is the count of small tensor ops per layer, not their
 arithmetic: scoring and picking the spans, placing new ones in the zoom pool, reading and
 decoding their records, rotating their keys, the memory entries attention reads and the
 trace come to some 300 ops per layer and token as torch code, each paying a call's overhead.
-In C each step is one call (:mod:`sekv_core.zoom.kernels`; figures: docs/design.md). The library is
-built with the system's C compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per
+In C each step is one call (:mod:`.kernels`; figures: docs/design.md). The library is built
+with the system's C compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per
 source, compiler and kind of CPU; without a compiler, or for tensors on a GPU, the tensor code
 runs instead. Both make the same decisions and the same rows (the router's scores agree to float
 rounding: their products sum in another order), as ``tests/test_native.py`` checks step by step.
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from .errors import SekvError
-from .paths import sekv_home
+from ..errors import SekvError
+from ..paths import sekv_home
 
 # the decode step's kernels and the offload tier's entropy coder (:mod:`sekv_core.store.entropy`)
 SOURCES = (
-    Path(__file__).parent / "zoom" / "zoomstep.c",
-    Path(__file__).parent / "store" / "rans.c",
+    Path(__file__).parent / "zoomstep.c",
+    Path(__file__).parent / "rans.c",
 )
 # no fused multiply-adds (each product and sum rounded as torch rounds it); the vector width
 # of this CPU where the compiler knows it (the library is kept per CPU), else the baseline's
