@@ -105,8 +105,10 @@ def _load_or_build(
                 warn(f"rebuilding the span store at {path}: {exc}")
     clean_leftovers(path.parent, path, STATE_VERSION)
     if settings.stream.always or exceeds_window(loaded.spec.window, len(context)):
-        store = build_streamed(
+        decoded = build_streamed(
             path, loaded, document, context, settings, ZoomedChunks, progress, warn
         )
-        return store, False
-    return build_store(path, loaded, document, context, settings, progress), False
+    else:
+        decoded = build_store(path, loaded, document, context, settings, progress)
+    # opened as any later load opens it, with the records the build holds decoded
+    return load_store(path, loaded, document, context, settings, decoded), False

@@ -26,7 +26,6 @@ from ..sketch import quantize_sketch, sketch_basis, span_representatives
 from ..summary import one_thread
 from .codes import fit_code
 from .format import spans_pay, trace_tensors
-from .load import SpanStore
 from .write import write_store
 
 
@@ -37,8 +36,9 @@ def build_store(
     context: Context,
     settings: StoreSettings,
     progress: Progress | None = None,
-) -> SpanStore:
-    """Prefill, segment, code and write a store atomically at ``path``; returns it."""
+) -> dict[str, torch.Tensor]:
+    """Prefill, segment, code and write a store atomically at ``path``; returns the records
+    it holds decoded (:func:`~sekv_core.store.write.write_store`)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     pre = prefill(loaded.model, context.ids, settings.prefill_chunk, progress)

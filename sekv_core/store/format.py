@@ -4,7 +4,8 @@ A store is one directory per (document, model, settings, format version) under
 ``$SEKV_HOME/stores`` holding ``resident.safetensors``, ``offload.safetensors``,
 ``trace.safetensors`` and ``manifest.json``. Every file, tensor name, dtype and what the
 digest covers is written down in ``docs/store-format.md``; this module holds the names and the
-functions both builders and the loader share.
+functions both builders and the loader share (the routing sketch's rows of decoded keys: a
+bounded store's written, the others' rebuilt at each load).
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from ..documents import Document, token_pages
 from ..kvquant import KV_BITS, quantize_rows, row_bytes
 from ..models import LoadedModel, ModelSpec
 from ..prompt import Context
-from ..summary import STORE_DTYPE
-from .codes import fit_code
+from ..rope import Rope
+from ..sketch import pack_sketch, span_token_positions
+from ..summary import STORE_DTYPE, one_thread
+from ..threads import each_on_threads
+from .codes import Code, fit_code
 
 FORMAT = "sekv-span-store"
 FORMAT_VERSION = 20
@@ -226,3 +230,51 @@ def sha256(source: Path | BinaryIO) -> str:
     for block in iter(lambda: source.read(1 << 22), b""):
         h.update(block)
     return h.hexdigest()
+
+
+def stored_sketch(manifest: dict[str, Any]) -> bool:
+    """Whether the store holds its sketch's rows: a bounded store's (a book's: rebuilding them
+    would decode every key at each load); a store within the model's window rebuilds them."""
+    return manifest["positions"]["mode"] == "bounded"
+
+
+def sketch_rows(
+    resident: dict[str, torch.Tensor],
+    k_rows: torch.Tensor,
+    code: Code,
+    rope: Rope | None,
+    bits: int,
+) -> torch.Tensor:
+    """The routing sketch's packed rows (L, H, S, R / 2 or R) of the decoded span keys:
+    each key (rotated to its position unless ``rope`` is None: a bounded store's sketch is of
+    pre-RoPE keys) projected, ``(k - mu) B / scale``, rounded and clamped to the sketch's
+    levels (``bits``: 4 or 8). On one thread, so every load of a store routes with the same
+    rows."""
+    scale = resident["sketch_scale"].float()  # (L, H, R)
+    R = scale.shape[-1]
+    proj = resident["sketch_key"].float() / scale[:, :, None]  # (L, H, D, R), in levels
+    offset = resident["sketch_mean"].float()[:, :, None] @ proj  # (L, H, 1, R)
+    L, H = proj.shape[:2]
+    positions = span_token_positions(resident["span_starts"], resident["span_ends"])
+    S = positions.numel()
+    top = 2 ** (bits - 1) - 1
+    if not S:  # a document of a few tokens: no spans
+        return pack_sketch(torch.zeros(L, H, 0, R), bits)
+    rows: list[torch.Tensor | None] = [None] * L  # each layer's packed rows (H, S, R / 2 or R)
+    B = code.record_bytes
+    records = k_rows.view(L, H * S, B)
+
+    def layer_rows(layer: int) -> None:  # one layer at a time: bounded working memory
+        if rope is None:  # pre-RoPE keys: the projection folds into the code's synthesis
+            then = (proj[layer], -offset[layer][:, 0])
+            raw = code.decode(records[layer], layer, [S] * H, torch.float32, then).view(H, S, -1)
+        else:
+            keys = code.decode(records[layer], layer, [S] * H, torch.float32)
+            keys = rope.rotate(keys, positions.repeat(H))
+            raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
+        rows[layer] = pack_sketch(raw.round_().clamp_(-top, top), bits)
+
+    threads = torch.get_num_threads()
+    with one_thread():  # each layer on one intra-op thread: the same rows however many run
+        each_on_threads(layer_rows, range(L), workers=threads)
+    return torch.stack(rows)  # type: ignore[arg-type]  # every layer filled

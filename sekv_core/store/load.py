@@ -11,10 +11,11 @@ A load runs three stages:
    (:class:`~sekv_core.store.entropy.OffloadTier`); a store without span tokens given the
    codes' and sketch's tables it does not hold, of no effect (:func:`spanless`);
 3. **sketch** — the routing sketch's rows: a bounded store's as stored, else rebuilt from the
-   decoded span keys (:func:`sketch_rows`); then the resident tier placed on the model's device.
+   decoded span keys (:func:`~sekv_core.store.format.sketch_rows`); then the resident tier
+   placed on the model's device.
 
-A build ends with stage 3 on the tables it has just written (:func:`with_sketch`,
-:func:`ready`): the files were written from them and its records are the decoded ones.
+A build's caller opens the store just written through the same :func:`load_store`, handing it
+the records the build holds decoded (``decoded``: taken as they are, not decoded again).
 
 A store that fails any check raises :class:`StoreInvalid` and is never used
 (:func:`sekv_core.ingest.open_or_build` rebuilds it).
@@ -38,9 +39,8 @@ from ..models import LoadedModel
 from ..prompt import Context
 from ..rope import Rope
 from ..segment import SINK, n_sinks
-from ..sketch import column_major, pack_sketch, sketch_dtype, span_token_positions
-from ..summary import STORE_DTYPE, one_thread
-from ..threads import each_on_threads
+from ..sketch import column_major, sketch_dtype
+from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
 from .entropy import OffloadTier
 from .format import (
@@ -53,7 +53,9 @@ from .format import (
     manifest_digest,
     map_safetensors,
     sha256,
+    sketch_rows,
     spanless_tables,
+    stored_sketch,
 )
 
 
@@ -92,9 +94,14 @@ def load_store(
     document: Document,
     context: Context,
     settings: StoreSettings,
+    decoded: dict[str, torch.Tensor] | None = None,
 ) -> SpanStore:
     """Load and verify the store of ``document`` read as ``context``; raise
-    :class:`StoreInvalid` if it must not be used (also when missing or replaced meanwhile)."""
+    :class:`StoreInvalid` if it must not be used (also when missing or replaced meanwhile).
+
+    ``decoded``: offload records the caller holds as the store's file decodes them (the build
+    that just wrote it: :func:`~sekv_core.store.write.write_store`'s return), taken as they are.
+    """
     try:
         manifest = read_manifest(path)
         check_claims(manifest, loaded, document, context, settings)
@@ -106,11 +113,13 @@ def load_store(
         rows = int((resident["span_ends"] - resident["span_starts"]).sum())
         resident = resident if rows else spanless(resident, settings)
         codes = store_codebooks(resident, settings.key_code, settings.value_code)
-        tier = OffloadTier(offload, rows, codes)
+        tier = OffloadTier({**offload, **(decoded or {})}, rows, codes)
         with_sketch(resident, tier, codes, manifest, loaded, settings)
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
         raise StoreInvalid(f"the offload tier does not decode ({exc})") from None
-    return ready(path, manifest, resident, trace, tier, loaded, settings)
+    check_sizes(manifest, resident, tier, settings)
+    place_resident(resident, loaded, bounded=manifest["positions"]["mode"] == "bounded")
+    return SpanStore(path, manifest, resident, trace, tier)
 
 
 def with_sketch(
@@ -153,28 +162,6 @@ def spanless(resident: dict[str, torch.Tensor], settings: StoreSettings) -> dict
     if held:
         raise ValueError(f"it has no span tokens but holds {', '.join(held)}")
     return {**resident, **supplied}
-
-
-def stored_sketch(manifest: dict[str, Any]) -> bool:
-    """Whether the store holds its sketch's rows: a bounded store's (a book's: rebuilding them
-    would decode every key at each load); a store within the model's window rebuilds them."""
-    return manifest["positions"]["mode"] == "bounded"
-
-
-def ready(
-    path: Path,
-    manifest: dict[str, Any],
-    resident: dict[str, torch.Tensor],
-    trace: dict[str, torch.Tensor],
-    tier: OffloadTier,
-    loaded: LoadedModel,
-    settings: StoreSettings,
-) -> SpanStore:
-    """The store answers read: its sizes checked against the manifest, its resident tier placed
-    on the model's device (after :func:`with_sketch`)."""
-    check_sizes(manifest, resident, tier, settings)
-    place_resident(resident, loaded, bounded=manifest["positions"]["mode"] == "bounded")
-    return SpanStore(path, manifest, resident, trace, tier)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -262,48 +249,6 @@ def check_tokens(
     )
     if stored != sinks or not leading:
         raise StoreInvalid(f"the store holds {stored} sinks, its manifest says {sinks}")
-
-
-def sketch_rows(
-    resident: dict[str, torch.Tensor],
-    k_rows: torch.Tensor,
-    code: Code,
-    rope: Rope | None,
-    bits: int,
-) -> torch.Tensor:
-    """The routing sketch's packed rows (L, H, S, R / 2 or R) of the decoded span keys:
-    each key (rotated to its position unless ``rope`` is None: a bounded store's sketch is of
-    pre-RoPE keys) projected, ``(k - mu) B / scale``, rounded and clamped to the sketch's
-    levels (``bits``: 4 or 8). On one thread, so every load of a store routes with the same
-    rows."""
-    scale = resident["sketch_scale"].float()  # (L, H, R)
-    R = scale.shape[-1]
-    proj = resident["sketch_key"].float() / scale[:, :, None]  # (L, H, D, R), in levels
-    offset = resident["sketch_mean"].float()[:, :, None] @ proj  # (L, H, 1, R)
-    L, H = proj.shape[:2]
-    positions = span_token_positions(resident["span_starts"], resident["span_ends"])
-    S = positions.numel()
-    top = 2 ** (bits - 1) - 1
-    if not S:  # a document of a few tokens: no spans
-        return pack_sketch(torch.zeros(L, H, 0, R), bits)
-    rows: list[torch.Tensor | None] = [None] * L  # each layer's packed rows (H, S, R / 2 or R)
-    B = code.record_bytes
-    records = k_rows.view(L, H * S, B)
-
-    def layer_rows(layer: int) -> None:  # one layer at a time: bounded working memory
-        if rope is None:  # pre-RoPE keys: the projection folds into the code's synthesis
-            then = (proj[layer], -offset[layer][:, 0])
-            raw = code.decode(records[layer], layer, [S] * H, torch.float32, then).view(H, S, -1)
-        else:
-            keys = code.decode(records[layer], layer, [S] * H, torch.float32)
-            keys = rope.rotate(keys, positions.repeat(H))
-            raw = torch.baddbmm(offset[layer], keys.view(H, S, -1), proj[layer], beta=-1)
-        rows[layer] = pack_sketch(raw.round_().clamp_(-top, top), bits)
-
-    threads = torch.get_num_threads()
-    with one_thread():  # each layer on one intra-op thread: the same rows however many run
-        each_on_threads(layer_rows, range(L), workers=threads)
-    return torch.stack(rows)  # type: ignore[arg-type]  # every layer filled
 
 
 def check_sizes(

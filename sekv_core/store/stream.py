@@ -50,7 +50,6 @@ from ..summary import STORE_DTYPE
 from ..surprisal import Surprisal
 from .format import trace_tensors
 from .layout import StreamLayout
-from .load import SpanStore
 from .partial import PartialStore
 from .parts import (
     CheckpointInvalid,
@@ -153,8 +152,9 @@ class StreamBuilder:
 
     def run(
         self, progress: Progress | None = None, warn: Callable[[str], None] | None = None
-    ) -> SpanStore:
-        """Build (or resume) and write the store at ``path``; returns it."""
+    ) -> dict[str, torch.Tensor]:
+        """Build (or resume) and write the store at ``path``; returns the records it holds
+        decoded (:func:`~sekv_core.store.write.write_store`)."""
         private_dir(self.work)  # its parts hold the document
         try:
             store = self._run(progress, warn)
@@ -163,7 +163,9 @@ class StreamBuilder:
         shutil.rmtree(self.work, ignore_errors=True)
         return store
 
-    def _run(self, progress: Progress | None, warn: Callable[[str], None] | None) -> SpanStore:
+    def _run(
+        self, progress: Progress | None, warn: Callable[[str], None] | None
+    ) -> dict[str, torch.Tensor]:
         if self._resume(warn) and warn:
             warn(
                 f"resuming the interrupted ingest of {self.document.path.name} at token "
@@ -306,7 +308,7 @@ class StreamBuilder:
             self.reader.refresh()
         return True
 
-    def _finish(self) -> SpanStore:
+    def _finish(self) -> dict[str, torch.Tensor]:
         """Hand the parts' tables and records to the one writer of stores."""
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
@@ -374,9 +376,10 @@ def build_streamed(
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
     checkpoint_s: float | None = None,
-) -> SpanStore:
+) -> dict[str, torch.Tensor]:
     """Stream ``context`` into a store at ``path`` (resuming an interrupted build), its chunks
-    read by ``readers(...)``; returns it (the builder's report is in its manifest under
+    read by ``readers(...)``; returns the records it holds decoded
+    (:func:`~sekv_core.store.write.write_store`; the builder's report is in the manifest under
     ``stream``). Checkpoints at most every ``checkpoint_s`` seconds (default CHECKPOINT_S)."""
     checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
     builder = StreamBuilder(path, loaded, document, context, settings, readers, checkpoint_s)

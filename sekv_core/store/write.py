@@ -5,6 +5,8 @@ offload codes and each part's fixed-rate records, the trace — and it codes wha
 (sinks' and anchors' K/V as 8-bit rows, the records entropy-coded), fills the manifest's sizes
 and writes the directory atomically: into a ``.tmp-*`` sibling that records its writer (a dead
 writer's is removed at the next build, :mod:`sekv_core.store.locks`), then renamed into place.
+Writing only writes: the builder's caller opens the store through
+:func:`~sekv_core.store.load.load_store`, as any later load does.
 """
 
 from __future__ import annotations
@@ -28,19 +30,19 @@ from ..prefill import release_freed_memory
 from ..prompt import Context
 from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
-from .entropy import OffloadTier, compacted
+from .entropy import compacted
 from .format import (
     DIGEST,
     SKETCH_TABLES,
     code_stats,
     device_bytes,
     manifest_digest,
-    map_safetensors,
     quantize_fixed,
     sha256,
+    sketch_rows,
     store_manifest,
+    stored_sketch,
 )
-from .load import SpanStore, ready, sketch_rows, spanless, stored_sketch, with_sketch
 from .locks import WRITER, mark_writer
 
 SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, the manifest)
@@ -60,9 +62,10 @@ def write_store(
     records: dict[str, torch.Tensor],
     trace: dict[str, torch.Tensor],
     report: dict[str, Any],
-) -> SpanStore:
-    """Write the store at ``path``; returns it as :func:`~sekv_core.store.load.load_store` would
-    read it back.
+) -> dict[str, torch.Tensor]:
+    """Write the store at ``path``. Returns the records a load decodes at once, the build's
+    own, not a copy (a store within the window's keys: ``k_rows``, flat), for the caller's
+    :func:`~sekv_core.store.load.load_store` (``decoded``).
 
     tables : :data:`TABLES`, :data:`~sekv_core.store.format.SKETCH_TABLES` and ``fixed_k``,
         ``fixed_v`` (L, H, F, D) float (keys post-RoPE at original positions, pre-RoPE when
@@ -70,8 +73,7 @@ def write_store(
         neither them nor the sketch's tables (a load supplies them:
         :func:`~sekv_core.store.load.spanless`);
     records : each kind's fixed-rate records (L, H, S, B) uint8, contiguous; emptied once
-        written (the store returned keeps what a load decodes at once, a store within the
-        window's keys, without a copy); trace : :func:`~sekv_core.store.format.trace_tensors`;
+        written; trace : :func:`~sekv_core.store.format.trace_tensors`;
     report : manifest sections the builder adds (``stats``, ``timings``, a stream's report).
     """
     rows = records["k"].shape[2]
@@ -80,10 +82,9 @@ def write_store(
     if rows:  # a store without span tokens holds neither the sketch's tables nor codes
         resident.update({name: _stored(tables[name]) for name in SKETCH_TABLES})
         resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
-    read = resident if rows else spanless(resident, settings)  # the tables as a load reads them
-    stored = store_codebooks(read, settings.key_code, settings.value_code)
     manifest = store_manifest(loaded, document, context, settings, positions)
     if stored_sketch(manifest) and rows:  # a bounded store's sketch, of pre-RoPE keys as decoded
+        stored = store_codebooks(resident, settings.key_code, settings.value_code)
         bits = settings.sketch_bits
         resident["sketch"] = sketch_rows(resident, records["k"].view(-1), stored["k"], None, bits)
     offload = compacted(records, codes)
@@ -96,17 +97,11 @@ def write_store(
     files = {"resident.safetensors": resident, "offload.safetensors": offload}
     write_atomically(path, {**files, "trace.safetensors": trace}, manifest)
     del files, offload  # the coding: written
-    # the store as a load reads it back: its coding mapped from the file just written, the
-    # records a load decodes at once (a store within the window's keys) the build's own
-    kept = () if stored_sketch(manifest) else ("k",)
-    mapped = map_safetensors(path / "offload.safetensors")
-    mapped.update({f"{kind}_rows": records[kind].view(-1) for kind in kept})
-    tier = OffloadTier(mapped, rows, stored)
+    kept = () if stored_sketch(manifest) else ("k",)  # a store within the window's keys
+    decoded = {f"{kind}_rows": records[kind].view(-1) for kind in kept}
     records.clear()  # the rest is the file's: answers decode the blocks they read
     release_freed_memory()
-    manifest = json.loads(json.dumps(manifest))
-    with_sketch(read, tier, stored, manifest, loaded, settings)
-    return ready(path, manifest, read, trace, tier, loaded, settings)
+    return decoded
 
 
 def _stored(t: torch.Tensor) -> torch.Tensor:
