@@ -1,8 +1,4 @@
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -235,45 +231,6 @@ def test_store_of_another_model_is_not_used(tiny_model_dirs, tmp_path):
     # and the other model gets a store of its own
     other, hit = open_or_build(qwen, document, context)
     assert not hit and other.path != store.path
-
-
-def test_killed_ingest_leaves_nothing_that_loads(tiny_model_dirs, tmp_path, sekv_home):
-    """SIGKILL the process while it writes the store's files: no store directory appears."""
-    doc = tmp_path / "doc.md"
-    doc.write_text(TEXT)
-    script = textwrap.dedent(f"""
-        import os, signal
-        import sekv_core.store.write as fmt
-        import sekv_core.ingest as ingest
-        real = fmt.save_file
-        def save_then_die(tensors, path):
-            real(tensors, path)
-            os.kill(os.getpid(), signal.SIGKILL)  # after the first file, mid-store
-        fmt.save_file = save_then_die
-        from sekv_core.documents import load_document
-        from sekv_core.models import load_model
-        from sekv_core.prompt import chat_template, encode_context
-        loaded = load_model({str(tiny_model_dirs["llama"])!r}, device="cpu")
-        document = load_document({str(doc)!r})
-        ctx = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
-        ingest.open_or_build(loaded, document, ctx)
-    """)
-    env = dict(os.environ, SEKV_HOME=str(sekv_home))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
-    assert proc.returncode == -9, proc.stderr.decode()
-    stores = sekv_home / "stores"
-    left = list(stores.iterdir())
-    assert [p.name[:5] for p in left] == [".tmp-"]  # the dead writer's half-written store
-    # a later ingest builds a fresh, valid store
-    loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
-    document = load_document(doc)
-    ctx = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
-    store, hit = open_or_build(loaded, document, ctx)
-    assert (
-        not hit
-        and json.loads((store.path / "manifest.json").read_text())["version"] == FORMAT_VERSION
-    )
-    assert not left[0].exists()  # and removed it
 
 
 def test_interrupted_write_cleans_up(tiny_loaded, tmp_path, sekv_home, monkeypatch):

@@ -13,7 +13,7 @@ use is its directory's mtime: set when it is built and each time it is loaded
 Removal is safe for a process reading the store: under the store's build lock (a build in
 progress is never removed under its builder; such a store is reported busy and kept), the
 directory is renamed to ``.trash-<key>-<pid>`` (a reader opening it now fails and rebuilds; one
-killed here leaves a folder :func:`sekv_core.locks.clean_leftovers` removes), then deleted: a
+killed here leaves a folder :func:`sekv_core.store.locks.clean_leftovers` removes), then deleted: a
 process that has the files open or memory-mapped keeps reading them (POSIX unlink).
 """
 
@@ -239,7 +239,7 @@ class _Busy(Exception):
 
 
 def _refuse() -> None:
-    """:func:`sekv_core.locks.store_lock`'s ``waiting``: do not wait for a build, skip it."""
+    """:func:`sekv_core.store.locks.store_lock`'s ``waiting``: do not wait for a build, skip it."""
     raise _Busy
 
 
