@@ -13,24 +13,7 @@ from typer.core import TyperCommand
 from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
 
-from .common import (
-    BUDGET_OPTION,
-    JSON_OPTION,
-    MAX_TOKENS_OPTION,
-    METHOD_OPTION,
-    MODEL_OPTION,
-    THREADS_OPTION,
-    FirstText,
-    MethodName,
-    check_budget,
-    check_writable,
-    err,
-    handle_errors,
-    print_json,
-    stream_text,
-    warn,
-    write_output,
-)
+from .errors import handle_errors, warn
 from .generation import (
     SEED_OPTION,
     TEMPERATURE_OPTION,
@@ -39,8 +22,19 @@ from .generation import (
     sampling,
 )
 from .library import PATHS_ARGUMENT, open_library
+from .options import (
+    BUDGET_OPTION,
+    JSON_OPTION,
+    MAX_TOKENS_OPTION,
+    METHOD_OPTION,
+    MODEL_OPTION,
+    THREADS_OPTION,
+    MethodName,
+    check_budget,
+)
+from .output import FirstText, check_writable, print_json, stream_text, write_output
 from .render import print_sources, print_zoom
-from .terminal import one_line
+from .terminal import err, one_line
 
 
 class AskCommand(TyperCommand):

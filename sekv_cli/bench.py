@@ -17,18 +17,12 @@ from sekv_core.errors import SekvError
 from sekv_core.method_names import METHOD_NAMES
 from sekv_core.threads import resolve_threads
 
-from .common import (
-    HELP_SETTINGS,
-    JSON_OPTION,
-    MODEL_OPTION,
-    THREADS_OPTION,
-    err,
-    handle_errors,
-    load_model_quietly,
-    log,
-    print_json,
-)
+from .errors import handle_errors
+from .loading import load_model_quietly
+from .options import HELP_SETTINGS, JSON_OPTION, MODEL_OPTION, THREADS_OPTION
+from .output import print_json
 from .render import print_rows
+from .terminal import err, log
 
 if TYPE_CHECKING:
     from sekv_bench.suite import SuiteConfig

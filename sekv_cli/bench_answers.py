@@ -21,17 +21,12 @@ from .bench import (
     comma_list,
     method_list,
 )
-from .common import (
-    JSON_OPTION,
-    MODEL_OPTION,
-    THREADS_OPTION,
-    handle_errors,
-    load_model_quietly,
-    log,
-    print_json,
-)
+from .errors import handle_errors
+from .loading import load_model_quietly
+from .options import JSON_OPTION, MODEL_OPTION, THREADS_OPTION
+from .output import print_json
 from .render import print_rows
-from .terminal import console
+from .terminal import console, log
 
 
 @bench_app.command("needle")

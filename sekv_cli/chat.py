@@ -17,19 +17,7 @@ from sekv_core.errors import SekvError
 from sekv_core.paths import sekv_home
 from sekv_core.threads import resolve_threads
 
-from .common import (
-    BUDGET_OPTION,
-    MAX_TOKENS_OPTION,
-    METHOD_OPTION,
-    MODEL_OPTION,
-    THREADS_OPTION,
-    MethodName,
-    check_budget,
-    err,
-    handle_errors,
-    stream_text,
-    warn,
-)
+from .errors import handle_errors, warn
 from .generation import (
     SEED_OPTION,
     TEMPERATURE_OPTION,
@@ -38,8 +26,18 @@ from .generation import (
     sampling,
 )
 from .library import PATHS_ARGUMENT, open_library
+from .options import (
+    BUDGET_OPTION,
+    MAX_TOKENS_OPTION,
+    METHOD_OPTION,
+    MODEL_OPTION,
+    THREADS_OPTION,
+    MethodName,
+    check_budget,
+)
+from .output import stream_text
 from .render import print_sources, print_zoom
-from .terminal import one_line, printable
+from .terminal import err, one_line, printable
 from .words import how_many
 
 HELP = """Earlier questions and answers are read again before each new question;

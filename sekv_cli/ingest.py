@@ -12,17 +12,11 @@ from sekv_core.collection import is_collection
 from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
 
-from .common import (
-    JSON_OPTION,
-    MAX_TOKENS_OPTION,
-    MODEL_OPTION,
-    THREADS_OPTION,
-    handle_errors,
-    open_store,
-    print_json,
-    warn,
-)
+from .errors import handle_errors, warn
 from .library import PATHS_ARGUMENT, open_library
+from .loading import open_store
+from .options import JSON_OPTION, MAX_TOKENS_OPTION, MODEL_OPTION, THREADS_OPTION
+from .output import print_json
 from .terminal import console, one_line
 from .words import how_many, human_bytes
 

@@ -11,20 +11,13 @@ from rich.text import Text
 
 from sekv_core.threads import resolve_threads
 
-from .common import (
-    MAX_TOKENS_OPTION,
-    MODEL_OPTION,
-    THREADS_OPTION,
-    check_writable,
-    err,
-    handle_errors,
-    open_store,
-    print_json,
-    write_output,
-)
+from .errors import handle_errors
 from .html_report import render_html, scale_top
 from .html_style import INK, SCALE
-from .terminal import console, one_line
+from .loading import open_store
+from .options import MAX_TOKENS_OPTION, MODEL_OPTION, THREADS_OPTION
+from .output import check_writable, print_json, write_output
+from .terminal import console, err, one_line
 from .words import how_many, human_bytes
 
 TEXT_LIMIT = 4000  # document tokens shown on the terminal; the table always lists every span

@@ -19,9 +19,11 @@ from sekv_core.collection import left_out_phrase, select_documents
 from sekv_core.config import MAX_TOKENS, MethodSettings, check_question
 from sekv_core.errors import SekvError
 
-from . import common
+from . import loading
+from .errors import warn
 from .eta import Eta, ProgressLog
-from .terminal import one_line
+from .progress import EtaColumn, TokenCount, prefill_progress, reading_notice
+from .terminal import err, one_line
 from .words import how_many
 
 if TYPE_CHECKING:
@@ -61,14 +63,14 @@ def open_library(
     if any(str(p) == "" for p in paths):
         raise SekvError("the document path is empty; name a file or a folder (. for this one)")
     start = time.perf_counter()
-    with common.reading_notice(paths):
-        selection = select_documents(paths, max_tokens, common.warn)
+    with reading_notice(paths):
+        selection = select_documents(paths, max_tokens, warn)
     if question is not None:
         check_question(question)
-    common.check_home(answering=True)
+    loading.check_home(answering=True)
     from sekv_core.api import Library  # torch: only once the input is known to be usable
 
-    loaded = common.load_model_quietly(model, threads)
+    loaded = loading.load_model_quietly(model, threads)
     load_s = time.perf_counter() - start
     alone = None if selection.collection else one_line(selection.documents[0].path.name)
     with library_progress(verb, alone) as progress:
@@ -99,7 +101,7 @@ def say_opened(library: Library, named: int) -> None:
         line += f"; {len(library.skipped)} of {named} skipped (unreadable, see above)"
     if passed := left_out_phrase(library.left_out):  # hidden files, $SEKV_HOME
         line += f"; {passed} skipped"
-    common.err.print(Text(line), soft_wrap=True)
+    err.print(Text(line), soft_wrap=True)
 
 
 @contextmanager
@@ -109,9 +111,9 @@ def library_progress(
     """Progress of a library's ingest on stderr: a bar with the document being read, documents
     done and left, tokens of all, elapsed and ETA; plain log lines where stderr is not a
     terminal. The file ``alone`` named shows ``verb alone`` as a single file always has
-    (:func:`sekv_cli.common.prefill_progress`)."""
+    (:func:`sekv_cli.progress.prefill_progress`)."""
     if alone is not None:
-        with common.prefill_progress(f"{verb} {alone}") as update:
+        with prefill_progress(f"{verb} {alone}") as update:
             yield lambda p: update(p.tokens_done, p.tokens, p.unit)
         return
     etas: dict[str, Eta] = {}  # one per unit: indexing (bytes), then reading (tokens)
@@ -123,13 +125,13 @@ def library_progress(
             return f"{what}: {p.documents} of {how_many(p.documents, 'document')} done"
         return f"{what} {one_line(p.name)} ({p.documents_done} of {p.documents} done, {left} left)"
 
-    if not common.err.is_terminal:
+    if not err.is_terminal:
         logs: dict[str, ProgressLog] = {}  # one per unit: its own elapsed time and ETA
 
         def update_log(p: IngestProgress) -> None:
             log = logs.setdefault(
                 p.unit,
-                ProgressLog(verb, lambda line: common.err.print(Text(line), soft_wrap=True)),
+                ProgressLog(verb, lambda line: err.print(Text(line), soft_wrap=True)),
             )
             log.label, log.unit = label(p), p.unit
             log.update(p.tokens_done, p.tokens)
@@ -139,11 +141,11 @@ def library_progress(
     with Progress(
         TextColumn("{task.description}", markup=False),  # file names are text
         BarColumn(),
-        common.TokenCount(),
+        TokenCount(),
         TimeElapsedColumn(),
         TextColumn("ETA"),
-        common.EtaColumn(),
-        console=common.err,
+        EtaColumn(),
+        console=err,
         transient=True,
     ) as bar:
         task = bar.add_task(verb, total=None, eta=None)

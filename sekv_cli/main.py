@@ -10,10 +10,11 @@ import typer
 from .ask import AskCommand, ask
 from .bench_answers import bench_app  # every bench command registered
 from .chat import chat
-from .common import HELP_SETTINGS, PIPE_CLOSED_EXIT
+from .errors import PIPE_CLOSED_EXIT
 from .help_format import commands_flow, flags_without_types, nothing_cut, sekv_version
 from .ingest import ingest
 from .inspect import inspect
+from .options import HELP_SETTINGS
 from .stores import stores_app
 from .terminal import OutputClosed, OutputFailed, drop_output, guarded_stdout
 from .train import train

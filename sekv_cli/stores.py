@@ -12,7 +12,9 @@ from rich.text import Text
 from sekv_core.store import shelf
 from sekv_core.store.shelf import Removal, StoreEntry
 
-from .common import HELP_SETTINGS, JSON_OPTION, fail, handle_errors, print_json, warn
+from .errors import fail, handle_errors, warn
+from .options import HELP_SETTINGS, JSON_OPTION
+from .output import print_json
 from .terminal import console, one_line
 from .words import how_many, human_bytes
 

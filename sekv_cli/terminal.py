@@ -85,6 +85,10 @@ def console(**kwargs: Any) -> Console:
     return made
 
 
+err = console(stderr=True)  # progress, warnings and notices: stderr, never the data
+log = console(stderr=True, markup=False, highlight=False, soft_wrap=True)  # plain text lines
+
+
 class OutputClosed(Exception):
     """Standard output's reader went away (``sekv … | head -1``): stop quietly."""
 

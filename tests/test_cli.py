@@ -189,9 +189,9 @@ def test_a_bad_sekv_threads_is_an_error(tmp_path, monkeypatch):
 
 
 def test_an_empty_question_is_refused_before_anything_is_built(tmp_path, monkeypatch, sekv_home):
-    import sekv_cli.common as common
+    import sekv_cli.loading as loading
 
-    monkeypatch.setattr(common, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr(loading, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
     doc = tmp_path / "d.md"
     doc.write_text("# Notes\n\nThe code word is heron.")
     result = run("ask", doc, "  ")
@@ -294,9 +294,9 @@ def current_umask() -> int:
 
 
 def test_ask_html_into_a_missing_directory_fails_before_the_model_loads(tmp_path, monkeypatch):
-    import sekv_cli.common as common
+    import sekv_cli.loading as loading
 
-    monkeypatch.setattr(common, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr(loading, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
     doc = tmp_path / "d.md"
     doc.write_text("# Notes\n\nThe code word is heron.")
     result = run("ask", doc, "Code word?", "--html", tmp_path / "nowhere" / "a.html")
@@ -334,12 +334,12 @@ def test_ingest_bad_input_writes_nothing(tmp_path, tiny_model_dirs, sekv_home):
 
 
 def test_chat_answers_two_questions_with_one_model_load(tmp_path, tiny_model_dirs, monkeypatch):
-    import sekv_cli.common as common
+    import sekv_cli.loading as loading
 
     loads = []
-    real = common.load_model_quietly
+    real = loading.load_model_quietly
     monkeypatch.setattr(
-        common, "load_model_quietly", lambda m, threads: loads.append(m) or real(m, threads)
+        loading, "load_model_quietly", lambda m, threads: loads.append(m) or real(m, threads)
     )
     doc = tmp_path / "d.md"
     doc.write_text("# Notes\n\n" + FILLER)

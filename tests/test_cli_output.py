@@ -20,7 +20,10 @@ from rich.text import Text
 from test_documents import deadline
 from typer.testing import CliRunner
 
-import sekv_cli.common as common
+import sekv_cli.errors as errors
+import sekv_cli.loading as loading
+import sekv_cli.output as output
+import sekv_cli.progress as progress_display
 from sekv_cli.main import app
 from sekv_cli.render import source_line, zoom_table
 from sekv_cli.terminal import console, printable
@@ -37,7 +40,7 @@ def run(*args, input: str | None = None, env=WIDE):
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if any command gets as far as loading a model."""
-    monkeypatch.setattr(common, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr(loading, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
 
 
 def one_error_line(result) -> str:
@@ -190,7 +193,7 @@ def test_consoles_escape_what_they_print_inside_tables_too():
 
 
 def test_streamed_answer_text_is_escaped(capsys):
-    common.stream_text("is \x1b[31mRed\x1b[0m")
+    output.stream_text("is \x1b[31mRed\x1b[0m")
     assert capsys.readouterr().out == "is \\x1b[31mRed\\x1b[0m"
 
 
@@ -260,7 +263,7 @@ def test_ask_and_chat_sources_show_escape_sequences_escaped(red_doc, tiny_model_
 
 
 def writes_then_fails(exc: OSError):
-    @common.handle_errors
+    @errors.handle_errors
     def command() -> None:
         sys.stdout.write("answer\n")
         sys.stdout.flush()
@@ -414,7 +417,7 @@ def test_a_long_document_says_it_is_read_and_tokenised_before_anything_else(
 ):
     doc = tmp_path / "long.txt"
     doc.write_text("The keeper is named Orla and the lamp is lit at dusk. " * 12_000)  # 660K chars
-    monkeypatch.setattr(common, "READING_NOTICE_S", 0.0)  # reading takes less here
+    monkeypatch.setattr(progress_display, "READING_NOTICE_S", 0.0)  # reading takes less here
     for command in (["ingest", doc], ["ask", doc, "Who is the keeper?"]):
         result = run(*command, "--model", tiny_model_dirs["llama"], "--max-tokens", "41250")
         lines = result.stderr.splitlines()
@@ -425,11 +428,11 @@ def test_a_long_document_says_it_is_read_and_tokenised_before_anything_else(
 
 def test_the_ingest_log_starts_at_once_for_a_long_document(monkeypatch):
     buffer = io.StringIO()
-    monkeypatch.setattr(common, "err", console(file=buffer, width=80))  # not a terminal
-    with common.prefill_progress("Ingesting book.txt") as progress:
+    monkeypatch.setattr(progress_display, "err", console(file=buffer, width=80))  # not a terminal
+    with progress_display.prefill_progress("Ingesting book.txt") as progress:
         progress(0, 1000)  # short: nothing yet
     assert buffer.getvalue() == ""
-    with common.prefill_progress("Ingesting book.txt") as progress:
+    with progress_display.prefill_progress("Ingesting book.txt") as progress:
         progress(0, 14_000_000)
     assert buffer.getvalue() == "Ingesting book.txt: 0/14,000,000 tokens…\n"
 

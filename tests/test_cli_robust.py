@@ -13,8 +13,10 @@ from rich.console import Console
 from test_documents import deadline
 from typer.testing import CliRunner
 
-import sekv_cli.common as common
+import sekv_cli.errors as errors
 import sekv_cli.eta as eta
+import sekv_cli.loading as loading
+import sekv_cli.progress as progress_display
 from sekv_cli.main import app
 
 runner = CliRunner()
@@ -35,7 +37,7 @@ def run(*args, input: str | None = None):
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if any command gets as far as loading a model."""
-    monkeypatch.setattr(common, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr(loading, "load_model_quietly", lambda *a: pytest.fail("model loaded"))
 
 
 def one_error_line(result) -> str:
@@ -98,14 +100,16 @@ def test_chat_prints_the_file_name_and_input_as_text(markup_doc, tiny_model_dirs
 
 def test_warnings_and_progress_print_names_as_text(monkeypatch):
     buffer = io.StringIO()
-    monkeypatch.setattr(common, "err", Console(file=buffer, width=60))
+    monkeypatch.setattr(errors, "err", Console(file=buffer, width=60))
     message = f"rebuilding the span store at /tmp/{MARKUP_NAME}: bad [/bold] tier " + "x" * 80
-    common.warn(message)
+    errors.warn(message)
     assert buffer.getvalue() == f"Warning: {message}\n"  # one line, however long
 
     buffer = io.StringIO()  # a terminal: the bar's description is the name as it is
-    monkeypatch.setattr(common, "err", Console(file=buffer, force_terminal=True, width=200))
-    with common.prefill_progress(f"Ingesting {MARKUP_NAME}") as progress:
+    monkeypatch.setattr(
+        progress_display, "err", Console(file=buffer, force_terminal=True, width=200)
+    )
+    with progress_display.prefill_progress(f"Ingesting {MARKUP_NAME}") as progress:
         progress(0, 100)
         progress(50, 100)
     assert f"Ingesting {MARKUP_NAME}" in buffer.getvalue()
@@ -154,9 +158,9 @@ def test_a_resumed_ingest_logs_no_progress_at_once():
 
 def test_prefill_progress_logs_lines_when_stderr_is_no_terminal(monkeypatch):
     buffer = io.StringIO()
-    monkeypatch.setattr(common, "err", Console(file=buffer, width=40))  # not a terminal
+    monkeypatch.setattr(progress_display, "err", Console(file=buffer, width=40))  # not a terminal
     monkeypatch.setattr(eta, "LOG_GAP_S", 0.0)
-    with common.prefill_progress(f"Ingesting {MARKUP_NAME}") as progress:
+    with progress_display.prefill_progress(f"Ingesting {MARKUP_NAME}") as progress:
         for done in range(0, 1001, 100):
             progress(done, 1000)
     lines = buffer.getvalue().splitlines()

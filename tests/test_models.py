@@ -123,17 +123,17 @@ def test_the_conversion_notice_is_a_plain_line_off_a_terminal(monkeypatch):
 
     from rich.console import Console
 
-    import sekv_cli.common as common
+    import sekv_cli.loading as loading
 
     buffer = io.StringIO()
-    monkeypatch.setattr(common, "err", Console(file=buffer, width=80))  # not a terminal
+    monkeypatch.setattr(loading, "err", Console(file=buffer, width=80))  # not a terminal
 
     def load(name, notice=None):
         notice("Converting the default model for its first use")
         return "loaded"
 
     monkeypatch.setattr(models, "load_model", load)
-    assert common.load_model_quietly(None, 1) == "loaded"
+    assert loading.load_model_quietly(None, 1) == "loaded"
     assert buffer.getvalue() == "Converting the default model for its first use…\n"
 
 
