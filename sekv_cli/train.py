@@ -11,16 +11,11 @@ from rich.text import Text
 from sekv_core.errors import SekvError
 from sekv_core.threads import resolve_threads
 
-from .common import (
-    JSON_OPTION,
-    MODEL_OPTION,
-    THREADS_OPTION,
-    check_home,
-    err,
-    handle_errors,
-    load_model_quietly,
-    print_json,
-)
+from .errors import handle_errors
+from .loading import check_home, load_model_quietly
+from .options import JSON_OPTION, MODEL_OPTION, THREADS_OPTION
+from .output import print_json
+from .terminal import err
 
 
 @handle_errors
