@@ -274,7 +274,7 @@ class Library:
                 files = [e.indexed for e in self.entries]
                 read = READ_TOGETHER if self.stored else 1  # the model reads the best
                 reader = None  # passages again when it picks which documents are read
-                if len(files) > read:
+                if len(files) > read and self.joined is None:  # (retrieve reads them all)
                     reader = QuestionLikelihood(self.loaded.model, self.loaded.tokenizer)
                 self.finder = Finder(self.catalog, files, load_embedder(), reader)
                 self.ranked = None

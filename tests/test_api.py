@@ -248,3 +248,5 @@ def test_the_model_reads_passages_again_only_where_it_picks_what_is_read(tmp_pat
         assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
     with open_documents(many, loaded, method="full") as library:  # one read: the model picks
         assert library.rank(KEEPER)[0].model is not None
+    with open_documents(many, loaded, method="retrieve") as library:  # all read: it picks none
+        assert all(r.model is None for r in library.rank(KEEPER))
