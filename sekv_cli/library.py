@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from sekv_core.collection import left_out_phrase, select_documents
@@ -22,7 +21,7 @@ from sekv_core.errors import SekvError
 from . import loading
 from .errors import warn
 from .eta import Eta, ProgressLog
-from .progress import EtaColumn, TokenCount, prefill_progress, reading_notice
+from .progress import prefill_progress, progress_bar, reading_notice
 from .terminal import err, one_line
 from .words import how_many
 
@@ -138,16 +137,7 @@ def library_progress(
 
         yield update_log
         return
-    with Progress(
-        TextColumn("{task.description}", markup=False),  # file names are text
-        BarColumn(),
-        TokenCount(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        EtaColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
+    with progress_bar() as bar:
         task = bar.add_task(verb, total=None, eta=None)
 
         def update_bar(p: IngestProgress) -> None:

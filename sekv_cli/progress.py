@@ -74,16 +74,7 @@ def prefill_progress(label: str) -> Iterator[Callable[..., None]]:
 
         yield update_log
         return
-    with Progress(
-        TextColumn("{task.description}", markup=False),  # file names are text
-        BarColumn(),
-        TokenCount(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        EtaColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
+    with progress_bar() as bar:
         task = bar.add_task(label, total=None, eta=None)
         shown = None  # the unit the bar counts now
         eta = Eta()
@@ -131,3 +122,18 @@ def reading_notice(paths: Sequence[Path]) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
+
+
+def progress_bar() -> Progress:
+    """The bar work is shown with on stderr: what is read, its bar, units done, elapsed time,
+    ETA; gone when it ends."""
+    return Progress(
+        TextColumn("{task.description}", markup=False),  # file names are text
+        BarColumn(),
+        TokenCount(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        EtaColumn(),
+        console=err,
+        transient=True,
+    )
