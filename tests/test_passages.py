@@ -117,6 +117,24 @@ def test_passages_are_placed_by_their_best_score_the_best_last():
     assert not placement(torch.zeros(4, dtype=torch.bool), torch.ones(4)).any()
 
 
+def test_coverage_tells_a_question_in_the_texts_words_from_one_in_other_words():
+    """Meaning joins a book's ranking only below WORDS_FOUND: a question a sentence says in its
+    own words covers more, one asked in other words (or about nothing there) less."""
+    from sekv_core.lexical import LexicalIndex
+    from sekv_core.passages import WORDS_FOUND
+
+    filler = [f"The {w} market opened on the square at dawn on day {i}." for i, w in
+              enumerate(["fish", "flower", "book", "cheese", "cloth", "spice"] * 4)]  # fmt: skip
+    fact = "The officer responsible for harbour works in Carrick Bay is Ida Brann."
+    index = LexicalIndex(sentence_texts(" ".join([*filler[:12], fact, *filler[12:]])))
+    assert index.coverage("Who is the officer responsible for harbour works in Carrick Bay?") > (
+        WORDS_FOUND
+    )
+    assert index.coverage("Which official looks after dock building at Carrick Bay?") < WORDS_FOUND
+    assert index.coverage("What colour is the lighthouse?") < WORDS_FOUND
+    assert LexicalIndex([]).coverage("anything") == 0.0
+
+
 def test_a_books_sentences_rank_its_spans_by_meaning(tmp_path):
     """Each span scores its sentence's cosine with the question (the index's sentences, made
     once per text); a paraphrase finds the fact's sentence; an edited file is not used."""

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..documents import Document, load_document
 from ..errors import SekvError, one_line
-from ..lexical import words
+from ..lexical import STOPWORDS, words
 from ..passages import sentence_ends
 from ..paths import read_only, read_only_error, sekv_home
 from .embedder import NAME as EMBEDDER
@@ -641,14 +641,6 @@ def _word_runs(text: str, a: int, b: int) -> list[tuple[int, int]]:
     cuts = [a + spaces[i] for i in range(PASSAGE_WORDS - 1, len(spaces), PASSAGE_WORDS)]
     bounds = [a, *[c for c in cuts if a < c < b], b]
     return list(zip(bounds[:-1], bounds[1:], strict=True))
-
-
-STOPWORDS = frozenset(
-    "a an and are as at be been being but by can could did do does for from had has have he her "
-    "him his how i if in into is it its me my no nor not of on or our she so than that the their "
-    "them then there these they this those to us was we were what when where which who whom why "
-    "will with would you your".split()
-)
 
 
 def fts_terms(question: str) -> list[str]:

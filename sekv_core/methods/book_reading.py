@@ -62,11 +62,14 @@ def neutral_attention(loaded: LoadedModel, spans: SpanMemory, policy: ZoomPolicy
     return question_attention(loaded, spans, ids, neutral)
 
 
-def word_scores(index: LexicalIndex, sentences: torch.Tensor, question: str) -> torch.Tensor:
+def word_scores(
+    index: LexicalIndex, sentences: torch.Tensor, question: str
+) -> tuple[torch.Tensor, float]:
     """(N,) the BM25 score of each span's sentence for the question's words (``sentences`` (N,):
-    each span's index into the texts of ``index``); 0 where the sentence shares none."""
+    each span's index into the texts of ``index``), 0 where the sentence shares none; and how
+    much of the question the best sentence says in its words (:meth:`LexicalIndex.coverage`)."""
     per_sentence = torch.from_numpy(index.scores(question)).float()
-    return per_sentence[sentences.long()].clamp(min=0)
+    return per_sentence[sentences.long()].clamp(min=0), index.coverage(question)
 
 
 class SentenceMeaning:

@@ -204,8 +204,13 @@ class SeKV(Method):
         baseline = self.neutral_attention(first)
         first.attribute = False  # the answer's sources come from the passages' reading
         asked = question_attention(self.loaded, spans, question_ids, first)
-        rankings = [passages.specific(asked, baseline), self.word_scores(question_ids)]
-        if (meaning := self.meaning_scores(question_ids)) is not None:
+        question = self.question_text(question_ids)
+        words, covered = self.word_scores(question)
+        rankings = [passages.specific(asked, baseline), words]
+        # meaning finds a question asked in other words; one a sentence says in its own words
+        # is found by them, and the embedder's near misses would only crowd its passage
+        meaning = self.meaning_scores(question) if covered < passages.WORDS_FOUND else None
+        if meaning is not None:
             rankings.append(meaning.to(asked.device))
         scores = passages.fuse(*rankings)
         # a budget asked for is the passages' size too: tokens every layer and KV head reads
@@ -234,20 +239,21 @@ class SeKV(Method):
             self.neutral = (policy.budget, neutral_attention(self.loaded, self.spans, policy))
         return self.neutral[1]
 
-    def word_scores(self, question_ids: list[int]) -> torch.Tensor:
-        """(N,) BM25 of each span's sentence for the question's words (index built once)."""
+    def question_text(self, question_ids: list[int]) -> str:
+        """The question as the user wrote it (its chat template taken off)."""
+        tokenizer = self.loaded.tokenizer
+        return question_text(tokenizer, chat_template(tokenizer), question_ids)
+
+    def word_scores(self, question: str) -> tuple[torch.Tensor, float]:
+        """(N,) BM25 of each span's sentence for the question's words (index built once), and
+        how much of the question the best sentence says (:func:`.book_reading.word_scores`)."""
         if self.sentence_words is None:
             self.sentence_words = LexicalIndex(passages.sentence_texts(self.document.text))
-        tokenizer = self.loaded.tokenizer
-        question = question_text(tokenizer, chat_template(tokenizer), question_ids)
         return word_scores(self.sentence_words, self.span_sentences(), question)
 
-    def meaning_scores(self, question_ids: list[int]) -> torch.Tensor | None:
+    def meaning_scores(self, question: str) -> torch.Tensor | None:
         """(N,) the cosine of each span's sentence and the question (None: no embeddings)."""
-        if self.meaning is None:
-            return None
-        tokenizer = self.loaded.tokenizer
-        return self.meaning.scores(question_text(tokenizer, chat_template(tokenizer), question_ids))
+        return None if self.meaning is None else self.meaning.scores(question)
 
     def span_sentences(self) -> torch.Tensor:
         """(N,) sentence index of each span (:func:`sekv_core.passages.span_sentences`)."""
