@@ -404,8 +404,8 @@ def test_a_book_keeps_no_anchors_and_answers_from_whole_sentence_passages(small,
     assert {z["span"] for z in answer.zoom} == set(pinned.nonzero()[:, 0].tolist())
     assert method.max_position < WINDOW
     # passage by passage before the question, the best passage last, each in document order
-    pool, place = method.spans.pools[0], method.spans.placement.cpu()
-    order = pool.document_order(method.spans.placement)[0].cpu()
+    pool, place = method.spans.pools[0], policy.placement.cpu()
+    order = pool.document_order(policy.placement)[0].cpu()
     owner, token = pool.owner[0].cpu(), pool.token[0].cpu()
     read = order[: int(pool.active[0].sum())]  # the first at pool_end - n, the last pool_end - 1
     assert set(owner[read].tolist()) == set(pinned.nonzero()[:, 0].tolist())

@@ -31,12 +31,13 @@ def question_attention(
     loaded: LoadedModel, spans: SpanMemory, question_ids: list[int], policy: ZoomPolicy
 ) -> torch.Tensor:
     """(N,) the attention the question's tokens pay each span, read once with ``policy``'s
-    per-layer routing inside an active :func:`~sekv_core.zoom.attention.sekv_attention` block (0:
-    never zoomed); the pools it zoomed are dropped after."""
+    per-layer routing (the question from its ``pool_end`` on) inside an active
+    :func:`~sekv_core.zoom.attention.sekv_attention` block (0: never zoomed); the pools it
+    zoomed are dropped after."""
     ask = PositionedStep(
         loaded.model,
         DynamicCache(config=loaded.model.config),
-        spans.pool_end,
+        policy.pool_end,
         loaded.device,
         sekv_memory=spans,
         sekv_policy=policy,
@@ -58,6 +59,7 @@ def neutral_attention(loaded: LoadedModel, spans: SpanMemory, policy: ZoomPolicy
         margin=policy.margin,
         neighbours=policy.neighbours,
         attribute=False,
+        pool_end=policy.pool_end,
     )
     return question_attention(loaded, spans, ids, neutral)
 

@@ -101,18 +101,25 @@ class SeKV(Method):
             )
 
     def new_policy(self) -> ZoomPolicy:
+        """A new answer's routing: :meth:`zoom_budget` tokens per (layer, KV head); a book's
+        zoomed tokens (at most :meth:`max_band`) packed right before the question."""
         s, trained = self.settings, self.trained
         if trained is None:
             router, margin = SketchRouter(), s.margin
         else:  # a learned gate: absolute threshold
             router, margin = TrainedRouter(trained.net), None
+        budget, pool_end = self.zoom_budget(), None
+        if self.spans.bounded:
+            budget = min(budget, self.max_band())
+            pool_end = self.spans.n_sinks + budget
         return ZoomPolicy(
             router=router,
-            budget=self.zoom_budget(),
+            budget=budget,
             margin=margin,
             neighbours=s.neighbours,
             observer=self.observer,
             attribute=s.sources,
+            pool_end=pool_end,
         )
 
     def zoom_budget(self) -> int:
@@ -177,30 +184,27 @@ class SeKV(Method):
     ) -> Iterator[int]:
         model, device, spans = self.loaded.model, self.loaded.device, self.spans
         policy = self.begin_answer()
-        if spans.bounded:  # a book: zoomed tokens are packed right before the question
-            policy.budget = min(policy.budget, self.max_band())
-            spans.pool_end = spans.n_sinks + policy.budget
         with sekv_attention(model):  # switched once per answer (the switch walks all modules)
-            if spans.bounded:
-                self.pin_passages(question_ids)
-                start = spans.pool_end
+            if spans.bounded:  # a book: zoomed tokens are packed right before the question
+                self.policy = policy = self.pin_passages(question_ids, policy)
+                start = policy.pool_end
             else:
                 start = len(self.context)  # local tokens continue after the document's
             local = DynamicCache(config=model.config)
             self.step = step = PositionedStep(
-                model, local, start, device, sekv_memory=spans, sekv_policy=self.policy
+                model, local, start, device, sekv_memory=spans, sekv_policy=policy
             )
             stop = stop_ids(self.loaded.tokenizer)
             yield from decode_tokens(step, question_ids, stop, max_new_tokens, sampling, forcing)
 
-    def pin_passages(self, question_ids: list[int]) -> None:
+    def pin_passages(self, question_ids: list[int], first: ZoomPolicy) -> ZoomPolicy:
         """Books, two-stage routing (:mod:`sekv_core.passages`): read the question once with
-        per-layer routing, rank spans by the attention its tokens paid them beyond what the
-        neutral question pays, by their sentence's BM25 score for the question's words and by
-        its meaning (the cosine of its embedding and the question's), fuse the rankings, and
-        pin the passages around the best for every layer and KV head of the answer."""
-        spans, first = self.spans, self.policy
-        assert first is not None
+        per-layer routing (``first``), rank spans by the attention its tokens paid them beyond
+        what the neutral question pays, by their sentence's BM25 score for the question's words
+        and by its meaning (the cosine of its embedding and the question's), fuse the rankings;
+        returns the answer's policy: the passages around the best pinned for every layer and
+        KV head, packed before the question, the best last."""
+        spans = self.spans
         baseline = self.neutral_attention(first)
         first.attribute = False  # the answer's sources come from the passages' reading
         asked = question_attention(self.loaded, spans, question_ids, first)
@@ -219,9 +223,7 @@ class SeKV(Method):
             budget = min(budget, first.budget)  # what the memory target leaves the zoom
         chosen = passages.choose(scores, self.span_sentences(), spans.lengths, budget)
         tokens = int(spans.lengths[chosen.to(spans.lengths.device)].sum())
-        spans.pool_end = spans.n_sinks + tokens
-        spans.placement = passages.placement(chosen, scores).to(spans.device)  # best last
-        self.policy = ZoomPolicy(
+        return ZoomPolicy(
             router=first.router,
             budget=tokens,
             margin=first.margin,
@@ -230,6 +232,8 @@ class SeKV(Method):
             attribute=self.settings.sources,
             pinned=chosen.to(scores.device),
             pinned_scores=scores,
+            pool_end=spans.n_sinks + tokens,
+            placement=passages.placement(chosen, scores).to(spans.device),  # best last
         )
 
     def neutral_attention(self, policy: ZoomPolicy) -> torch.Tensor:

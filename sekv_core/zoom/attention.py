@@ -50,7 +50,8 @@ benchmarks' diagnostics measure routing against an oracle through it)."""
 
 @dataclass
 class ZoomPolicy:
-    """How one answer routes: router, token budget per (layer, KV head), threshold margin."""
+    """How one answer routes: router, token budget per (layer, KV head), threshold margin;
+    and, over a bounded memory, where its zoomed tokens sit (``pool_end``, ``placement``)."""
 
     router: Router
     budget: int = DEFAULT_BUDGET
@@ -73,6 +74,11 @@ class ZoomPolicy:
     pinned: torch.Tensor | None = None
     pinned_scores: torch.Tensor | None = None
     pinned_recorded: set[int] = field(default_factory=set)  # layers whose trace has them
+    # bounded memories: the first local position (the zoomed tokens end right before it)
+    pool_end: int | None = None
+    # bounded: (N,) where each span's passage goes among the answer's passages (larger: nearer
+    # the question; sekv_core.passages.placement); None: document order
+    placement: torch.Tensor | None = None
 
 
 @dataclass
@@ -284,9 +290,9 @@ def read_memory(
     """Route queries ``q`` (Hkv, G, Tq, D) over ``memory``'s spans, bring the layer's pool to
     the picks, and hand out the memory's entries for the call."""
     zoom = route(memory, policy, layer, q, scaling)  # (Hkv, N) bool
-    pool = memory.zoom_pool(layer, zoom, policy.budget)
+    pool = memory.zoom_pool(layer, zoom, policy.budget, policy.pool_end, policy.placement)
     if policy.ordered:
-        pool_k, pool_v, pool_bias, owner, slots = pool.in_document_order(q.dtype, memory.placement)
+        pool_k, pool_v, pool_bias, owner, slots = pool.in_document_order(q.dtype, policy.placement)
         k_mem, v_mem, bias = memory.entries(layer, pool_k, pool_v, pool_bias)
     else:  # (Hkv, C, D) every slot in the model dtype; inactive ones absent
         k_mem, v_mem, bias = memory.pool_entries(layer, pool, q.dtype)

@@ -70,8 +70,7 @@ class ZoomedChunks:
         if pool_end is not None:
             memory = self.memory
             assert memory is not None
-            memory.pool_end = pool_end
-            policy = chunk_policy(self.budget, self.route_queries)
+            policy = chunk_policy(self.budget, self.route_queries, pool_end)
         out = self.loaded.model.get_decoder()(
             input_ids=ids[None],
             position_ids=positions[None].to(self.loaded.device),
@@ -89,9 +88,10 @@ class ZoomedChunks:
         return self.memory.resident_bytes() if self.memory else 0
 
 
-def chunk_policy(budget: int, route_queries: int) -> ZoomPolicy:
+def chunk_policy(budget: int, route_queries: int, pool_end: int) -> ZoomPolicy:
     """How a chunk zooms into the store built so far: the sketch router, ``budget`` tokens per
-    (layer, KV head), routed by ``route_queries`` of its queries, prefiltered on long stores."""
+    (layer, KV head), routed by ``route_queries`` of its queries, prefiltered on long stores;
+    a bounded store's zoomed tokens end before ``pool_end``, the chunk's first position."""
     return ZoomPolicy(
         SketchRouter(),
         budget=budget,
@@ -101,4 +101,5 @@ def chunk_policy(budget: int, route_queries: int) -> ZoomPolicy:
         prefilter_keep=STREAM_PREFILTER_KEEP,
         prefilter_blocks=True,
         ordered=True,
+        pool_end=pool_end,
     )

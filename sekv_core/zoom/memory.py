@@ -19,7 +19,8 @@ position (``bounded`` False). A book's store is *bounded* (keys kept pre-RoPE, r
                                   passages ordered by rank, the best one last)
     local tokens                  pool_end, pool_end + 1, ... (question/answer, or streamed chunk)
 
-so every RoPE distance stays below ``pool_end`` + local length, whatever the document's length.
+so every RoPE distance stays below ``pool_end`` + local length, whatever the document's length
+(``pool_end`` and the passages' placement: the answer's :class:`~.attention.ZoomPolicy`).
 A book's answer reads the same passages in every layer and head (:mod:`sekv_core.passages`).
 Routers score bounded memories in the same frame (the sketch is pre-RoPE).
 """
@@ -72,10 +73,6 @@ class SpanMemory:
         positions = store.manifest.get("positions", {})
         self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
         self.n_sinks = int(positions.get("sinks", 0))
-        self.pool_end: int | None = None  # bounded: the first local position (set per answer)
-        # bounded: (N,) where each span's passage goes among the answer's passages (larger:
-        # nearer the question; sekv_core.passages.placement); None: document order
-        self.placement: torch.Tensor | None = None
         self.routed_dims: int | None = None  # sketch directions on the device (place_sketch)
         self.rep_blocks = RepBlocks()  # the prefilter's coarse index, grown with the store
         self.refresh()
@@ -234,10 +231,8 @@ class SpanMemory:
     # -- zoom-in ---------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Drop the zoom pools, the passages' placement and the answer's counters (between
-        questions)."""
+        """Drop the zoom pools and the answer's counters (between questions)."""
         self.drop_pools()
-        self.placement = None
         self.peak_cached_bytes = 0
         self.reconstructions = 0
 
@@ -266,19 +261,28 @@ class SpanMemory:
             device=self.device,
         )
 
-    def zoom_pool(self, layer: int, zoom: torch.Tensor, capacity: int) -> ZoomPool:
+    def zoom_pool(
+        self,
+        layer: int,
+        zoom: torch.Tensor,
+        capacity: int,
+        pool_end: int | None = None,
+        placement: torch.Tensor | None = None,
+    ) -> ZoomPool:
         """The layer's pool updated to the picks ``zoom`` (H, N) bool.
 
         ``capacity``: slots per KV head of a new pool (the zoom budget: the picks never hold
-        more tokens; a pool grows if they do). A layer whose picks did not change since its last
-        call gets the same pool back. Counts the answer's reconstructions and peak zoom memory
-        (see :meth:`zoom_bytes`): all pools, the new reconstructions, bounded memories'
-        unrotated keys, and one call's entries in the model dtype.
+        more tokens; a pool grows if they do). A bounded memory's pooled keys are rotated to
+        end right before ``pool_end`` (the first local position), passage by passage by
+        ``placement`` (N,) where given (:class:`~.pools.KeyFrame`). A layer whose picks did not
+        change since its last call gets the same pool back. Counts the answer's reconstructions
+        and peak zoom memory (see :meth:`zoom_bytes`): all pools, the new reconstructions,
+        bounded memories' unrotated keys, and one call's entries in the model dtype.
         """
         pool = self.pools.get(layer)
-        if pool is not None and pool.holds(zoom, self.pool_end):
+        if pool is not None and pool.holds(zoom, pool_end):
             return pool
-        if self.bounded and self.pool_end is None:
+        if self.bounded and pool_end is None:
             raise RuntimeError("a bounded span memory needs pool_end (the first local position)")
         if pool is None:
             capacity = min(capacity, self.span_tokens)
@@ -287,15 +291,15 @@ class SpanMemory:
             self.pooled_tokens += pool.tokens
         frame = None
         if self.bounded:
-            assert self.pool_end is not None
-            frame = KeyFrame(self.rope, self.pool_end, self.placement, self.dtype)
+            assert pool_end is not None
+            frame = KeyFrame(self.rope, pool_end, placement, self.dtype)
 
         def read(spans: torch.Tensor, heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             self.reconstructions += int(spans.numel())
             return self.reconstruct(layer, spans, heads)
 
         slots = pool.tokens
-        new = pool.update(zoom, self.pool_end, read, self.host_lengths, self.first_row, frame)
+        new = pool.update(zoom, pool_end, read, self.host_lengths, self.first_row, frame)
         self.pooled_tokens += pool.tokens - slots  # the pool widened if the picks needed it
         raw_keys = self.pooled_tokens // 2 if self.bounded else 0  # unrotated keys stay too
         live = (self.pooled_tokens + new + raw_keys) * self.token_bytes
