@@ -25,6 +25,7 @@ from .library import PATHS_ARGUMENT, open_library
 from .options import (
     BUDGET_OPTION,
     JSON_OPTION,
+    MAX_NEW_TOKENS_OPTION,
     MAX_TOKENS_OPTION,
     METHOD_OPTION,
     MODEL_OPTION,
@@ -76,7 +77,7 @@ def ask(
         "zoomed spans shaded by attention (one self-contained HTML file).",
     ),
     json_out: bool = JSON_OPTION,
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
+    max_new_tokens: int = MAX_NEW_TOKENS_OPTION,
     temperature: float = TEMPERATURE_OPTION,
     top_p: float = TOP_P_OPTION,
     seed: int | None = SEED_OPTION,

@@ -8,11 +8,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import typer
 from rich.text import Text
 
 from sekv_core.config import MethodSettings
-from sekv_core.conversation import Conversation
 from sekv_core.errors import SekvError
 from sekv_core.paths import sekv_home
 from sekv_core.threads import resolve_threads
@@ -28,6 +26,7 @@ from .generation import (
 from .library import PATHS_ARGUMENT, open_library
 from .options import (
     BUDGET_OPTION,
+    MAX_NEW_TOKENS_OPTION,
     MAX_TOKENS_OPTION,
     METHOD_OPTION,
     MODEL_OPTION,
@@ -57,7 +56,7 @@ def chat(
     model: str | None = MODEL_OPTION,
     method: MethodName = METHOD_OPTION,
     budget: int | None = BUDGET_OPTION,
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap."),
+    max_new_tokens: int = MAX_NEW_TOKENS_OPTION,
     temperature: float = TEMPERATURE_OPTION,
     top_p: float = TOP_P_OPTION,
     seed: int | None = SEED_OPTION,
@@ -72,9 +71,12 @@ def chat(
     library, _ = open_library(
         paths, model, method, settings, resolve_threads(threads), max_tokens=max_tokens
     )
+    from sekv_core.api import AskOptions  # torch: the library has loaded it
+    from sekv_core.conversation import Conversation
+
     conversation = Conversation(library)
+    options = AskOptions(max_new_tokens, stream_text, sampling(temperature, top_p, seed))
     told_dropping = False  # said once per chat
-    chosen = sampling(temperature, top_p, seed)
     interactive = sys.stdin.isatty()
     if interactive:
         keep_history()
@@ -130,7 +132,7 @@ def chat(
                 err.print(Text(f"unknown or malformed command {line!r}; /help lists them"))
             continue
         try:
-            last = conversation.ask(line, max_new_tokens, stream_text, chosen)
+            last = conversation.answer(line, options)
         except KeyboardInterrupt:
             err.print("\n(interrupted)")
             continue

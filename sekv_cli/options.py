@@ -1,5 +1,5 @@
-"""The options commands share (model, threads, JSON, method, budget, document size) and the
-usage check between two of them."""
+"""The options commands share (model, threads, JSON, method, budget, document size, answer
+length) and the usage check between two of them."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ MAX_TOKENS_OPTION = typer.Option(
     "streamed ingest reads ~100-200 tokens/s on a CPU); a file too big for that many tokens is "
     "refused before it is read.",
 )
+
+MAX_NEW_TOKENS_OPTION = typer.Option(128, "--max-new-tokens", min=1, help="Answer length cap.")
 
 
 def check_budget(method: str, budget: int | None) -> None:

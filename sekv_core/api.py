@@ -39,7 +39,7 @@ from typing import Any
 from .collection import Selection, Skipped, joined_document, none_read, select_documents
 from .config import MAX_TOKENS, MethodSettings, check_int, check_question, check_settings
 from .documents import Document, check_tokens, load_document
-from .engine import Answer, Session
+from .engine import MAX_NEW_TOKENS, Answer, AskOptions, Session
 from .errors import ArgumentError, SekvError
 from .index.catalog import Catalog, Indexed, Synced, SyncProgress
 from .index.embedder import load_embedder
@@ -49,7 +49,6 @@ from .ingest import open_or_build, store_path
 from .methods import METHODS, SeKV
 from .models import LoadedModel, load_model
 from .prompt import Context, Turn, chat_template, encode_context, encode_question
-from .sampling import Sampling
 from .sources import in_documents
 from .store.load import StoreInvalid, check_claims, read_manifest
 from .store.shelf import mark_used
@@ -212,29 +211,19 @@ class Library:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def ask(
-        self,
-        question: str,
-        max_new_tokens: int = 128,
-        on_text: Callable[[str], None] | None = None,
-        sampling: Sampling | None = None,
-        stop: Sequence[str] = (),
-        history: Sequence[Turn] = (),
-        allow_repeats: bool = False,
-    ) -> Answer:
-        """Answer ``question`` (see :meth:`sekv_core.engine.Session.ask`): in a collection from
-        the documents it ranks first, read together. Each source carries its document's
-        ``path``; a collection's answer lists the documents ranked first and why
+    def ask(self, question: str, max_new_tokens: int = MAX_NEW_TOKENS, **options: Any) -> Answer:
+        """Answer ``question`` (:meth:`answer`) under ``AskOptions(max_new_tokens, **options)``:
+        ``on_text``, ``sampling``, ``stop``, ``history``, ``allow_repeats``, ``forcing``.
+        Raises TypeError or ValueError for a misused argument."""
+        return self.answer(question, AskOptions(max_new_tokens, **options))
+
+    def answer(self, question: str, options: AskOptions) -> Answer:
+        """Answer ``question`` as ``options`` say (see :meth:`sekv_core.engine.Session.answer`):
+        in a collection from the documents it ranks first, read together. Each source carries
+        its document's ``path``; a collection's answer lists the documents ranked first and why
         (``routing["documents"]``), adds ``route_s`` to its timings and the memory of the
-        stores held to its memory. Raises TypeError or ValueError for a misused argument."""
+        stores held to its memory. Raises TypeError or ValueError for a misused question."""
         check_question(question)
-        check_int("max_new_tokens", max_new_tokens, 1)
-        if sampling is not None and not isinstance(sampling, Sampling):
-            raise TypeError(f"sampling must be a Sampling or None, not {sampling!r:.60}")
-        if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
-            raise TypeError(f"stop must be a sequence of str, not {stop!r:.60}")
-        if on_text is not None and not callable(on_text):
-            raise TypeError(f"on_text must be callable or None, not {on_text!r:.60}")
         with self.lock:
             self._check_open()
             self.read_changed()
@@ -246,16 +235,11 @@ class Library:
             answer = None
             if len(sessions) > 1:
                 try:
-                    answer = ask_together(
-                        sessions, question, max_new_tokens, on_text, sampling, stop, history,
-                        allow_repeats,
-                    )  # fmt: skip
+                    answer = ask_together(sessions, question, options)
                 except NotTogether:
                     sessions = sessions[:1]
             if answer is None:
-                answer = sessions[0].ask(
-                    question, max_new_tokens, on_text, sampling, stop, history, allow_repeats
-                )
+                answer = sessions[0].answer(question, options)
                 if sessions[0] is self.joined:  # its passages' files
                     in_documents(answer.sources, self.joined_from, answer.answer)
                 for source in answer.sources:
@@ -680,4 +664,4 @@ def _python_warning(message: str) -> None:
     warnings.warn(message, stacklevel=3)
 
 
-__all__ = ["IngestProgress", "Library", "open_documents"]
+__all__ = ["AskOptions", "IngestProgress", "Library", "open_documents"]

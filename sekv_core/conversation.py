@@ -2,22 +2,21 @@
 
 The turns join the question part of the prompt (the local window after the document, see
 :mod:`sekv_core.prompt`); the document's stored memory is untouched. When the question part and
-the answer's reserve no longer fit the window, the oldest turns drop. No torch here: the CLI
-holds one from the start.
+the answer's reserve no longer fit the window, the oldest turns drop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from .config import check_int, check_question
+from .config import check_question
+from .engine import MAX_NEW_TOKENS, Answer, AskOptions, Session
+from .errors import ArgumentError
 from .prompt import Turn
 
 if TYPE_CHECKING:
     from .api import Library
-    from .engine import Answer, Session
-    from .sampling import Sampling
 
 
 class Conversation:
@@ -29,25 +28,20 @@ class Conversation:
         self.turns: list[Turn] = []
         self.dropped = 0  # turns the last question dropped to fit the window
 
-    def ask(
-        self,
-        question: str,
-        max_new_tokens: int = 128,
-        on_text: Callable[[str], None] | None = None,
-        sampling: Sampling | None = None,
-        stop: Sequence[str] = (),
-        allow_repeats: bool = False,
-    ) -> Answer:
-        """Answer ``question`` after the earlier turns that fit (see :meth:`Session.ask`), then
-        remember it with its answer."""
+    def ask(self, question: str, max_new_tokens: int = MAX_NEW_TOKENS, **options: Any) -> Answer:
+        """Answer ``question`` (:meth:`answer`) under ``AskOptions(max_new_tokens, **options)``."""
+        return self.answer(question, AskOptions(max_new_tokens, **options))
+
+    def answer(self, question: str, options: AskOptions) -> Answer:
+        """Answer ``question`` as ``options`` say after the earlier turns that fit (they are
+        its ``history``), then remember it with its answer."""
         check_question(question)  # before the window is measured for it
-        check_int("max_new_tokens", max_new_tokens, 1)
-        kept = self.fitting(question, max_new_tokens)
+        if options.history:
+            raise ArgumentError("history: a Conversation reads its own turns; pass none")
+        kept = self.fitting(question, options.max_new_tokens)
         self.dropped = len(self.turns) - len(kept)
         self.turns = kept
-        answer = self.session.ask(
-            question, max_new_tokens, on_text, sampling, stop, kept, allow_repeats
-        )
+        answer = self.session.answer(question, replace(options, history=tuple(kept)))
         self.turns.append((question.strip(), answer.answer))
         return answer
 

@@ -18,6 +18,39 @@ from .prompt import Context, Turn, chat_template, encode_context, encode_questio
 from .sampling import Sampling
 from .sources import answer_sources, sentence_ends
 
+MAX_NEW_TOKENS = 128  # an answer's length cap (tokens) when none is given
+
+
+@dataclass(frozen=True)
+class AskOptions:
+    """How one question is answered: at most ``max_new_tokens`` answer tokens, greedily or
+    under ``sampling``; ``on_text`` receives text deltas as they are decoded. The answer ends
+    before the first of the ``stop`` strings, and where it would repeat a sentence it already
+    wrote unless ``allow_repeats`` (:class:`sekv_core.decode.TextStream`). ``history``: a
+    chat's earlier (question, answer) turns, read before the question
+    (:class:`sekv_core.conversation.Conversation` keeps them within the window). ``forcing``:
+    feed its tokens as the answer and record each step's log-probabilities into it
+    (:class:`sekv_core.decode.Forcing`, benchmarks). A misused field raises TypeError or
+    ValueError naming it when the options are made, before any work is done."""
+
+    max_new_tokens: int = MAX_NEW_TOKENS
+    on_text: Callable[[str], None] | None = None
+    sampling: Sampling | None = None
+    stop: Sequence[str] = ()
+    history: Sequence[Turn] = ()
+    allow_repeats: bool = False
+    forcing: Forcing | None = None
+
+    def __post_init__(self) -> None:
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        if self.sampling is not None and not isinstance(self.sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling or None, not {self.sampling!r:.60}")
+        stop = self.stop
+        if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+            raise TypeError(f"stop must be a sequence of str, not {stop!r:.60}")
+        if self.on_text is not None and not callable(self.on_text):
+            raise TypeError(f"on_text must be callable or None, not {self.on_text!r:.60}")
+
 
 @dataclass
 class Answer:
@@ -141,34 +174,21 @@ class Session:
         self._prepared_pending = True  # the first answer reports the preparation time
         self._sentence_ends = None  # sekv_core.sources.sentence_ends of the document
 
-    def ask(
-        self,
-        question: str,
-        max_new_tokens: int = 128,
-        on_text: Callable[[str], None] | None = None,
-        sampling: Sampling | None = None,
-        stop: Sequence[str] = (),
-        history: Sequence[Turn] = (),
-        allow_repeats: bool = False,
-        forcing: Forcing | None = None,
-    ) -> Answer:
-        """Answer ``question`` (greedily, or under ``sampling``); ``on_text`` receives text
-        deltas as they are decoded. ``forcing``: feed its tokens as the answer and record each
-        step's log-probabilities into it (:class:`sekv_core.decode.Forcing`, benchmarks).
-        The answer ends before the first of the ``stop`` strings.
-        ``history``: a chat's earlier (question, answer) turns, read before the question (see
-        :class:`sekv_core.conversation.Conversation`, which keeps them within the window). The
-        answer ends where it would repeat a sentence it already wrote, unless ``allow_repeats``
-        (:class:`sekv_core.decode.TextStream`)."""
+    def ask(self, question: str, max_new_tokens: int = MAX_NEW_TOKENS, **options: Any) -> Answer:
+        """Answer ``question`` (:meth:`answer`) under ``AskOptions(max_new_tokens, **options)``."""
+        return self.answer(question, AskOptions(max_new_tokens, **options))
+
+    def answer(self, question: str, options: AskOptions) -> Answer:
+        """Answer ``question`` as ``options`` say (see :class:`AskOptions`), within the window
+        left after the document."""
         check_question(question)
-        check_int("max_new_tokens", max_new_tokens, 1)
         with self.loaded.lock:  # one answer at a time per model (see LoadedModel)
             tokenizer, spec = self.loaded.tokenizer, self.loaded.spec
-            q_ids = self.question_ids(question, history)
-            max_new_tokens = min(max_new_tokens, answer_room(spec.window, self.room(), len(q_ids)))
-            stream = TextStream(tokenizer, stop, allow_repeats)
-            tokens = self.method.generate(q_ids, max_new_tokens, sampling, forcing)
-            first_token_s, answer_s = stream_answer(tokens, stream, on_text)
+            q_ids = self.question_ids(question, options.history)
+            limit = min(options.max_new_tokens, answer_room(spec.window, self.room(), len(q_ids)))
+            stream = TextStream(tokenizer, options.stop, options.allow_repeats)
+            tokens = self.method.generate(q_ids, limit, options.sampling, options.forcing)
+            first_token_s, answer_s = stream_answer(tokens, stream, options.on_text)
             n = len(stream.ids)
             timings = answer_timings(self.take_prepare_s(), first_token_s, answer_s, n)
             memory = dict(self.method.memory())

@@ -16,19 +16,18 @@ document alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from transformers import DynamicCache
 
 from .config import check_question
 from .decode import PositionedStep, TextStream, decode_tokens
-from .engine import Answer, Session, answer_room, answer_timings, stream_answer
+from .engine import Answer, AskOptions, Session, answer_room, answer_timings, stream_answer
 from .errors import SekvError
 from .methods import SeKV
 from .models import LoadedModel
-from .prompt import Turn, stop_ids
-from .sampling import Sampling
+from .prompt import stop_ids
 from .sources import MAX_SOURCES, RELATIVE, token_weights
 from .zoom.attention import GroupMember, MemoryGroup, sekv_attention
 
@@ -38,21 +37,12 @@ class NotTogether(SekvError):
     another model, a session given twice, none at all)."""
 
 
-def ask_together(
-    sessions: Sequence[Session],
-    question: str,
-    max_new_tokens: int = 128,
-    on_text: Callable[[str], None] | None = None,
-    sampling: Sampling | None = None,
-    stop: Sequence[str] = (),
-    history: Sequence[Turn] = (),
-    allow_repeats: bool = False,
-) -> Answer:
-    """Answer ``question`` from the documents of ``sessions`` (prepared SeKV sessions over one
-    loaded model, the best document first) read together: every layer attends in one softmax
-    over all their memories and the question and answer tokens, which come after the longest
-    context (the first document shifted to end there). The other arguments are
-    :meth:`Session.ask`'s; with one session the answer is the one :meth:`Session.ask` gives.
+def ask_together(sessions: Sequence[Session], question: str, options: AskOptions) -> Answer:
+    """Answer ``question`` as ``options`` say (:class:`AskOptions`) from the documents of
+    ``sessions`` (prepared SeKV sessions over one loaded model, the best document first) read
+    together: every layer attends in one softmax over all their memories and the question and
+    answer tokens, which come after the longest context (the first document shifted to end
+    there). With one session the answer is the one :meth:`Session.answer` gives.
 
     The answer's ``document``, ``store`` and ``routing`` are the first session's (``routing``
     adds ``read_together``: the paths read); ``sources`` and ``zoom`` rows of every document
@@ -65,13 +55,13 @@ def ask_together(
     check_question(question)
     first = sessions[0]
     loaded, window = first.loaded, first.loaded.spec.window
-    q_ids = first.question_ids(question, history)
+    q_ids = first.question_ids(question, options.history)
     group = _group(sessions, methods)
     room = window - group.local_start
-    max_new_tokens = min(max_new_tokens, answer_room(window, room, len(q_ids)))
-    stream = TextStream(loaded.tokenizer, stop, allow_repeats)
-    tokens = _decode(loaded, methods, group, q_ids, max_new_tokens, sampling)
-    first_token_s, answer_s = stream_answer(tokens, stream, on_text)
+    limit = min(options.max_new_tokens, answer_room(window, room, len(q_ids)))
+    stream = TextStream(loaded.tokenizer, options.stop, options.allow_repeats)
+    tokens = _decode(loaded, methods, group, q_ids, limit, options)
+    first_token_s, answer_s = stream_answer(tokens, stream, options.on_text)
     n = len(stream.ids)
     prepare_s = sum(s.take_prepare_s() for s in sessions)
     text = stream.text.strip()
@@ -139,10 +129,11 @@ def _decode(
     methods: list[SeKV],
     group: MemoryGroup,
     q_ids: list[int],
-    max_new_tokens: int,
-    sampling: Sampling | None,
+    limit: int,
+    options: AskOptions,
 ) -> Iterator[int]:
-    """Answer tokens over ``group``, the local tokens after its contexts."""
+    """At most ``limit`` answer tokens over ``group`` (the local tokens after its contexts),
+    chosen as ``options`` say."""
     model = loaded.model
     with sekv_attention(model):
         local = DynamicCache(config=model.config)
@@ -150,7 +141,7 @@ def _decode(
         for method in methods:  # each reports the answer's local window
             method.step = step
         stop = stop_ids(loaded.tokenizer)
-        yield from decode_tokens(step, q_ids, stop, max_new_tokens, sampling)
+        yield from decode_tokens(step, q_ids, stop, limit, options.sampling, options.forcing)
 
 
 def _sources(sessions: Sequence[Session], answer: str) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import sekv_core.api as api
-from sekv_core.api import open_documents
+from sekv_core.api import AskOptions, open_documents
 from sekv_core.config import MethodSettings
 from sekv_core.conversation import Conversation
 from sekv_core.models import load_model
@@ -206,6 +206,7 @@ def test_open_documents_misuse_is_named_before_any_work(kwargs, error, named, no
         ((KEEPER,), {"sampling": 0.7}, TypeError, "sampling"),
         ((KEEPER,), {"stop": "."}, TypeError, "stop"),
         ((KEEPER,), {"on_text": "print"}, TypeError, "on_text"),
+        ((KEEPER,), {"budget": 8}, TypeError, "budget"),
     ],
 )
 def test_ask_misuse_is_named_before_any_work(tmp_path, loaded, args, kwargs, error, named):
@@ -213,9 +214,23 @@ def test_ask_misuse_is_named_before_any_work(tmp_path, loaded, args, kwargs, err
     library.read_changed = lambda: pytest.fail("work done")
     with pytest.raises(error, match=named):
         library.ask(*args, **kwargs)
-    if named in ("question", "max_new_tokens"):  # a chat measures the window for them
-        with pytest.raises(error, match=named):
-            Conversation(library).ask(*args, **kwargs)
+    with pytest.raises(error, match=named):  # before a chat measures the window
+        Conversation(library).ask(*args, **kwargs)
+
+
+def test_options_made_once_answer_as_keywords_do(tmp_path, loaded):
+    library = open_documents(write(tmp_path / "lighthouse.md", LIGHTHOUSE), loaded)
+    options = AskOptions(4, stop=("\n",))
+    assert library.answer(KEEPER, options).answer == library.ask(KEEPER, 4, stop=["\n"]).answer
+    with pytest.raises(TypeError, match="max_new_tokens"):  # checked where they are made
+        AskOptions(max_new_tokens=2.5)
+
+
+def test_a_chat_reads_its_own_turns_not_a_history_given(tmp_path, loaded):
+    library = open_documents(write(tmp_path / "lighthouse.md", LIGHTHOUSE), loaded)
+    library.read_changed = lambda: pytest.fail("work done")
+    with pytest.raises(ValueError, match="history"):
+        Conversation(library).ask(KEEPER, history=[("Who?", "Orla.")])
 
 
 @pytest.mark.parametrize(

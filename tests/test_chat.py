@@ -25,19 +25,19 @@ TURN = "<|im_end|>\n<|im_start|>user\n"  # the tiny models' template between two
 def prompts(monkeypatch) -> dict[str, list]:
     """Records each answer's question part (the ids full KV reads) and each answer."""
     seen = {"ids": [], "answers": []}
-    full, ask = METHODS["full"].generate, Session.ask
+    full, answer_from = METHODS["full"].generate, Session.answer
 
     def generate(self, question_ids, max_new_tokens, sampling=None, forcing=None):
         seen["ids"].append(list(question_ids))
         yield from full(self, question_ids, max_new_tokens, sampling, forcing)
 
-    def recorded_ask(self, *args, **kwargs):
-        answer = ask(self, *args, **kwargs)
+    def recorded_answer(self, question, options):
+        answer = answer_from(self, question, options)
         seen["answers"].append(answer.answer)
         return answer
 
     monkeypatch.setattr(METHODS["full"], "generate", generate)
-    monkeypatch.setattr(Session, "ask", recorded_ask)
+    monkeypatch.setattr(Session, "answer", recorded_answer)
     return seen
 
 
@@ -154,18 +154,18 @@ def test_a_document_edited_during_the_chat_is_read_again_and_said(
     doc = tmp_path / "d.md"
     doc.write_text("# Notes\n\nThe code word is heron. " + FILLER)
     read: list[str] = []  # the text each answer read
-    ask = Session.ask
+    answer_from = Session.answer
 
-    def edited_after_first(self, *args, **kwargs):
+    def edited_after_first(self, question, options):
         read.append(self.document.text)
-        answer = ask(self, *args, **kwargs)
+        answer = answer_from(self, question, options)
         if len(read) == 1:  # the user edits the file while the chat is open
             stamp = doc.stat().st_mtime_ns + 10**9
             doc.write_text("# Notes\n\nThe code word is osprey. " + FILLER)
             os.utime(doc, ns=(stamp, stamp))
         return answer
 
-    monkeypatch.setattr(Session, "ask", edited_after_first)
+    monkeypatch.setattr(Session, "answer", edited_after_first)
     stdin = "What is the code word?\n/reset\nWhat is the code word?\nAnd now?\n"
     result = chat(tiny_model_dirs["llama"], doc, stdin, "--max-new-tokens", "4")
     assert result.exit_code == 0, result.output

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from sekv_core.config import MethodSettings, SegmentSettings, StoreSettings
 from sekv_core.decode import PositionedStep
 from sekv_core.documents import load_document
-from sekv_core.engine import Session
+from sekv_core.engine import AskOptions, Session
 from sekv_core.methods import SeKV
 from sekv_core.prompt import chat_template, encode_context, encode_question
 from sekv_core.rope import Rope, rotate_half
@@ -192,8 +192,9 @@ def session(loaded, tmp_path, name, text, method="sekv"):
 def test_one_session_together_answers_as_it_alone(tiny_loaded, tmp_path):
     s = session(tiny_loaded, tmp_path, "rooms.md", ROOMS)
     text = "Which room keeps item 12?"
-    alone = s.ask(text, max_new_tokens=6)
-    together = ask_together([s], text, max_new_tokens=6)
+    options = AskOptions(max_new_tokens=6)
+    alone = s.answer(text, options)
+    together = ask_together([s], text, options)
     assert together.answer == alone.answer and together.tokens_generated == alone.tokens_generated
     path = str(tmp_path / "rooms.md")
     assert together.sources == [dict(row, path=path) for row in alone.sources]
@@ -206,7 +207,7 @@ def test_two_sessions_answer_with_both_documents(tiny_loaded, tmp_path):
     rooms = session(tiny_loaded, tmp_path, "rooms.md", ROOMS)
     keepers = session(tiny_loaded, tmp_path, "keepers.md", KEEPERS)
     told: list[str] = []
-    answer = ask_together([rooms, keepers], "Who keeps tower 4?", 6, on_text=told.append)
+    answer = ask_together([rooms, keepers], "Who keeps tower 4?", AskOptions(6, told.append))
     paths = [str(tmp_path / "rooms.md"), str(tmp_path / "keepers.md")]
     assert "".join(told).strip() == answer.answer
     assert answer.routing["read_together"] == paths
@@ -229,15 +230,15 @@ def test_what_cannot_be_read_together_is_refused(tiny_loaded, tmp_path):
     rooms = session(tiny_loaded, tmp_path, "rooms.md", ROOMS)
     full = session(tiny_loaded, tmp_path, "keepers.md", KEEPERS, method="full")
     with pytest.raises(NotTogether, match="sessions: no document"):
-        ask_together([], "Who?")
+        ask_together([], "Who?", AskOptions())
     with pytest.raises(NotTogether, match="given twice"):
-        ask_together([rooms, rooms], "Who?")
+        ask_together([rooms, rooms], "Who?", AskOptions())
     with pytest.raises(NotTogether, match="'keepers.md' is answered by 'full'"):
-        ask_together([rooms, full], "Who?")
+        ask_together([rooms, full], "Who?", AskOptions())
     book = session(tiny_loaded, tmp_path, "book.md", KEEPERS)
     book.method.spans.bounded = True  # as a book's store beyond the window is
     with pytest.raises(NotTogether, match="'book.md' is beyond the model's window"):
-        ask_together([rooms, book], "Who?")
+        ask_together([rooms, book], "Who?", AskOptions())
 
 
 PORTER = (
@@ -256,9 +257,8 @@ HOURS = (
 def test_an_answer_from_the_second_document_read_together(default_model, tmp_path):
     porter = session(default_model, tmp_path, "porter.md", PORTER)
     hours = session(default_model, tmp_path, "hours.md", HOURS)
-    answer = ask_together(
-        [porter, hours], "At what time does the archive close on Fridays?", max_new_tokens=24
-    )
+    question = "At what time does the archive close on Fridays?"
+    answer = ask_together([porter, hours], question, AskOptions(max_new_tokens=24))
     assert "9 pm" in answer.answer, answer.answer
     assert answer.sources and answer.sources[0]["path"] == str(tmp_path / "hours.md")
     assert "9 pm" in answer.sources[0]["text"]
