@@ -80,7 +80,7 @@ SET_OPTION = typer.Option(
     "--set",
     metavar="KEY=VALUE",
     help="Set any method setting by its dotted path, repeatable: e.g. --set neighbours=0 "
-    "--set store.segment.max_len=16 --set store.key_code=16x8,48x4.",
+    "--set store.segment.max_len=16 --set store.key_code=even:0.25.",
 )
 ROUTER_OPTION = typer.Option(
     "auto",

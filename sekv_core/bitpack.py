@@ -1,24 +1,67 @@
-"""Small unsigned codes packed several to a byte, lowest bits first (the routing sketch's 4-bit
-levels, the offload code's 4- and 2-bit coefficients)."""
+"""Unsigned codes packed into bytes: the one bit layout of every packed code in sekv.
+
+A row of codes with widths w_0, w_1, … (0..8 bits each) is one run of bits from the row's
+lowest: code j takes bits s_j .. s_j + w_j - 1, s_j = w_0 + … + w_{j-1}, its lowest bit first;
+bit b of the run is bit b % 8 of byte b / 8; bits after the last code are 0. A code lies in at
+most two adjacent bytes. The routing sketch's 4-bit levels, the offload codes' records (an even
+code's direction widths, a tier code's 4-bit codes) and the entropy coder's fields are laid out
+so; the C code reads and writes them through ``native/bitfields.h``, which follows this layout.
+"""
 
 from __future__ import annotations
 
 import torch
 
 
-def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes (..., n) in [0, 2**bits) -> uint8 (..., n * bits / 8); bits 2 or 4, n a multiple
-    of 8 / bits. The first code of each byte takes its lowest bits."""
-    per = 8 // bits
-    u = codes.to(torch.uint8).unflatten(-1, (-1, per))
-    out = u[..., 0].clone()
-    for j in range(1, per):  # one op per code in the byte (a sum over a broadcast is slower)
-        out |= u[..., j] << (bits * j)
-    return out
+def pack_codes(
+    codes: torch.Tensor, widths: int | torch.Tensor, nbytes: int | None = None
+) -> torch.Tensor:
+    """Codes (..., n), each below 2**width, -> uint8 (..., nbytes) rows.
+
+    widths : one width for every code (2, 4 or 8, n * width a multiple of 8), or (n,) int64
+        each code's width; nbytes : the rows' bytes (default: the codes' bits, rounded up)."""
+    if isinstance(widths, int):
+        per = 8 // widths
+        u = codes.to(torch.uint8).unflatten(-1, (-1, per))
+        out = u[..., 0].clone()
+        for j in range(1, per):  # one op per code in the byte (a sum over a broadcast is slower)
+            out |= u[..., j] << (widths * j)
+        return out
+    B, widths = _row_bytes(widths, nbytes), widths.to(codes.device)
+    starts = torch.cumsum(widths, 0) - widths
+    first = (starts // 8).clamp(max=max(B - 1, 0))  # a 0-bit code after the last byte: any
+    shift = (starts - 8 * first).to(torch.int32)
+    placed = codes.to(torch.int32) << shift  # (..., n): the code over its first byte, < 2^16
+    out = codes.new_zeros((*codes.shape[:-1], B + 1), dtype=torch.int32)
+    out.scatter_add_(-1, first.expand_as(placed), placed & 255)  # codes share no bit: a sum
+    out.scatter_add_(-1, (first + 1).expand_as(placed), placed >> 8)  # is their union
+    return out[..., :B].to(torch.uint8)
 
 
-def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 (..., m) from :func:`pack_codes` -> codes (..., m * 8 / bits) uint8."""
-    mask = (1 << bits) - 1  # one elementwise op per code in the byte (faster than a broadcast)
-    codes = [(packed >> shift) & mask for shift in range(0, 8, bits)]
-    return torch.stack(codes, dim=-1).flatten(-2)
+def unpack_codes(packed: torch.Tensor, widths: int | torch.Tensor) -> torch.Tensor:
+    """uint8 rows (..., B) from :func:`pack_codes` -> codes (..., n): uint8 for one width
+    (B * 8 / width codes), int32 for (n,) widths."""
+    if isinstance(widths, int):
+        mask = (1 << widths) - 1  # one op per code in the byte (faster than a broadcast)
+        codes = [(packed >> shift) & mask for shift in range(0, 8, widths)]
+        return torch.stack(codes, dim=-1).flatten(-2)
+    B = packed.shape[-1]
+    if B < 2:  # a one-byte row: its 16-bit window runs past it
+        packed = torch.nn.functional.pad(packed, (0, 2 - B))
+    # each code's 16-bit window: from its first byte (a code in the row's last byte: the last two)
+    widths = widths.to(packed.device)
+    starts = torch.cumsum(widths, 0) - widths
+    first = (starts // 8).clamp(max=packed.shape[-1] - 2)
+    shift, mask = (starts - 8 * first).to(torch.int32), ((1 << widths) - 1).to(torch.int32)
+    wide = packed.to(torch.int32)
+    windows = wide[..., :-1] | wide[..., 1:] << 8  # (..., B - 1): from each byte on
+    return (windows.index_select(-1, first) >> shift) & mask
+
+
+def _row_bytes(widths: torch.Tensor, nbytes: int | None) -> int:
+    """A row's bytes: ``nbytes``, or the codes' bits rounded up; ValueError if they do not fit."""
+    bits = int(widths.sum())
+    B = -(-bits // 8) if nbytes is None else nbytes
+    if 8 * B < bits:
+        raise ValueError(f"codes of {bits} bits do not fit in {B} bytes")
+    return B

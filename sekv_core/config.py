@@ -26,7 +26,8 @@ MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
 # the offload tier's codes (sekv_core.code_specs): keys on one even grid per (layer, KV head),
-# values at 4 bits on every direction with a row scale; why these: docs/design.md
+# values at 4 bits on every direction with a row scale (either may be *x16: lossless); why
+# these: docs/design.md
 KEY_CODE = "even:0.175"
 VALUE_CODE = "*x4"
 
@@ -65,7 +66,8 @@ class StreamSettings:
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """Everything that changes a span store's content (part of its key on disk)."""
+    """Everything that changes a span store's content (part of its key on disk). SekvError
+    naming the setting where a code is not one of its kind's."""
 
     segment: SegmentSettings = field(default_factory=SegmentSettings)
     # the offload tier's codes of span keys (pre-RoPE) and values (sekv_core.code_specs)
@@ -75,6 +77,13 @@ class StoreSettings:
     sketch_bits: int = 4  # its quantisation (4: two values per byte; 8: int8)
     prefill_chunk: int = 512
     stream: StreamSettings = field(default_factory=StreamSettings)
+
+    def __post_init__(self) -> None:
+        for name, kind in (("key_code", "key"), ("value_code", "value")):
+            try:
+                check_code(getattr(self, name), kind)
+            except ValueError as exc:
+                raise SekvError(f"store.{name}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,11 +164,6 @@ def check_store(settings: StoreSettings) -> None:
         raise SekvError(
             f"span lengths need 1 <= min_len <= max_len, not {seg.min_len}, {seg.max_len}"
         )
-    for name in ("key_code", "value_code"):
-        try:
-            check_code(getattr(settings, name))
-        except ValueError as exc:
-            raise SekvError(f"store.{name}: {exc}") from None
     if settings.sketch_dim < 2 or settings.sketch_dim % 2:
         raise SekvError("store.sketch_dim must be even (4-bit rows pack two dims per byte)")
     if settings.sketch_bits not in (4, 8):

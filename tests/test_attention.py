@@ -101,9 +101,7 @@ def test_reconstruction_decodes_each_spans_own_records(tiny_loaded, tmp_path):
     """One batched reconstruction of every (span, head) pair of a layer, pairs in any order,
     gives each pair the rows its own records in the offload file decode to, and those rows
     are the document's values within the code's rounding."""
-    lossy = StoreSettings(
-        key_code="4x8,*x4", value_code="4x8,*x4", segment=SegmentSettings(min_len=16, max_len=32)
-    )
+    lossy = StoreSettings(segment=SegmentSettings(min_len=16, max_len=32))  # the default codes
     method, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, kv_bits=16)
     lossless = replace(lossy, key_code="*x16", value_code="*x16")  # the same spans
     exact, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossless, kv_bits=16)
@@ -112,7 +110,7 @@ def test_reconstruction_decodes_each_spans_own_records(tiny_loaded, tmp_path):
     from sekv_core.store.codes import TierCode
 
     flat = store.offload["v_rows"]  # (decoded from the file)
-    code = TierCode.from_tensors(store.resident, "v", "4x8,*x4")
+    code = TierCode.from_tensors(store.resident.codebooks, "v", "*x4")
     L, N, H = spans.num_layers, spans.n_spans, spans.num_kv_heads
     S, B = int(spans.lengths.sum()), code.record_bytes
     assert flat.numel() == L * H * S * B  # every span token's record, nothing else
@@ -268,7 +266,7 @@ def test_the_placed_sketch_is_column_major_and_routes_as_its_rows(tiny_loaded, t
     L, H, S, cols = memory.sketch.shape
     assert S > cols
     assert all(memory.sketch[layer].transpose(-1, -2).is_contiguous() for layer in range(L))
-    assert memory.sketch.data_ptr() == memory.store.resident["sketch"].data_ptr()  # no 2nd copy
+    assert memory.sketch.data_ptr() == memory.store.resident.sketch.data_ptr()  # no 2nd copy
     memory.place_sketch(memory.sketch_dims // 2)
     assert memory.sketch.shape[-1] == cols // 2
     assert all(memory.sketch[layer].transpose(-1, -2).is_contiguous() for layer in range(L))
@@ -339,9 +337,7 @@ def test_a_memory_target_caps_the_zoom_and_does_not_fill_it(tiny_loaded, tmp_pat
 def test_eight_bit_zoom_rounds_each_row_by_at_most_half_a_step(tiny_loaded, tmp_path):
     """8-bit zoom: every reconstructed row reads back within half its scale of the 16-bit one,
     and a zoomed head-token costs int8 K + V and two fp16 scales."""
-    lossy = StoreSettings(
-        key_code="4x8,*x4", value_code="4x8,*x4", segment=SegmentSettings(min_len=16, max_len=32)
-    )
+    lossy = StoreSettings(segment=SegmentSettings(min_len=16, max_len=32))  # the default codes
     exact, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy, kv_bits=16)
     coarse, _ = sekv_method(tiny_loaded, tmp_path, store_settings=lossy)
     assert coarse.spans.kv_bits == 8

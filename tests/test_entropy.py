@@ -44,7 +44,7 @@ def joined(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 @needs_native
-@pytest.mark.parametrize("spec", ["even:0.175", "even:0.05", "*x4", "8x8,24x4,32x2", "4x16,60x4"])
+@pytest.mark.parametrize("spec", ["even:0.175", "even:0.05", "even:4", "*x4"])
 def test_every_code_round_trips_exactly_and_is_smaller(spec):
     g = torch.Generator().manual_seed(1)
     fit_rows = torch.randn(2, 3, 300, 64, generator=g) * torch.linspace(3, 0.1, 64)

@@ -1,4 +1,5 @@
-"""The native library (``zoomstep.c``, ``rans.c``): built on first use, loaded once.
+"""The native library (``zoomstep.c``, ``rans.c``, both reading packed codes through
+``bitfields.h``): built on first use, loaded once.
 
 On a CPU a SeKV decode step's cost is the count of small tensor ops per layer, not their
 arithmetic: scoring and picking the spans, placing new ones in the zoom pool, reading and
@@ -6,9 +7,10 @@ decoding their records, rotating their keys, the memory entries attention reads 
 trace come to some 300 ops per layer and token as torch code, each paying a call's overhead.
 In C each step is one call (:mod:`.kernels`; figures: docs/design.md). The library is built
 with the system's C compiler (``$CC``, else ``cc``) into ``$SEKV_HOME/native/``, once per
-source, compiler and kind of CPU; without a compiler, or for tensors on a GPU, the tensor code
-runs instead. Both make the same decisions and the same rows (the router's scores agree to float
-rounding: their products sum in another order), as ``tests/test_native.py`` checks step by step.
+version of its sources, compiler and kind of CPU; without a compiler, or for tensors on a GPU,
+the tensor code runs instead. Both make the same decisions and the same rows (the router's
+scores agree to float rounding: their products sum in another order), as
+``tests/test_native.py`` checks step by step.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SOURCES = (
     Path(__file__).parent / "zoomstep.c",
     Path(__file__).parent / "rans.c",
 )
+HEADERS = (Path(__file__).parent / "bitfields.h",)  # included by the sources: part of the key
 # no fused multiply-adds (each product and sum rounded as torch rounds it); the vector width
 # of this CPU where the compiler knows it (the library is kept per CPU), else the baseline's
 FLAGS = ["-O3", "-fno-trapping-math", "-fPIC", "-shared", "-ffp-contract=off"]
@@ -46,7 +49,7 @@ SIGNATURES = {
     "sekv_place": (ctypes.c_int, [_I, _I, _I, _I, *[_P] * 5, _I, *[_P] * 4, _I, *[_P] * 4]),
     "sekv_activate": (None, [_P, _P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_float]),
     "sekv_field_codes": (None, [_P, _I, _I, _I, _P, _P]),
-    "sekv_tier_coefficients": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P]),
+    "sekv_tier_coefficients": (None, [_P, _I, _I, _I, _I, _P]),
     "sekv_sketch_scores": (
         ctypes.c_int,
         [_P, _I, _I, _I, _P, _P, _P, _I, _P, _I, ctypes.c_float, _I, _P, _P, _P],
@@ -90,10 +93,10 @@ def library() -> ctypes.CDLL | None:
 
 
 def _built(compiler: str) -> Path:
-    """The library for this source, compiler and CPU, compiled if not there yet (written under
+    """The library for these sources, compiler and CPU, compiled if not there yet (written under
     a temporary name and renamed: a concurrent build or an interrupted one never leaves a
     partial library under the final name)."""
-    sources = [source.read_bytes() for source in SOURCES]
+    sources = [source.read_bytes() for source in (*SOURCES, *HEADERS)]
     parts = [*sources, compiler.encode(), " ".join(FLAGS).encode(), _cpu().encode()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     folder = sekv_home() / "native"

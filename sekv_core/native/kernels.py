@@ -10,8 +10,6 @@ code runs elsewhere) and checks the sizes the C code trusts. Routing: :func:`sel
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .build import library, usable
@@ -222,31 +220,16 @@ def field_codes(records: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def tier_coefficients(records: torch.Tensor, tiers) -> torch.Tensor:
-    """Coefficients (T, D) float32 of a codebook's records (T, B) uint8 in ``tiers``
+def tier_coefficients(records: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Coefficients (T, dim) float32 of a tier code's records (T, B) uint8 at ``bits`` (4: the
+    codes then a scale, B = dim / 2 + 2; 16: fp16 coefficients, B = 2 dim)
     (:meth:`sekv_core.store.codes.TierCode.coefficients`)."""
     T, B = records.shape
-    _require(B >= sum(t.nbytes for t in tiers), "records shorter than their tiers")
-    counts, bits, levels = _tier_table(tuple((t.count, t.bits, t.levels) for t in tiers))
-    out = torch.empty(T, int(counts.sum()))
-    library().sekv_tier_coefficients(
-        _ptr(records),
-        T,
-        B,
-        out.shape[1],
-        len(tiers),
-        _ptr(counts),
-        _ptr(bits),
-        _ptr(levels),
-        _ptr(out),
-    )
+    size = {4: dim // 2 + 2, 16: 2 * dim}.get(bits)
+    _require(B == size and dim <= 256, "records not of their code's size")
+    out = torch.empty(T, dim)
+    library().sekv_tier_coefficients(_ptr(records), T, B, dim, bits, _ptr(out))
     return out
-
-
-@functools.cache
-def _tier_table(tiers: tuple[tuple[int, int, int], ...]) -> tuple[torch.Tensor, ...]:
-    """Tiers' counts, bits and levels as int64 arrays for the kernels."""
-    return tuple(torch.tensor(column, dtype=torch.long) for column in zip(*tiers, strict=True))
 
 
 def sketch_scores(

@@ -3,7 +3,7 @@
  * sekv_core/native/build.py, called through sekv_core/store/entropy.py.
  *
  * Records (L, H, S, B) uint8; each layer's record is cut into F fields of widths[l][f] bits
- * (0..8, lowest bits first, covering the record's 8 B bits; 0: none). A field's symbols over a
+ * (0..8, laid out as bitfields.h says, covering the record's 8 B bits; 0: none). A field's symbols over a
  * (layer, head)'s S rows have one frequency table (PROB_BITS-bit probabilities, every symbol of
  * its 2^width at least 1). A (layer, head)'s rows are cut into blocks of `rows` rows (the last
  * may be shorter), each coded alone so that a read decodes only the blocks it touches: a
@@ -15,32 +15,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bitfields.h"
+
 #define PROB_BITS 12
 #define PROB_SCALE (1u << PROB_BITS)
 #define RANS_LOW (1u << 16) /* a state lies in [2^16, 2^32): one word renormalises it */
 #define TABLE 256 /* entries per stream's table (the widest field's symbols) */
 #define STATES 4  /* interleaved coder states: row r is coded by state r % 4 */
 
-static inline uint32_t field_get(const uint8_t *rec, int64_t B, int offset, int width) {
-    int64_t byte = offset >> 3;
-    uint32_t window = rec[byte];
-    if (byte + 1 < B) window |= (uint32_t)rec[byte + 1] << 8;
-    return (window >> (offset & 7)) & ((1u << width) - 1u);
-}
-
-static inline void field_put(uint8_t *rec, int64_t B, int offset, uint32_t symbol) {
-    int64_t byte = offset >> 3;
-    uint32_t placed = symbol << (offset & 7);
-    rec[byte] |= (uint8_t)(placed & 255u);
-    if ((placed >> 8) && byte + 1 < B) rec[byte + 1] |= (uint8_t)(placed >> 8);
-}
-
-static int offsets_of(const int64_t *widths, int64_t F, int64_t B, int *offsets) {
-    int at = 0;
+/* Each field's place in a record of B bytes (its layer's widths; bitfields.h): 0, or -1 unless
+ * the widths are 0..8 and cover the record's 8 B bits. */
+static int fields_of(const int64_t *widths, int64_t F, int64_t B, BitField *fields) {
+    int64_t at = 0;
     for (int64_t f = 0; f < F; f++) {
         if (widths[f] < 0 || widths[f] > 8) return -1; /* 0: a field that holds nothing */
-        offsets[f] = at;
-        at += (int)widths[f];
+        fields[f] = bitfield_at(at, widths[f], B);
+        at += widths[f];
     }
     return at == 8 * B ? 0 : -1;
 }
@@ -62,11 +52,11 @@ static int cumulate(const uint16_t *fr, int width, uint32_t *cum, uint8_t *symbo
 /* counts (L * H * F, TABLE) int64: each stream's symbol histogram. 0, or -1 for bad fields. */
 int sekv_rans_histogram(const uint8_t *records, int64_t L, int64_t H, int64_t S, int64_t B,
                         int64_t F, const int64_t *widths, const int64_t *flips, int64_t *counts) {
-    int offsets[8 * 256];
+    BitField fields[8 * 256];
     if (F > 8 * 256) return -1;
     memset(counts, 0, sizeof(int64_t) * (size_t)(L * H * F * TABLE));
     for (int64_t l = 0; l < L; l++) {
-        if (offsets_of(widths + l * F, F, B, offsets)) return -1;
+        if (fields_of(widths + l * F, F, B, fields)) return -1;
         for (int64_t h = 0; h < H; h++) {
             const uint8_t *block = records + (l * H + h) * S * B;
             for (int64_t f = 0; f < F; f++) {
@@ -75,20 +65,20 @@ int sekv_rans_histogram(const uint8_t *records, int64_t L, int64_t H, int64_t S,
                 uint32_t flip = (uint32_t)flips[l * F + f];
                 if (width == 0) continue;
                 for (int64_t r = 0; r < S; r++)
-                    count[field_get(block + r * B, B, offsets[f], width) ^ flip]++;
+                    count[bitfield_get(block + r * B, B, fields[f]) ^ flip]++;
             }
         }
     }
     return 0;
 }
 
-/* Encodes one block's n records (B bytes each, fields at `offsets`, widths and flips of its
+/* Encodes one block's n records (B bytes each, its layer's `fields`, widths and flips of its
  * layer) with its (layer, head)'s tables freq (F, TABLE) and their cumulative frequencies cums
  * (F, TABLE) into out[0, cap), written from its end: returns the coded length g (the bytes are
  * out[cap - g, cap)), -1 when they do not fit in cap, -2 for a symbol its table gives no
  * probability. */
 static int64_t encode_block(const uint8_t *rec, int64_t n, int64_t B, int64_t F,
-                            const int *offsets, const int64_t *widths, const int64_t *flips,
+                            const BitField *fields, const int64_t *widths, const int64_t *flips,
                             const uint16_t *freq, const uint32_t *cums, uint8_t *out,
                             int64_t cap) {
     uint8_t *p = out + cap;
@@ -101,7 +91,7 @@ static int64_t encode_block(const uint8_t *rec, int64_t n, int64_t B, int64_t F,
         uint32_t flip = (uint32_t)flips[f];
         if (width == 0) continue;
         for (int64_t r = n - 1; r >= 0; r--) {
-            uint32_t s = field_get(rec + r * B, B, offsets[f], width) ^ flip;
+            uint32_t s = bitfield_get(rec + r * B, B, fields[f]) ^ flip;
             uint32_t fs = fr[s], x = xs[r % STATES];
             if (fs == 0) return -2;
             if (x >= ((RANS_LOW >> PROB_BITS) << 16) * fs) { /* one word out */
@@ -128,7 +118,7 @@ int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, in
                                 int64_t B, int64_t F, const int64_t *widths, const int64_t *flips,
                                 const uint16_t *freq, int64_t rows, uint8_t *out, int64_t cap,
                                 int64_t *lengths) {
-    int offsets[8 * 256];
+    BitField fields[8 * 256];
     int64_t nb = (S + rows - 1) / rows, at = 0, scap = 2 * rows * B + 4 * STATES;
     if (rows < 1 || F > 8 * 256) return -2;
     uint32_t *cums = malloc(sizeof(uint32_t) * (size_t)(F * TABLE));
@@ -138,14 +128,14 @@ int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, in
     for (int64_t lh = 0; lh < L * H && !rc; lh++) {
         int64_t l = lh / H;
         const uint16_t *fr = freq + lh * F * TABLE;
-        if (offsets_of(widths + l * F, F, B, offsets)) rc = -2;
+        if (fields_of(widths + l * F, F, B, fields)) rc = -2;
         for (int64_t f = 0; f < F && !rc; f++) /* each field's table cumulated once */
             if (widths[l * F + f] && cumulate(fr + f * TABLE, (int)widths[l * F + f],
                                               cums + f * TABLE, NULL))
                 rc = -2;
         for (int64_t j = 0; j < nb && !rc; j++) {
             int64_t n = S - j * rows < rows ? S - j * rows : rows;
-            int64_t got = encode_block(records + (lh * S + j * rows) * B, n, B, F, offsets,
+            int64_t got = encode_block(records + (lh * S + j * rows) * B, n, B, F, fields,
                                        widths + l * F, flips + l * F, fr, cums, scratch, scap);
             if (got < 0 || at + got > cap) {
                 rc = got < 0 ? got : -1;
@@ -172,7 +162,7 @@ int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, in
         uint32_t need = x < RANS_LOW;                                                         \
         x = need ? (x << 16) | p[0] | ((uint32_t)p[1] << 8) : x;                              \
         p += 2 * need;                                                                        \
-        field_put(rec + (row) * B, B, at, s ^ flip);                                          \
+        bitfield_put(rec + (row) * B, B, at, s ^ flip);                                          \
     }
 
 /* DECODE_ROW where fewer than two bytes may be left: returns -1 from the caller if they run out. */
@@ -185,7 +175,7 @@ int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, in
             x = (x << 16) | p[0] | ((uint32_t)p[1] << 8);                                     \
             p += 2;                                                                           \
         }                                                                                     \
-        field_put(rec + (row) * B, B, at, s ^ flip);                                          \
+        bitfield_put(rec + (row) * B, B, at, s ^ flip);                                          \
     }
 
 /* A block being decoded: its states, where its bytes are read, its rows (n of them). */
@@ -196,10 +186,10 @@ typedef struct {
     int64_t n;
 } Block;
 
-/* The block's next field (at bit `at`, table fr) decoded into its rows: 0, or -1 when its bytes
+/* The block's next field (at `at`, table fr) decoded into its rows: 0, or -1 when its bytes
  * run out. Rows four at a time, one per state: the four steps overlap. */
 static int decode_field(Block *k, int64_t B, const uint16_t *fr, const uint32_t *cum,
-                        const uint8_t *symbol_of, int at, uint32_t flip) {
+                        const uint8_t *symbol_of, BitField at, uint32_t flip) {
     const uint8_t *p = k->p, *end = k->end;
     uint8_t *rec = k->rows;
     uint32_t x0 = k->x[0], x1 = k->x[1], x2 = k->x[2], x3 = k->x[3];
@@ -229,7 +219,7 @@ int sekv_rans_decode_blocks(const uint8_t *coded, const int64_t *starts, int64_t
                             int64_t S, int64_t B, int64_t F, const int64_t *widths,
                             const int64_t *flips, const uint16_t *freq, int64_t rows,
                             const int64_t *blocks, int64_t m, uint8_t *records) {
-    int offsets[8 * 256];
+    BitField fields[8 * 256];
     uint32_t cum[TABLE];
     uint8_t symbol_of[PROB_SCALE];
     if (F > 8 * 256 || rows < 1) return -1;
@@ -255,14 +245,14 @@ int sekv_rans_decode_blocks(const uint8_t *coded, const int64_t *starts, int64_t
             memset(k->rows, 0, (size_t)(k->n * B));
         }
         int64_t l = lh / H;
-        if (rc || offsets_of(widths + l * F, F, B, offsets)) { rc = -1; break; }
+        if (rc || fields_of(widths + l * F, F, B, fields)) { rc = -1; break; }
         for (int64_t f = 0; f < F && !rc; f++) {
             const uint16_t *fr = freq + (lh * F + f) * TABLE;
             int width = (int)widths[l * F + f];
             if (width == 0) continue;
             if (cumulate(fr, width, cum, symbol_of)) { rc = -1; break; }
             for (int64_t i = g; i < e && !rc; i++)
-                rc = decode_field(ks + i, B, fr, cum, symbol_of, offsets[f],
+                rc = decode_field(ks + i, B, fr, cum, symbol_of, fields[f],
                                   (uint32_t)flips[l * F + f]);
         }
         for (int64_t i = g; i < e && !rc; i++) {

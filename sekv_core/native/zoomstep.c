@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bitfields.h"
+
 /* a float's bits as an unsigned integer that orders as the float does */
 static inline uint32_t ordered_bits(float x) {
     uint32_t u;
@@ -301,73 +303,40 @@ int64_t sekv_gather(int64_t n, const int64_t *spans, const int64_t *heads, int64
 }
 
 /* The codes (T, D) as floats of an even code's records (T, B) (sekv_core.store.codes): the
- * d-th code has bits[d] bits from bit sum(bits[:d]) of the record on, least significant first,
- * read from a 16-bit window at or before that bit's byte (the record's last two bytes for a
- * code in its last byte; one byte if the record is one byte). At most 256 directions (the
- * caller checks). */
+ * d-th code has bits[d] bits, laid out as bitfields.h says. At most 256 directions (the caller
+ * checks). */
 void sekv_field_codes(const uint8_t *records, int64_t T, int64_t B, int64_t D,
                       const int64_t *bits, float *out) {
-    /* each direction's window, shift and mask once; then record by record (sequential reads
-     * and writes) */
-    int64_t first[256], shift[256];
-    uint32_t mask[256];
+    BitField fields[256]; /* each direction's place once; then record by record */
     if (D > 256) return;
-    int64_t start = 0;
-    for (int64_t d = 0; d < D; d++) {
-        first[d] = start / 8 < B - 2 ? start / 8 : (B >= 2 ? B - 2 : 0);
-        shift[d] = start - 8 * first[d];
-        mask[d] = (1u << bits[d]) - 1u;
-        start += bits[d];
-    }
+    for (int64_t d = 0, start = 0; d < D; start += bits[d], d++)
+        fields[d] = bitfield_at(start, bits[d], B);
     for (int64_t t = 0; t < T; t++) {
         const uint8_t *r = records + t * B;
         float *o = out + t * D;
-        for (int64_t d = 0; d < D; d++) {
-            const uint8_t *p = r + first[d];
-            uint32_t window = p[0] | (B >= 2 ? (uint32_t)p[1] << 8 : 0u);
-            o[d] = (float)((window >> shift[d]) & mask[d]);
-        }
+        for (int64_t d = 0; d < D; d++) o[d] = (float)bitfield_get(r, B, fields[d]);
     }
 }
 
-/* The coefficients (T, D) of a codebook's records (T, B) (sekv_core.store.codes): tiers of
- * counts[i] directions at bits[i] bits one after another in each record; 16 bits: fp16 values;
- * 8: int8 codes, then an fp16 scale; 4 and 2: codes packed least significant first, less
- * levels[i], then the scale; 0: nothing stored, coefficients 0. */
+/* The coefficients (T, D) of a tier code's records (T, B) (sekv_core.store.codes): 16 bits:
+ * D fp16 values; 4 bits: D codes (bitfields.h), less 7, times the fp16 scale after them. At
+ * most 256 directions (the caller checks). */
 void sekv_tier_coefficients(const uint8_t *records, int64_t T, int64_t B, int64_t D,
-                            int64_t n_tiers, const int64_t *counts, const int64_t *bits,
-                            const int64_t *levels, float *out) {
+                            int64_t bits, float *out) {
+    BitField fields[256];
+    if (D > 256) return;
+    for (int64_t d = 0; d < D; d++) fields[d] = bitfield_at(4 * d, 4, B);
     for (int64_t t = 0; t < T; t++) {
         const uint8_t *r = records + t * B;
         float *o = out + t * D;
-        int64_t byte = 0, col = 0;
-        for (int64_t i = 0; i < n_tiers; i++) {
-            int64_t n = counts[i], b = bits[i];
-            if (b == 0) {
-                for (int64_t j = 0; j < n; j++) o[col + j] = 0.0f;
-            } else if (b == 16) {
-                for (int64_t j = 0; j < n; j++)
-                    o[col + j] = half_value((uint16_t)(r[byte + 2 * j] | r[byte + 2 * j + 1] << 8));
-                byte += 2 * n;
-            } else {
-                int64_t code_bytes = n * b / 8;
-                const uint8_t *sb = r + byte + code_bytes;
-                float scale = half_value((uint16_t)(sb[0] | sb[1] << 8));
-                for (int64_t j = 0; j < n; j++) {
-                    float code;
-                    if (b == 8) {
-                        code = (float)(int8_t)r[byte + j];
-                    } else {
-                        int64_t at = j * b; /* bit position among the tier's codes */
-                        uint32_t c = (r[byte + at / 8] >> (at % 8)) & ((1u << b) - 1u);
-                        code = (float)c - (float)levels[i];
-                    }
-                    o[col + j] = code * scale;
-                }
-                byte += code_bytes + 2;
-            }
-            col += n;
+        if (bits == 16) {
+            for (int64_t d = 0; d < D; d++) o[d] = half_value((uint16_t)(r[2 * d] | r[2 * d + 1] << 8));
+            continue;
         }
+        const uint8_t *sb = r + D / 2;
+        float scale = half_value((uint16_t)(sb[0] | sb[1] << 8));
+        for (int64_t d = 0; d < D; d++)
+            o[d] = ((float)bitfield_get(r, B, fields[d]) - 7.0f) * scale;
     }
 }
 

@@ -12,9 +12,10 @@ bytes, so a span's rows of one (layer, head) are one range of the tier and decod
   through ``q·k``, so a key's error costs in proportion to the queries' energy along it), one
   even grid per head, its step S times the head's rms coefficient; each direction gets the
   bits (2..8, shared by a layer's heads; 0 drops it) that hold its largest code, so no row is
-  clipped. Records are the codes' bits packed one after another.
-- :class:`TierCode` (values, ``"*x4"``): directions in tiers of fixed bits, each tier with one
-  fp16 scale per row (its largest magnitude), so small rows keep their relative error.
+  clipped. Records are the codes packed one after another (:mod:`sekv_core.bitpack`).
+- :class:`TierCode` (values, ``"*x4"``): every direction at 4 bits with one fp16 scale per row
+  (its largest magnitude), so small rows keep their relative error; ``"*x16"``: fp16
+  coefficients (lossless, either kind).
 
 Decoding is batched: records -> codes (one native call on the CPU) -> one product per head
 with its synthesis map (:func:`per_head`). ``record_fields`` describes a record's bit fields
@@ -30,12 +31,13 @@ from functools import cached_property
 import torch
 
 from ..bitpack import pack_codes, unpack_codes
-from ..code_specs import MAX_BITS, Tier, parse_even, parse_tiers, record_bytes
+from ..code_specs import MAX_BITS, parse_even, tier_bits, tier_record_bytes
 from ..errors import SekvError
 from ..native import kernels
 from ..summary import STORE_DTYPE, stored
 
-SCALE = torch.float16  # per-row tier scales (specs.SCALE_BYTES each)
+SCALE = torch.float16  # a 4-bit record's row scale (code_specs.SCALE_BYTES)
+TIER_LEVELS = 7  # a 4-bit tier code's codes lie in ±TIER_LEVELS
 RIDGE = 1e-4  # the key metric's floor, a share of its largest dimension (no direction is free)
 LEVELS = 127  # a basis column's codes lie in ±LEVELS
 MIN_EXP = -24  # half precision's smallest step: every grid point is exact in fp16
@@ -103,28 +105,29 @@ def read_basis(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
 @dataclass
 class TierCode:
     """Directions ``basis`` (L, H, D, D), row ``mean`` and direction ``range`` (L, H, D),
-    float32 holding fp16 numbers; ``tiers`` say the bits."""
+    float32 holding fp16 numbers; ``bits`` per direction: 4 (codes and a row scale) or 16
+    (fp16 coefficients)."""
 
     basis: torch.Tensor
     mean: torch.Tensor
     range: torch.Tensor
-    tiers: list[Tier]
+    bits: int
 
     @classmethod
-    def fit(cls, rows: torch.Tensor, tiers: list[Tier]) -> TierCode:
+    def fit(cls, rows: torch.Tensor, bits: int) -> TierCode:
         """The code of rows (L, H, S, D), one layer at a time (bounded working memory)."""
         x = rows.float()
         L, H, S, D = x.shape
         if S == 0:  # no span tokens: any code of the right shape
             eye = torch.eye(D).expand(L, H, D, D).contiguous()
-            return cls(eye, x.new_zeros(L, H, D), x.new_ones(L, H, D), tiers)
+            return cls(eye, x.new_zeros(L, H, D), x.new_ones(L, H, D), bits)
         mean = stored(x.mean(dim=2))
         bases, spans = [], []
         for layer in range(L):
             basis, coef = directions(x[layer], mean[layer])
             bases.append(basis)
             spans.append(coef.abs().amax(dim=1).clamp(min=1e-6))
-        return cls(torch.stack(bases), mean, stored(torch.stack(spans)), tiers)
+        return cls(torch.stack(bases), mean, stored(torch.stack(spans)), bits)
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         names = {"mean": self.mean, "range": self.range}
@@ -135,27 +138,27 @@ class TierCode:
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> TierCode:
         basis = read_basis(tensors, prefix)
         mean, span = tensors[f"{prefix}_mean"].float(), tensors[f"{prefix}_range"].float()
-        return cls(basis, mean, span, parse_tiers(spec, basis.shape[-1]))
+        return cls(basis, mean, span, tier_bits(spec))
 
     @cached_property
     def record_bytes(self) -> int:
-        return record_bytes(self.tiers)
+        return tier_record_bytes(self.bits, self.basis.shape[-1])
 
     def encode(self, rows: torch.Tensor) -> torch.Tensor:
         """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
         return torch.stack([self._encode_layer(rows[i], i) for i in range(rows.shape[0])])
 
     def _encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
+        """Records (H, S, B): fp16 coefficients, or 4-bit codes (offset by TIER_LEVELS to be
+        non-negative, packed) then the row's fp16 scale (its largest magnitude / TIER_LEVELS)."""
         centred = rows.float() - self.mean[layer][:, None]
         coef = (centred @ self.basis[layer]) / self.range[layer][:, None]  # (H, S, D)
-        pieces, at = [], 0
-        for tier in self.tiers:
-            part = coef[..., at : at + tier.count]
-            at += tier.count
-            if tier.bits:
-                pieces.append(_encode_tier(part, tier))
-        shape = (*rows.shape[:-1], 0)
-        return torch.cat(pieces, dim=-1) if pieces else torch.zeros(shape, dtype=torch.uint8)
+        if self.bits == 16:
+            return _fresh(coef.to(torch.float16)).view(torch.uint8)
+        scale = (coef.abs().amax(dim=-1, keepdim=True) / TIER_LEVELS).to(SCALE)
+        step = scale.float().clamp(min=torch.finfo(SCALE).tiny)
+        codes = (coef / step).round().clamp(-TIER_LEVELS, TIER_LEVELS) + TIER_LEVELS
+        return torch.cat([pack_codes(codes, 4), _fresh(scale).view(torch.uint8)], dim=-1)
 
     def decode(
         self,
@@ -168,38 +171,29 @@ class TierCode:
         """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
         KV heads, ascending (or each head's row count, as :func:`per_head` takes them);
         ``then``: an affine map (H, D, R), (H, R) applied to each head's rows (T, R)."""
-        if records.dtype == torch.uint8 and kernels.usable(records):
-            coef = kernels.tier_coefficients(records, self.tiers)  # one call on the CPU
+        if records.dtype == torch.uint8 and kernels.usable(records):  # one call on the CPU
+            coef = kernels.tier_coefficients(records, self.bits, self.basis.shape[-1])
         else:
             coef = self.coefficients(records)
         return per_head(coef, heads, *_mapped(self.synthesis, layer, then)).to(dtype)
 
     def coefficients(self, records: torch.Tensor) -> torch.Tensor:
-        """Coefficients (T, D) float32 of records (T, B), dropped directions 0."""
-        pieces, byte = [], 0
-        for tier in self.tiers:
-            if tier.bits:
-                pieces.append(_decode_tier(records[:, byte : byte + tier.nbytes], tier))
-                byte += tier.nbytes
-            else:
-                pieces.append(records.new_zeros(records.shape[0], tier.count, dtype=torch.float))
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+        """Coefficients (T, D) float32 of records (T, B)."""
+        if self.bits == 16:
+            return _viewed(records, torch.float16).float()
+        half = self.basis.shape[-1] // 2
+        scale = _viewed(records[:, half:], SCALE).float()  # (T, 1)
+        table = _byte_codes().to(records.device)  # each byte's two codes at once
+        codes = torch.nn.functional.embedding(records[:, :half].long(), table).flatten(-2)
+        return codes * scale
 
     def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A record's bit fields, the same in every layer: widths (L, F), each code of each
-        tier, then its scale's two bytes (fp16 coefficients: two bytes each); flips (L, F),
-        0x80 on 8-bit codes (int8 xored: they order as numbers)."""
-        widths, flips = [], []
-        for tier in self.tiers:
-            if tier.bits == 16:
-                widths += [8, 8] * tier.count
-                flips += [0, 0] * tier.count
-            elif tier.bits:
-                widths += [tier.bits] * tier.count + [8, 8]
-                flips += [0x80 if tier.bits == 8 else 0] * tier.count + [0, 0]
-        L = self.basis.shape[0]
-        w, f = torch.tensor(widths, dtype=torch.int64), torch.tensor(flips, dtype=torch.int64)
-        return w.expand(L, -1).contiguous(), f.expand(L, -1).contiguous()
+        """A record's bit fields, the same in every layer: widths (L, F), each code then the
+        scale's two bytes (fp16 coefficients: two bytes each); flips (L, F), none."""
+        D = self.basis.shape[-1]
+        widths = [8, 8] * D if self.bits == 16 else [4] * D + [8, 8]
+        w = torch.tensor(widths, dtype=torch.int64).expand(self.basis.shape[0], -1).contiguous()
+        return w, torch.zeros_like(w)
 
     @cached_property
     def synthesis(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,32 +288,11 @@ class EvenCode:
 
     def _encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
         """Records (H, S, B) of one layer's rows (H, S, D): each code offset to be
-        non-negative, its bits (lowest first) after the previous direction's. In float
-        arithmetic, exact on these integers: a code times 2^offset splits into the part in its
-        first byte and the part in the next; codes never share a bit, so each byte is the sum
-        of the parts it holds (one product per part)."""
+        non-negative, packed in its direction's bits (:func:`~sekv_core.bitpack.pack_codes`)."""
         step, levels = (t[layer][:, None] for t in self.grid)
         y = (rows.float() - self.mean[layer][:, None]) * self.metric[layer].sqrt()[:, None]
         codes = ((y @ self.basis[layer]) / step).round().clamp(-levels, levels) + levels
-        low_bytes, high_bytes, shift = (t[layer] for t in self._places)
-        placed = codes * shift  # (H, S, D): the code over its first byte, < 2^16
-        high = torch.floor(placed * (1 / 256))
-        low = torch.addcmul(placed, high, torch.tensor(256.0), value=-1.0)
-        return (low @ low_bytes + high @ high_bytes).to(torch.uint8)
-
-    @cached_property
-    def _places(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per layer the maps (L, D, B) from each code's part in its first byte and in the
-        next to the record's bytes, and 2^offset (L, D), the code's first bit in its byte."""
-        windows, _, _ = self._fields  # (L, B + 1, D): first byte 2^-offset, next 256 x that
-        first = windows.transpose(1, 2)[..., :-1]  # (L, D, B): the spare byte holds nothing
-        low_bytes = (first > 0) & (first < 1.5)  # 2^-offset <= 1 marks the first byte
-        high_bytes = first >= 1.5  # 256 x 2^-offset >= 2 marks the next
-        bits = self.layer_bits
-        starts = torch.cumsum(bits, dim=-1) - bits
-        used = (bits > 0)[:, :, None]
-        shift = 2.0 ** (starts % 8).float()
-        return (low_bytes & used).float(), (high_bytes & used).float(), shift
+        return pack_codes(codes.to(torch.int32), self.layer_bits[layer], self.record_bytes)
 
     def decode(
         self,
@@ -330,17 +303,12 @@ class EvenCode:
         then: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` and
-        ``then`` as for :meth:`TierCode.decode`. In float arithmetic, exact on these small
-        integers: one product puts each code's two bytes, over 2^offset, in its column, two
-        floors cut the code out; then one product per head maps the codes to rows."""
+        ``then`` as for :meth:`TierCode.decode`: the codes unpacked, then one product per head
+        maps them to rows."""
         if records.dtype == torch.uint8 and kernels.usable(records):  # one call on the CPU
             codes = kernels.field_codes(records, self.layer_bits[layer])
         else:
-            windows, narrow, width = (t[layer] for t in self._fields)
-            # code + bits above it; the spare byte after the record (always 0) adds nothing
-            field = records.float() @ windows[:-1]
-            above = torch.floor(field * narrow)
-            codes = torch.addcmul(field, above, width, value=-1.0).floor_()  # (T, D), >= 0
+            codes = unpack_codes(records, self.layer_bits[layer]).float()
         return per_head(codes, heads, *_mapped(self.synthesis, layer, then)).to(dtype)
 
     def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,22 +324,6 @@ class EvenCode:
     def layer_bits(self) -> torch.Tensor:
         """(L, D) int64 each direction's bits per layer (a layer's heads share a layout)."""
         return self.bits[:, 0].long().contiguous()
-
-    @cached_property
-    def _fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Where each direction's code lies in a record, per layer: the map (L, B + 1, D) from
-        the record's bytes to each code's 16-bit window (its first byte + 256 x the next) over
-        2^offset (the code's first bit in that byte), 2^-bits and 2^bits (L, D)."""
-        bits = self.layer_bits
-        L, D = bits.shape
-        starts = torch.cumsum(bits, dim=-1) - bits
-        first = (starts // 8).clamp(max=self.record_bytes - 1)  # 0-bit ends: any byte
-        shift = 2.0 ** -(starts - 8 * first).float()  # (L, D)
-        windows = torch.zeros(L, self.record_bytes + 1, D)
-        windows.scatter_(1, first[:, None], shift[:, None])
-        windows.scatter_(1, first[:, None] + 1, 256 * shift[:, None])
-        width = 2.0 ** bits.float()
-        return windows, 1.0 / width, width
 
     @cached_property
     def synthesis(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -390,17 +342,17 @@ Code = TierCode | EvenCode
 def fit_code(
     rows: torch.Tensor, spec: str, setting: str = "code", moment: torch.Tensor | None = None
 ) -> Code:
-    """The code of ``spec`` fitted to rows (L, H, S, D); ``moment`` (L, H, D, D): the
-    queries' second moment that weighs an even code's dimensions (None: equal weights).
-    SekvError naming ``setting`` where the spec does not fit the rows."""
-    step = parse_even(spec)
-    if step is not None:
-        return EvenCode.fit(rows, step, query_metric(moment, rows))
+    """The code of ``spec`` (:mod:`sekv_core.code_specs`) fitted to rows (L, H, S, D);
+    ``moment`` (L, H, D, D): the queries' second moment that weighs an even code's dimensions
+    (None: equal weights). SekvError naming ``setting`` for a spec that is not a code."""
     try:
-        tiers = parse_tiers(spec, rows.shape[-1])
+        step = parse_even(spec)
+        bits = tier_bits(spec) if step is None else 0
     except ValueError as exc:
         raise SekvError(f"{setting}: {exc}") from None
-    return TierCode.fit(rows, tiers)
+    if step is not None:
+        return EvenCode.fit(rows, step, query_metric(moment, rows))
+    return TierCode.fit(rows, bits)
 
 
 def load_code(tensors: dict[str, torch.Tensor], prefix: str, spec: str) -> Code:
@@ -452,39 +404,10 @@ def _row_bits(bits: torch.Tensor) -> int:
     return max(8, -(-widest // 8) * 8)
 
 
-def _encode_tier(coef: torch.Tensor, tier: Tier) -> torch.Tensor:
-    """Bytes (..., tier.nbytes) of coefficients (..., count)."""
-    if tier.bits == 16:
-        return _fresh(coef.to(torch.float16)).view(torch.uint8)
-    scale = (coef.abs().amax(dim=-1, keepdim=True) / tier.levels).to(SCALE)
-    step = scale.float().clamp(min=torch.finfo(SCALE).tiny)
-    codes = (coef / step).round().clamp(-tier.levels, tier.levels)
-    if tier.bits == 8:
-        packed = codes.to(torch.int8).view(torch.uint8)
-    else:  # 4 or 2 bits: non-negative codes, several per byte
-        packed = pack_codes(codes + tier.levels, tier.bits)
-    return torch.cat([packed, _fresh(scale).view(torch.uint8)], dim=-1)
-
-
-def _decode_tier(chunk: torch.Tensor, tier: Tier) -> torch.Tensor:
-    """Coefficients (T, count) float32 of a tier's bytes (T, tier.nbytes)."""
-    if tier.bits == 16:
-        return _viewed(chunk, torch.float16).float()
-    codes_bytes = tier.count * tier.bits // 8
-    scale = _viewed(chunk[:, codes_bytes:], SCALE).float()  # (T, 1)
-    packed = chunk[:, :codes_bytes]
-    if tier.bits == 8:
-        codes = packed.view(torch.int8).float()  # same width: a view at any stride
-    else:  # each byte's codes at once from a table of every byte value's
-        table = _byte_codes(tier.bits, tier.levels).to(chunk.device)
-        codes = torch.nn.functional.embedding(packed.long(), table).flatten(-2)
-    return codes * scale
-
-
 @functools.cache
-def _byte_codes(bits: int, levels: int) -> torch.Tensor:
-    """(256, 8 / bits) float32: the signed codes every byte value packs (:func:`pack_codes`)."""
-    return unpack_codes(torch.arange(256, dtype=torch.uint8)[:, None], bits).float() - levels
+def _byte_codes() -> torch.Tensor:
+    """(256, 2) float32: the signed 4-bit codes every byte value packs (:func:`pack_codes`)."""
+    return unpack_codes(torch.arange(256, dtype=torch.uint8)[:, None], 4).float() - TIER_LEVELS
 
 
 def _viewed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
