@@ -34,6 +34,7 @@ from sekv_core.ingest import open_or_build  # noqa: E402
 from sekv_core.models import load_model  # noqa: E402
 from sekv_core.paths import home_path  # noqa: E402
 from sekv_core.prompt import chat_template, encode_context  # noqa: E402
+from sekv_core.store.format import StoreSource  # noqa: E402
 from sekv_core.store.load import load_store  # noqa: E402
 
 SAMPLES = ("handbook.pdf", "lighthouse.md")
@@ -74,7 +75,7 @@ def main() -> None:
             loads = []
             for _ in range(args.loads):
                 t0 = time.perf_counter()
-                load_store(store.path, loaded, document, context, settings)
+                load_store(store.path, StoreSource(loaded, document, context, settings))
                 loads.append(time.perf_counter() - t0)
             on_disk = sum(f.stat().st_size for f in store.path.rglob("*") if f.is_file())
             full = store.manifest["bytes"]["full_kv_fp16"]

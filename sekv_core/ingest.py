@@ -23,7 +23,7 @@ from .paths import home_read_only, read_only_error, stores_dir
 from .prefill import Progress
 from .prompt import Context
 from .store.build import build_store
-from .store.format import store_key
+from .store.format import StoreSource
 from .store.load import SpanStore, StoreInvalid, load_store
 from .store.locks import STATE_VERSION, clean_leftovers, store_lock
 from .store.shelf import mark_used
@@ -35,7 +35,7 @@ def store_path(
     loaded: LoadedModel, document: Document, context: Context, settings: StoreSettings
 ) -> Path:
     """Where the document's store for this model and these settings lives."""
-    return stores_dir() / store_key(loaded, document, context, settings)
+    return stores_dir() / StoreSource(loaded, document, context, settings).key
 
 
 def open_or_build(
@@ -54,12 +54,12 @@ def open_or_build(
     ``$SEKV_HOME`` a valid store is loaded and nothing is written; a missing or unusable one
     is a SekvError.
     """
-    settings = settings or StoreSettings()
-    path = store_path(loaded, document, context, settings)
+    source = StoreSource(loaded, document, context, settings or StoreSettings())
+    path = stores_dir() / source.key
     name = document.path.name
     if path.exists():
         try:
-            store = load_store(path, loaded, document, context, settings)
+            store = load_store(path, source)
         except StoreInvalid as exc:
             if home_read_only():  # never used, and it cannot be rebuilt there
                 why = f"the span store of {name} there is unusable ({exc})"
@@ -77,7 +77,7 @@ def open_or_build(
 
     try:
         with store_lock(path, waiting):
-            store, hit = _load_or_build(path, loaded, document, context, settings, progress, warn)
+            store, hit = _load_or_build(path, source, progress, warn)
     except OSError as exc:
         raise SekvError(
             f"cannot write the span store under {path.parent} ({exc.strerror or exc}); "
@@ -89,26 +89,22 @@ def open_or_build(
 
 def _load_or_build(
     path: Path,
-    loaded: LoadedModel,
-    document: Document,
-    context: Context,
-    settings: StoreSettings,
+    source: StoreSource,
     progress: Progress | None,
     warn: Callable[[str], None] | None,
 ) -> tuple[SpanStore, bool]:
     """Under the store's lock: the store another process just built, else a new build."""
     if path.exists():
         try:
-            return load_store(path, loaded, document, context, settings), True
+            return load_store(path, source), True
         except StoreInvalid as exc:
             if warn:
                 warn(f"rebuilding the span store at {path}: {exc}")
     clean_leftovers(path.parent, path, STATE_VERSION)
-    if settings.stream.always or exceeds_window(loaded.spec.window, len(context)):
-        decoded = build_streamed(
-            path, loaded, document, context, settings, ZoomedChunks, progress, warn
-        )
+    settings, tokens = source.settings, len(source.context)
+    if settings.stream.always or exceeds_window(source.loaded.spec.window, tokens):
+        decoded = build_streamed(path, source, ZoomedChunks, progress, warn)
     else:
-        decoded = build_store(path, loaded, document, context, settings, progress)
+        decoded = build_store(path, source, progress)
     # opened as any later load opens it, with the records the build holds decoded
-    return load_store(path, loaded, document, context, settings, decoded), False
+    return load_store(path, source, decoded), False

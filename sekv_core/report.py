@@ -17,7 +17,6 @@ import numpy as np
 
 from .documents import Document
 from .segment import ANCHOR, SINK
-from .store.codes import store_codebooks
 from .store.load import SpanStore
 
 ROLE_NAMES = {SINK: "sink", ANCHOR: "anchor", 2: "span"}
@@ -42,8 +41,8 @@ def build_report(store: SpanStore, document: Document, tokenizer: Any) -> dict[s
     doc_start = int(manifest["document"]["doc_start"])
     texts = token_texts(document.text, trace["offsets"], trace["token_ids"], doc_start, tokenizer)
 
-    starts = store.resident["span_starts"].cpu().numpy().astype(np.int64)  # (N,)
-    ends = store.resident["span_ends"].cpu().numpy().astype(np.int64)  # (N,)
+    starts = store.resident.span_starts.cpu().numpy().astype(np.int64)  # (N,)
+    ends = store.resident.span_ends.cpu().numpy().astype(np.int64)  # (N,)
     span_of = span_index(starts, ends, len(roles))  # (T,)
     spans = _span_rows(store, document, trace["offsets"], pages, starts, ends)
 
@@ -133,9 +132,9 @@ def span_bytes(store: SpanStore) -> np.ndarray:
     """Offloaded bytes of each span (N,): its tokens' key and value records in every layer and
     KV head."""
     res, spec = store.resident, store.manifest["model"]["spec"]
-    lengths = (res["span_ends"] - res["span_starts"]).cpu().numpy().astype(np.int64)  # (N,)
+    lengths = (res.span_ends - res.span_starts).cpu().numpy().astype(np.int64)  # (N,)
     settings = store.manifest["settings"]
-    codes = store_codebooks(res, settings["key_code"], settings["value_code"])
+    codes = res.codes(settings["key_code"], settings["value_code"])
     record = sum(code.record_bytes for code in codes.values())
     return lengths * int(spec["num_layers"]) * int(spec["num_kv_heads"]) * record
 

@@ -56,9 +56,9 @@ def builds(monkeypatch) -> list[str]:
     for name in ("build_store", "build_streamed"):
         real = getattr(ingest, name)
 
-        def counted(path, loaded, document, *args, real=real, **kwargs):
-            built.append(document.path.name)
-            return real(path, loaded, document, *args, **kwargs)
+        def counted(path, source, *args, real=real, **kwargs):
+            built.append(source.document.path.name)
+            return real(path, source, *args, **kwargs)
 
         monkeypatch.setattr(ingest, name, counted)
     return built

@@ -12,8 +12,8 @@ import sekv_core.store.entropy as entropy
 from sekv_core.config import StoreSettings
 from sekv_core.ingest import open_or_build
 from sekv_core.rope import Rope
-from sekv_core.store.codes import fit_code, store_codebooks
-from sekv_core.store.format import manifest_digest, nbytes, sha256
+from sekv_core.store.codes import fit_code
+from sekv_core.store.format import StoreSource, manifest_digest, nbytes, sha256
 from sekv_core.store.load import StoreInvalid, load_store
 from sekv_core.zoom.memory import SpanMemory
 
@@ -134,12 +134,12 @@ def test_a_read_decodes_the_blocks_that_hold_its_records_and_no_other():
 
 def codes_of(store):
     s = store.manifest["settings"]
-    return store_codebooks(store.resident, s["key_code"], s["value_code"])
+    return store.resident.codes(s["key_code"], s["value_code"])
 
 
 def records_of(store, codes) -> dict[str, torch.Tensor]:
     """The store's decoded records, (L, H, S, B)."""
-    L, H = store.resident["fixed_k"].shape[:2]
+    L, H = store.resident.fixed_k.shape[:2]
     out = {}
     for kind in ("k", "v"):
         out[kind] = store.offload[f"{kind}_rows"].view(L, H, -1, codes[kind].record_bytes)
@@ -171,7 +171,7 @@ def test_a_load_decodes_no_value_and_a_zoom_decodes_the_blocks_it_reads(tiny_loa
     the rows a whole decode gives."""
     document, context = prepare(tiny_loaded, tmp_path)
     built, _ = open_or_build(tiny_loaded, document, context)
-    store = load_store(built.path, tiny_loaded, document, context, StoreSettings())
+    store = load_store(built.path, StoreSource(tiny_loaded, document, context, StoreSettings()))
     tier = store.tier
     key_bytes = tier.buffers["k_rows"].numel()
     assert tier.decoded_bytes == key_bytes < tier.nbytes
@@ -230,7 +230,7 @@ def test_a_forged_coding_is_never_used(tiny_loaded, tmp_path, change, reason):
     built = (store.path / "offload.safetensors").read_bytes()
     forge(store, change)
     with pytest.raises(StoreInvalid, match=reason):
-        load_store(store.path, tiny_loaded, document, context, StoreSettings())
+        load_store(store.path, StoreSource(tiny_loaded, document, context, StoreSettings()))
     warnings = []
     rebuilt, hit = open_or_build(tiny_loaded, document, context, warn=warnings.append)
     assert not hit and len(warnings) == 1 and reason in warnings[0], warnings

@@ -15,7 +15,7 @@ from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.rope import Rope
 from sekv_core.sketch import dequantize_sketch, quantize_sketch
-from sekv_core.store.format import FILES, FORMAT_VERSION
+from sekv_core.store.format import FILES, FORMAT_VERSION, StoreSource
 from sekv_core.store.load import StoreInvalid, load_store
 from sekv_core.zoom.memory import SpanMemory
 
@@ -94,7 +94,8 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     on_disk = load_file(store.path / "resident.safetensors")
     for name, tensor in on_disk.items():
         if name not in ("sketch_proj", "sketch_scale", "sketch_mean"):  # (placed at answer dtype)
-            assert torch.equal(again.resident[name].cpu().to(tensor.dtype), tensor), name
+            held = again.resident.tensors()[name]
+            assert torch.equal(held.cpu().to(tensor.dtype), tensor), name
     assert m["model"]["fingerprint"] == tiny_loaded.fingerprint
     assert m["document"]["sha256"] == document.sha256
     assert set(m["files"]) == set(FILES)
@@ -113,7 +114,7 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     roles = store.trace["roles"]
     assert len(roles) == len(context)
     assert int((roles == 2).sum()) == int(
-        (store.resident["span_ends"] - store.resident["span_starts"]).sum()
+        (store.resident.span_ends - store.resident.span_starts).sum()
     )
 
 
@@ -129,6 +130,8 @@ def test_a_fresh_build_answers_from_what_a_load_reads_back(tiny_loaded, tmp_path
     assert built.manifest == loaded.manifest
     for tier in ("resident", "trace", "offload"):
         mine, theirs = getattr(built, tier), getattr(loaded, tier)
+        if tier == "resident":
+            mine, theirs = mine.tensors(), theirs.tensors()
         assert set(mine) == set(theirs), tier
         for name, t in mine.items():
             other = theirs[name]
@@ -181,22 +184,20 @@ def test_the_sketch_is_rebuilt_from_the_decoded_keys(tiny_loaded, tmp_path):
     document, context = prepare(tiny_loaded, tmp_path)
     store, _ = open_or_build(tiny_loaded, document, context)
     assert "sketch" not in load_file(store.path / "resident.safetensors")
-    again = load_store(store.path, tiny_loaded, document, context, StoreSettings())
-    assert torch.equal(store.resident["sketch"], again.resident["sketch"])
+    again = load_store(store.path, StoreSource(tiny_loaded, document, context, StoreSettings()))
+    assert torch.equal(store.resident.sketch, again.resident.sketch)
     from sekv_core.prefill import prefill
 
     pre = prefill(tiny_loaded.model, context.ids, 512)
     r = store.resident
-    rows = torch.cat(
-        [torch.arange(a, b) for a, b in zip(r["span_starts"], r["span_ends"], strict=True)]
-    )
+    rows = torch.cat([torch.arange(a, b) for a, b in zip(r.span_starts, r.span_ends, strict=True)])
     keys = pre.keys.float()[:, :, rows]
-    exact = (keys - r["sketch_mean"].float()[:, :, None]) @ r["sketch_key"].float()
+    exact = (keys - r.sketch_mean.float()[:, :, None]) @ r.sketch_key.float()
     levels = quantize_sketch(exact, 4)["sketch"]  # (at the build's own scale, as stored)
-    scale = r["sketch_scale"].float()[:, :, None]
+    scale = r.sketch_scale.float()[:, :, None]
     exact = (exact / scale).round().clamp(-7, 7)
-    rebuilt = dequantize_sketch(store.resident["sketch"].cpu(), exact.shape[-1], torch.float32)
-    assert levels.shape == store.resident["sketch"].shape
+    rebuilt = dequantize_sketch(store.resident.sketch.cpu(), exact.shape[-1], torch.float32)
+    assert levels.shape == store.resident.sketch.shape
     off = (rebuilt - exact).abs()
     assert float(off.max()) <= 1 and float((off > 0).float().mean()) < 0.25
 
@@ -218,7 +219,7 @@ def test_flipped_byte_is_detected_and_rebuilt(tiny_model_dirs, tmp_path, target)
     assert not hit and len(warnings) == 1, warnings
     assert "rebuilding" in warnings[0]
     # the rebuilt store verifies
-    load_store(rebuilt.path, loaded, document, context, StoreSettings())
+    load_store(rebuilt.path, StoreSource(loaded, document, context, StoreSettings()))
 
 
 def test_store_of_another_model_is_not_used(tiny_model_dirs, tmp_path):
@@ -227,7 +228,7 @@ def test_store_of_another_model_is_not_used(tiny_model_dirs, tmp_path):
     document, context = prepare(llama, tmp_path)
     store, _ = open_or_build(llama, document, context)
     with pytest.raises(StoreInvalid, match="fingerprint"):
-        load_store(store.path, qwen, document, context, StoreSettings())
+        load_store(store.path, StoreSource(qwen, document, context, StoreSettings()))
     # and the other model gets a store of its own
     other, hit = open_or_build(qwen, document, context)
     assert not hit and other.path != store.path
@@ -309,7 +310,8 @@ def test_loads_racing_replacements_verify_or_fail_cleanly(tiny_model_dirs, tmp_p
         while sum(outcomes.values()) < 60 or len(replaced) < 20:  # both, however fast each is
             assert time.monotonic() < deadline, (outcomes, len(replaced))
             try:
-                again = load_store(store.path, loaded, document, context, StoreSettings())
+                source = StoreSource(loaded, document, context, StoreSettings())
+                again = load_store(store.path, source)
             except StoreInvalid:
                 outcomes["invalid"] += 1
                 continue
@@ -365,7 +367,7 @@ def test_a_document_of_a_few_tokens_is_stored_and_answered(tiny_loaded, tmp_path
     store, _ = open_or_build(tiny_loaded, document, context)
     assert store.n_spans == 0 and store.offload["k_rows"].numel() == 0
     again, hit = open_or_build(tiny_loaded, document, context)
-    assert hit and again.resident["sketch"].shape[2] == 0
+    assert hit and again.resident.sketch.shape[2] == 0
 
 
 @pytest.mark.integration

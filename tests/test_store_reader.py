@@ -271,7 +271,7 @@ def test_a_reader_written_from_the_format_page_reads_what_sekv_loads(
     names = load_safetensors((store.path / "offload.safetensors").read_bytes()).keys()
     assert ("k_rows" in names) == (case == "raw-rows")
     if case == "zero-bit-keys":
-        assert (store.resident["k_bits"] == 0).any()  # (what the case is for)
+        assert (store.resident.codebooks["k_bits"] == 0).any()  # (what the case is for)
     for kind in "kv":  # the records: bit for bit
         assert np.array_equal(got["records"][kind].ravel(), store.offload[f"{kind}_rows"].numpy())
     # keys and values: sekv's own reconstruction up to float32 sums (a step off by 3e-4, or
@@ -287,12 +287,12 @@ def test_a_reader_written_from_the_format_page_reads_what_sekv_loads(
                 assert err < 1e-5, (layer, h, float(err))
     # the sketch rows: a level apart on the rare boundaries the page allows, at most
     R = got["sketch"].shape[-1]
-    off = (got["sketch"] - dequantize_sketch(store.resident["sketch"], R, torch.float32)).abs()
+    off = (got["sketch"] - dequantize_sketch(store.resident.sketch, R, torch.float32)).abs()
     assert float(off.max()) <= 1 and int((off > 0).sum()) <= 1 + 1e-5 * off.numel()
     stored = got["stored_sketch"]  # a book's are stored: the rows sekv routes with
     assert (stored is not None) == (store.manifest["positions"]["mode"] == "bounded")
     if stored is not None:
-        mine = dequantize_sketch(store.resident["sketch"], R, torch.float32)
+        mine = dequantize_sketch(store.resident.sketch, R, torch.float32)
         assert torch.equal(torch.from_numpy(stored).float(), mine)
     if case == "original":  # and the model's own K/V within the default codes' error
         pre = prefill(small.model, ctx.ids, 512)

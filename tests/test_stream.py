@@ -31,8 +31,9 @@ from sekv_core.sketch import dequantize_sketch
 from sekv_core.store import shelf
 from sekv_core.store.codes import load_code
 from sekv_core.store.entropy import usable as entropy_coded
-from sekv_core.store.format import CODEBOOKS, FILES
+from sekv_core.store.format import FILES
 from sekv_core.store.partial import PartialStore
+from sekv_core.store.resident import CODEBOOKS
 from sekv_core.zoom.attention import ZoomPolicy, sekv_attention
 from sekv_core.zoom.router import SketchRouter
 
@@ -112,8 +113,8 @@ def test_stream_within_the_window_matches_one_shot(small, tmp_path):
     for name in ("token_ids", "roles", "pages", "offsets"):
         assert torch.equal(one.trace[name], streamed.trace[name]), name
     assert torch.allclose(one.trace["surprisal"], streamed.trace["surprisal"], atol=1e-4)
-    for name, tensor in one.resident.items():
-        other = streamed.resident[name]
+    for name, tensor in one.resident.tensors().items():
+        other = streamed.resident.tensors()[name]
         assert other.shape == tensor.shape and other.dtype == tensor.dtype, name
         if name.startswith("sketch") or name in CODEBOOKS:
             continue  # signs of principal directions: compared below
@@ -121,12 +122,12 @@ def test_stream_within_the_window_matches_one_shot(small, tmp_path):
             assert (tensor.long() - other.long()).abs().max() <= 1, name
             continue
         assert torch.allclose(tensor.float(), other.float(), atol=2e-3), name
-    proj_a, proj_b = one.resident["sketch_proj"].float(), streamed.resident["sketch_proj"].float()
+    proj_a, proj_b = one.resident.sketch_proj.float(), streamed.resident.sketch_proj.float()
     sign = (proj_a * proj_b).sum(dim=2).sign()  # (L, H, R): +1 or -1 per direction
     assert torch.allclose(proj_a, proj_b * sign[:, :, None], atol=2e-3)
     R = proj_a.shape[-1]
-    levels_a = dequantize_sketch(one.resident["sketch"], R, torch.float32)
-    levels_b = dequantize_sketch(streamed.resident["sketch"], R, torch.float32)
+    levels_a = dequantize_sketch(one.resident.sketch, R, torch.float32)
+    levels_b = dequantize_sketch(streamed.resident.sketch, R, torch.float32)
     flips = (levels_a != levels_b * sign[:, :, None]).float().mean()
     assert flips < 0.01  # a value on a rounding edge may take the neighbouring level
     # the offload tier: the same rows (codebooks fitted on the same span tokens; a direction's
@@ -141,8 +142,8 @@ def test_stream_within_the_window_matches_one_shot(small, tmp_path):
 
 def decoded(store, flat: dict, kind: str, spec: str) -> torch.Tensor:
     """Every span token's rows (L, H, S, D) of ``kind`` as the store's code decodes them."""
-    code = load_code(store.resident, kind, spec)
-    L, H = store.resident["fixed_k"].shape[:2]
+    code = load_code(store.resident.codebooks, kind, spec)
+    L, H = store.resident.fixed_k.shape[:2]
     records = flat[f"{kind}_rows"].view(L, H, -1, code.record_bytes)
     heads = torch.arange(H).repeat_interleave(records.shape[2])
     layers = [code.decode(records[i].flatten(0, 1), i, heads, torch.float32) for i in range(L)]
@@ -163,14 +164,14 @@ def test_stream_with_a_short_window_keeps_the_partition_and_first_tokens(small, 
     streamed, _ = open_or_build(small, doc, ctx, short)
     assert streamed.manifest["stream"]["parts"] > 1
     roles = streamed.trace["roles"].numpy()
-    starts, ends = streamed.resident["span_starts"], streamed.resident["span_ends"]
+    starts, ends = streamed.resident.span_starts, streamed.resident.span_ends
     covered = np.zeros(len(ctx), dtype=int)
     for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
         covered[s:e] += 1
     assert (covered == (roles == SPAN)).all()  # spans tile exactly the span tokens
     assert torch.equal(one.trace["roles"] == SINK, streamed.trace["roles"] == SINK)
     assert (ends <= len(ctx)).all() and (starts[1:] >= ends[:-1]).all()
-    fixed = streamed.resident["fixed_pos"].numpy()
+    fixed = streamed.resident.fixed_pos.numpy()
     assert np.array_equal(fixed, np.flatnonzero(roles != SPAN))
     assert (roles == ANCHOR).sum() <= 0.05 * (len(ctx) - ctx.doc_start)
     assert torch.equal(one.trace["pages"], streamed.trace["pages"])
@@ -456,7 +457,7 @@ def test_streamed_stores_route_with_the_sketch_of_their_decoded_keys(small, tmp_
     made = {}
 
     def keep(self, *args):
-        made["sketch"] = self.resident["sketch"].cpu().clone()  # what the chunks routed with
+        made["sketch"] = self.resident.sketch.cpu().clone()  # what the chunks routed with
         return finished(self, *args)
 
     monkeypatch.setattr(PartialStore, "finished", keep)
@@ -481,7 +482,7 @@ def test_streamed_stores_route_with_the_sketch_of_their_decoded_keys(small, tmp_
         assert resident["fixed_k"].shape[2] == resident["fixed_pos"].numel()
         R = resident["sketch_key"].shape[-1]
         built = dequantize_sketch(made["sketch"], R, torch.float32)
-        rebuilt = dequantize_sketch(store.resident["sketch"].cpu(), R, torch.float32)
+        rebuilt = dequantize_sketch(store.resident.sketch.cpu(), R, torch.float32)
         assert built.shape == rebuilt.shape
         off = (built - rebuilt).abs()
         assert float(off.max()) <= 1 and float((off > 0).float().mean()) < 0.25, mode

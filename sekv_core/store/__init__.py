@@ -8,7 +8,8 @@ the zoom) opens a valid store or builds one, and hands the streamed build the zo
   its tokens sit, :mod:`.parts` its part files and checkpoints (resume), :mod:`.partial` the
   store grown so far, which each chunk reads (through the caller's chunk reader).
 - :mod:`.write` — the one finishing path of both builds: code, then write atomically.
-- :mod:`.load` — :class:`~.load.SpanStore`, verified and read in three stages.
+- :mod:`.load` — :class:`~.load.SpanStore`, verified and read in three stages; :mod:`.resident`
+  its resident tier, one typed object (what a build writes and what answers read).
 - :mod:`.format` — names, manifest and digest (every file: ``docs/store-format.md``).
 - :mod:`.codes` — the offload tier's key and value codes (their specs: :mod:`sekv_core.code_specs`);
   :mod:`.entropy` (``sekv_core/native/rans.c``) — those records entropy-coded in blocks.

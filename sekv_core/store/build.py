@@ -15,30 +15,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import StoreSettings
-from ..documents import Document
-from ..models import LoadedModel
 from ..prefill import Progress, prefill, release_freed_memory
-from ..prompt import Context
 from ..rope import Rope
 from ..segment import SPAN, n_sinks, segment
 from ..sketch import quantize_sketch, sketch_basis, span_representatives
 from ..summary import one_thread
 from .codes import fit_code
-from .format import spans_pay, trace_tensors
-from .write import write_store
+from .format import StoreSource, spans_pay, trace_tensors
+from .resident import SpanTables
+from .write import BuiltStore, write_store
 
 
 def build_store(
-    path: Path,
-    loaded: LoadedModel,
-    document: Document,
-    context: Context,
-    settings: StoreSettings,
-    progress: Progress | None = None,
+    path: Path, source: StoreSource, progress: Progress | None = None
 ) -> dict[str, torch.Tensor]:
-    """Prefill, segment, code and write a store atomically at ``path``; returns the records
-    it holds decoded (:func:`~sekv_core.store.write.write_store`)."""
+    """Prefill, segment, code and write the store of ``source`` atomically at ``path``; returns
+    the records it holds decoded (:func:`~sekv_core.store.write.write_store`)."""
+    loaded, document, context, settings = (
+        source.loaded,
+        source.document,
+        source.context,
+        source.settings,
+    )
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     pre = prefill(loaded.model, context.ids, settings.prefill_chunk, progress)
@@ -73,24 +71,22 @@ def build_store(
     timings["code_s"] = time.perf_counter() - t0
 
     lengths = ends - starts
-    tables = {
-        "fixed_pos": fixed,
-        "fixed_k": fixed_k,
-        "fixed_v": fixed_v,
-        "span_starts": starts,
-        "span_ends": ends,
-        "span_reps": span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], lengths),
-        "sketch_proj": basis.query_proj,
-        "sketch_key": basis.key_proj,
-        "sketch_mean": basis.mean,
-        "sketch_scale": scale,
-    }
+    tables = SpanTables(
+        fixed_pos=fixed,
+        fixed_k=fixed_k,
+        fixed_v=fixed_v,
+        span_starts=starts,
+        span_ends=ends,
+        span_reps=span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], lengths),
+        sketch_proj=basis.query_proj,
+        sketch_key=basis.key_proj,
+        sketch_mean=basis.mean,
+        sketch_scale=scale,
+    )
     positions = {
         "mode": "original",
         "sinks": n_sinks(len(context), context.doc_start, settings.segment),
     }
     trace = trace_tensors(document, context, pre.surprisal, seg.roles)
     report = {"stats": seg.stats(), "timings": {k: round(v, 4) for k, v in timings.items()}}
-    return write_store(
-        path, loaded, document, context, settings, positions, tables, codes, records, trace, report
-    )
+    return write_store(path, source, BuiltStore(positions, tables, codes, records, trace, report))

@@ -15,7 +15,7 @@ import json
 import os
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,21 +32,34 @@ from ..sketch import pack_sketch, span_token_positions
 from ..summary import STORE_DTYPE, one_thread
 from ..threads import each_on_threads
 from .codes import Code, fit_code
+from .resident import FIXED_SCALES, SpanTables
 
 FORMAT = "sekv-span-store"
 FORMAT_VERSION = 20
 FILES = ("resident.safetensors", "offload.safetensors", "trace.safetensors")
-FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit rows' scales
-# the tensors of a code (a code has those it uses: docs/store-format.md)
-CODE_PARTS = ("basis", "basis_exp", "mean", "range", "metric", "bits")
-CODEBOOKS = tuple(f"{kind}_{name}" for kind in "kv" for name in CODE_PARTS)
-# the routing sketch's directions, mean and scales (a store without span tokens has none)
-SKETCH_TABLES = ("sketch_proj", "sketch_key", "sketch_mean", "sketch_scale")
 DIGEST = "digest"  # the manifest's own checksum (of every other field)
 
 
+@dataclass(frozen=True)
+class StoreSource:
+    """What a span store is of, and what every load checks it against: the ``loaded`` model,
+    the ``document``, its ``context`` (the tokens read: the prompt head, then the document's)
+    and the store ``settings``."""
+
+    loaded: LoadedModel
+    document: Document
+    context: Context
+    settings: StoreSettings
+
+    @property
+    def key(self) -> str:
+        """The store's directory name (:func:`store_key`)."""
+        return store_key(self.loaded, self.document, self.context, self.settings)
+
+
 def store_key(loaded: LoadedModel, document: Document, context: Context, settings: Any) -> str:
-    """Directory name: hash of document, model fingerprint, prompt tokens, settings, format."""
+    """Directory name: hash of document, model fingerprint, prompt tokens, settings (a span
+    store's, or a block store's), format."""
     h = hashlib.sha256()
     for part in (
         FORMAT,
@@ -60,20 +73,21 @@ def store_key(loaded: LoadedModel, document: Document, context: Context, setting
     return f"{document.sha256[:12]}-{h.hexdigest()[:20]}"
 
 
-def device_bytes(resident: dict[str, torch.Tensor], sketch_bits: int) -> int:
+def device_bytes(tables: SpanTables, sketch_bits: int) -> int:
     """Bytes of the device tier as an answer holds it: sinks' and anchors' K and V as 8-bit
     rows, the sketch's rows (``sketch_bits`` per number) and its directions, mean and scales
     at 2 bytes per number (a store without span tokens has no sketch), each span's length and
     representatives and each span token's span (int64)."""
-    L, H, F, D = resident["fixed_k"].shape
-    spans = int(resident["span_starts"].numel())
-    span_tokens = int((resident["span_ends"] - resident["span_starts"]).sum())
+    L, H, F, D = tables.fixed_k.shape
+    spans = int(tables.span_starts.numel())
+    span_tokens = tables.span_tokens
     out = 2 * L * H * F * row_bytes(D, KV_BITS) + 8 * (spans + span_tokens)
     if span_tokens:
-        R = resident["sketch_proj"].shape[-1]
+        R = tables.sketch_proj.shape[-1]
         out += L * H * span_tokens * R * sketch_bits // 8
-        out += 2 * sum(resident[n].numel() for n in ("sketch_proj", "sketch_mean", "sketch_scale"))
-    return out + resident["span_reps"].numel() * 8
+        directions = (tables.sketch_proj, tables.sketch_mean, tables.sketch_scale)
+        out += 2 * sum(t.numel() for t in directions)
+    return out + tables.span_reps.numel() * 8
 
 
 def spans_pay(spec: ModelSpec, settings: StoreSettings, span_tokens: int) -> bool:
@@ -113,15 +127,15 @@ def quantize_fixed(fixed_k: torch.Tensor, fixed_v: torch.Tensor) -> dict[str, to
     return out
 
 
-def store_manifest(
-    loaded: LoadedModel,
-    document: Document,
-    context: Context,
-    settings: StoreSettings,
-    positions: dict[str, Any],
-) -> dict[str, Any]:
+def store_manifest(source: StoreSource, positions: dict[str, Any]) -> dict[str, Any]:
     """The manifest's fixed part (``bytes``, ``stats``, ``files`` and ``digest`` are filled
     when the store is written)."""
+    loaded, document, context, settings = (
+        source.loaded,
+        source.document,
+        source.context,
+        source.settings,
+    )
     spec = loaded.spec
     return {
         "format": FORMAT,
@@ -239,7 +253,7 @@ def stored_sketch(manifest: dict[str, Any]) -> bool:
 
 
 def sketch_rows(
-    resident: dict[str, torch.Tensor],
+    tables: SpanTables,
     k_rows: torch.Tensor,
     code: Code,
     rope: Rope | None,
@@ -250,12 +264,12 @@ def sketch_rows(
     pre-RoPE keys) projected, ``(k - mu) B / scale``, rounded and clamped to the sketch's
     levels (``bits``: 4 or 8). On one thread, so every load of a store routes with the same
     rows."""
-    scale = resident["sketch_scale"].float()  # (L, H, R)
+    scale = tables.sketch_scale.float()  # (L, H, R)
     R = scale.shape[-1]
-    proj = resident["sketch_key"].float() / scale[:, :, None]  # (L, H, D, R), in levels
-    offset = resident["sketch_mean"].float()[:, :, None] @ proj  # (L, H, 1, R)
+    proj = tables.sketch_key.float() / scale[:, :, None]  # (L, H, D, R), in levels
+    offset = tables.sketch_mean.float()[:, :, None] @ proj  # (L, H, 1, R)
     L, H = proj.shape[:2]
-    positions = span_token_positions(resident["span_starts"], resident["span_ends"])
+    positions = span_token_positions(tables.span_starts, tables.span_ends)
     S = positions.numel()
     top = 2 ** (bits - 1) - 1
     if not S:  # a document of a few tokens: no spans

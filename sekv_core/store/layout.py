@@ -11,12 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import StoreSettings, exceeds_window
+from ..config import exceeds_window
 from ..errors import SekvError
-from ..models import LoadedModel
-from ..prompt import Context
 from ..rope import Rope
 from ..segment import n_sinks
+from .format import StoreSource
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,10 @@ class StreamLayout:
     band_end: int  # bounded: the first position of the waiting tokens (sinks + budget)
 
     @classmethod
-    def plan(cls, loaded: LoadedModel, context: Context, settings: StoreSettings) -> StreamLayout:
-        """The layout of streaming ``context``; SekvError when the model window is too small."""
+    def plan(cls, source: StoreSource) -> StreamLayout:
+        """The layout of streaming ``source``'s context; SekvError when the model window is
+        too small."""
+        loaded, context, settings = source.loaded, source.context, source.settings
         spec, stream = loaded.spec, settings.stream
         sinks = n_sinks(len(context), context.doc_start, settings.segment)
         bounded = exceeds_window(spec.window, len(context))

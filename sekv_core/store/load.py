@@ -34,21 +34,20 @@ from safetensors.torch import load as load_bytes
 
 from ..config import StoreSettings, exceeds_window
 from ..documents import Document
-from ..kvquant import dequantize_rows
 from ..models import LoadedModel
 from ..prompt import Context
 from ..rope import Rope
 from ..segment import SINK, n_sinks
-from ..sketch import column_major, sketch_dtype
+from ..sketch import sketch_dtype
 from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
 from .entropy import OffloadTier
 from .format import (
     DIGEST,
     FILES,
-    FIXED_SCALES,
     FORMAT,
     FORMAT_VERSION,
+    StoreSource,
     device_bytes,
     manifest_digest,
     map_safetensors,
@@ -57,6 +56,7 @@ from .format import (
     spanless_tables,
     stored_sketch,
 )
+from .resident import ResidentTier, SpanTables, file_tables, placed
 
 
 class StoreInvalid(Exception):
@@ -65,12 +65,12 @@ class StoreInvalid(Exception):
 
 @dataclass
 class SpanStore:
-    """A loaded, verified span store: its ``manifest``, the ``resident`` tables (the device
+    """A loaded, verified span store: its ``manifest``, the ``resident`` tier (the device
     tier and the codes), the ``trace`` (token metadata) and the offload ``tier``."""
 
     path: Path
     manifest: dict[str, Any]
-    resident: dict[str, torch.Tensor]
+    resident: ResidentTier
     trace: dict[str, torch.Tensor]
     tier: OffloadTier
 
@@ -81,7 +81,7 @@ class SpanStore:
 
     @property
     def n_spans(self) -> int:
-        return int(self.resident["span_starts"].numel())
+        return int(self.resident.span_starts.numel())
 
     @property
     def bytes(self) -> dict[str, int]:
@@ -89,67 +89,64 @@ class SpanStore:
 
 
 def load_store(
-    path: Path,
-    loaded: LoadedModel,
-    document: Document,
-    context: Context,
-    settings: StoreSettings,
-    decoded: dict[str, torch.Tensor] | None = None,
+    path: Path, source: StoreSource, decoded: dict[str, torch.Tensor] | None = None
 ) -> SpanStore:
-    """Load and verify the store of ``document`` read as ``context``; raise
+    """Load and verify the store at ``path`` as the store of ``source``; raise
     :class:`StoreInvalid` if it must not be used (also when missing or replaced meanwhile).
 
     ``decoded``: offload records the caller holds as the store's file decodes them (the build
     that just wrote it: :func:`~sekv_core.store.write.write_store`'s return), taken as they are.
     """
+    loaded, context, settings = source.loaded, source.context, source.settings
     try:
         manifest = read_manifest(path)
-        check_claims(manifest, loaded, document, context, settings)
-        resident, offload, trace = (verified_tensors(manifest, path / name) for name in FILES)
+        check_claims(manifest, loaded, source.document, context, settings)
+        file, offload, trace = (verified_tensors(manifest, path / name) for name in FILES)
     except OSError as exc:  # FileNotFoundError and the like: gone or replaced while read
         raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
-    check_tokens(trace, resident, context, manifest["positions"]["sinks"])
+    check_tokens(trace, file, context, manifest["positions"]["sinks"])
     try:
-        rows = int((resident["span_ends"] - resident["span_starts"]).sum())
-        resident = resident if rows else spanless(resident, settings)
-        codes = store_codebooks(resident, settings.key_code, settings.value_code)
+        rows = int((file["span_ends"] - file["span_starts"]).sum())
+        file = file if rows else spanless(file, settings)
+        tables = file_tables(file)
+        codes = store_codebooks(file, settings.key_code, settings.value_code)
         tier = OffloadTier({**offload, **(decoded or {})}, rows, codes)
-        with_sketch(resident, tier, codes, manifest, loaded, settings)
+        sketch = sketch_of(tables, file.get("sketch"), tier, codes, manifest, loaded, settings)
+        resident = ResidentTier.read(tables, file, sketch)
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
         raise StoreInvalid(f"the offload tier does not decode ({exc})") from None
     check_sizes(manifest, resident, tier, settings)
-    place_resident(resident, loaded, bounded=manifest["positions"]["mode"] == "bounded")
-    return SpanStore(path, manifest, resident, trace, tier)
+    dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
+    bounded = manifest["positions"]["mode"] == "bounded"
+    return SpanStore(path, manifest, placed(resident, loaded.device, dtype, bounded), trace, tier)
 
 
-def with_sketch(
-    resident: dict[str, torch.Tensor],
+def sketch_of(
+    tables: SpanTables,
+    stored: torch.Tensor | None,
     tier: OffloadTier,
     codes: dict[str, Code],
     manifest: dict[str, Any],
     loaded: LoadedModel,
     settings: StoreSettings,
-) -> None:
-    """Stage 3 on the tables as the files hold them, the offload ``tier`` and its ``codes``
-    (:func:`~sekv_core.store.codes.store_codebooks` of those tables): the routing sketch's
-    rows, a bounded store's checked (:func:`stored_sketch`), else rebuilt from the decoded
-    span keys (:func:`sketch_rows`), and the records' one part, into ``resident``. ValueError
-    where a stored sketch is missing, not expected or of another shape."""
-    rows = int((resident["span_ends"] - resident["span_starts"]).sum())
-    resident["part_rows"] = torch.tensor([0, rows])  # the records: one part (L, H, S, B)
+) -> torch.Tensor:
+    """Stage 3: the routing sketch's rows of a store's ``tables`` (as the file holds them),
+    its offload ``tier`` and its ``codes``: a bounded store's ``stored`` rows, checked
+    (:func:`stored_sketch`), else rebuilt from the decoded span keys (:func:`sketch_rows`).
+    ValueError where a stored sketch is missing, not expected or of another shape."""
+    rows = tables.span_tokens
     if stored_sketch(manifest) and rows:  # (a store without span tokens has no sketch)
-        L, H, R = resident["sketch_scale"].shape
+        L, H, R = tables.sketch_scale.shape
         shape = (L, H, rows, R * settings.sketch_bits // 8)
-        sketch = resident.get("sketch")
         dtype = sketch_dtype(settings.sketch_bits)
-        if sketch is None or sketch.dtype != dtype or sketch.shape != shape:
+        if stored is None or stored.dtype != dtype or stored.shape != shape:
             raise ValueError(f"its sketch is not {dtype} rows {tuple(shape)}")
-        return
-    if "sketch" in resident:
+        return stored
+    if stored is not None:
         raise ValueError("it holds a sketch its kind of store rebuilds")
     rope, bits = Rope(loaded.model), settings.sketch_bits
     keys = tier.whole(("k",))["k_rows"]
-    resident["sketch"] = sketch_rows(resident, keys, codes["k"], rope, bits)
+    return sketch_rows(tables, keys, codes["k"], rope, bits)
 
 
 def spanless(resident: dict[str, torch.Tensor], settings: StoreSettings) -> dict[str, torch.Tensor]:
@@ -253,7 +250,7 @@ def check_tokens(
 
 def check_sizes(
     manifest: dict[str, Any],
-    resident: dict[str, torch.Tensor],
+    resident: ResidentTier,
     tier: OffloadTier,
     settings: StoreSettings,
 ) -> None:
@@ -273,21 +270,3 @@ def check_sizes(
         found = sizes.get(name) if isinstance(sizes, dict) else None
         if found != value:
             raise StoreInvalid(f"bytes.{name} is {found!r}, the store holds {value}")
-
-
-def place_resident(resident: dict[str, torch.Tensor], loaded: LoadedModel, bounded: bool) -> None:
-    """The resident tier at the precision and on the device answers use it: 8-bit fixed rows
-    as stored (a bounded store's keys, pre-RoPE, as fp16 numbers the memory rotates), the
-    sketch column-major (the layout routing reads fastest), its directions in half precision
-    (fp32 models compute on copies)."""
-    device = loaded.device
-    dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
-    if bounded:
-        for name, scale in FIXED_SCALES.items():
-            resident[name] = dequantize_rows(resident[name], resident.pop(scale), STORE_DTYPE)
-    resident["sketch_mean"] = resident["sketch_mean"].to(device=device, dtype=dtype)
-    resident["sketch"] = column_major(resident["sketch"])
-    for name in ("fixed_k", "fixed_v", "sketch_proj", "sketch_scale"):
-        if resident[name].is_floating_point():  # (8-bit fixed rows stay as they are)
-            resident[name] = resident[name].to(dtype=dtype)
-    resident["span_reps"] = resident["span_reps"].to(device)

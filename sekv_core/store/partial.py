@@ -29,9 +29,10 @@ from ..sketch import (
     widen_sketch_scale,
 )
 from ..summary import STORE_DTYPE
-from .codes import Code, fit_code, store_codebooks
-from .format import CODEBOOKS, map_safetensors
+from .codes import Code, fit_code
+from .format import map_safetensors
 from .parts import OFFLOAD, read_tensors, write_part
+from .resident import CODEBOOKS, ResidentTier, SpanTables
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
 OPEN_PARTS = 32  # part files kept open
@@ -72,9 +73,9 @@ class Grow:
 
 class PartialStore:
     """The spans committed so far, shaped as a :class:`~sekv_core.store.load.SpanStore` for
-    :class:`~sekv_core.zoom.memory.SpanMemory`: a resident dict grown part by part (routing tables
-    and sketch on ``device``, at ``keep`` precision), the offload tier in the part files of
-    ``work``.
+    :class:`~sekv_core.zoom.memory.SpanMemory`: a :class:`~.resident.ResidentTier` grown part by
+    part (routing tables and sketch on ``device``, at ``keep`` precision), the offload tier in the
+    part files of ``work``.
 
     Zoom reads go through ``os.pread`` (not memory maps: pages a map touched would stay in the
     process's resident set, part after part).
@@ -88,7 +89,8 @@ class PartialStore:
         device: torch.device,
         keep: torch.dtype,
     ) -> None:
-        self.work, self.manifest, self.resident = work, manifest, {}
+        self.work, self.manifest = work, manifest
+        self.resident: ResidentTier  # from start() on
         self.bits, self.dim = settings.sketch_bits, settings.sketch_dim
         self.settings = settings
         self.device, self.keep = device, keep
@@ -107,47 +109,43 @@ class PartialStore:
         """No spans yet: the sinks (positions; K (L, H, n, D) as the store keeps them; V)."""
         L, H, D = sink_k.shape[0], sink_k.shape[1], sink_k.shape[3]
         R, bits, dev, keep = self.dim, self.bits, self.device, self.keep
-        empty = torch.zeros(L, H, 0, D, dtype=keep, device=dev)
-        self.resident.update(
+        empty = torch.zeros(L, H, 0, D)
+        # no spans yet: any codebook (the stream places its own at the first commit)
+        codes = fit_code(empty, self.settings.key_code), fit_code(empty, self.settings.value_code)
+        self.resident = ResidentTier(
             fixed_pos=sinks,
             fixed_k=sink_k.to(keep),
             fixed_v=sink_v.to(keep),
-            sketch_proj=torch.zeros(L, H, D, R, dtype=keep, device=dev),
-            sketch_mean=torch.zeros(L, H, D, dtype=keep, device=dev),
-            sketch_key=torch.zeros(L, H, D, R, dtype=STORE_DTYPE),
-            sketch=torch.zeros(L, H, 0, R // 2 if bits == 4 else R, dtype=sketch_dtype(bits)),
-            sketch_scale=torch.ones(L, H, R, dtype=keep, device=dev),
             span_starts=torch.zeros(0, dtype=torch.int64),
             span_ends=torch.zeros(0, dtype=torch.int64),
             span_reps=torch.zeros(0, 4, dtype=torch.int64, device=dev),
+            sketch_proj=torch.zeros(L, H, D, R, dtype=keep, device=dev),
+            sketch_key=torch.zeros(L, H, D, R, dtype=STORE_DTYPE),
+            sketch_mean=torch.zeros(L, H, D, dtype=keep, device=dev),
+            sketch_scale=torch.ones(L, H, R, dtype=keep, device=dev),
+            fixed_k_scale=None,
+            fixed_v_scale=None,
+            sketch=torch.zeros(
+                L, H, 0, R // 2 if bits == 4 else R, dtype=sketch_dtype(bits), device=dev
+            ),
             part_rows=torch.zeros(1, dtype=torch.int64),
+            codebooks={**codes[0].tensors("k"), **codes[1].tensors("v")},
         )
-        # no spans yet: any codebook (the stream places its own at the first commit)
-        empty = torch.zeros(L, H, 0, D)
-        self.place_codebooks(
-            {
-                **fit_code(empty, self.settings.key_code).tensors("k"),
-                **fit_code(empty, self.settings.value_code).tensors("v"),
-            }
-        )
-        self.resident["sketch"] = self.resident["sketch"].to(dev)
 
     def place_sketch_basis(self, basis: SketchBasis) -> None:
         """The sketch's query side on the device (routers read it from the resident tier)."""
-        self.resident["sketch_proj"] = basis.query_proj.to(self.device, self.keep)
-        self.resident["sketch_mean"] = basis.mean.to(self.device, self.keep)
-        self.resident["sketch_key"] = basis.key_proj.to(STORE_DTYPE)  # the host's: for the file
+        r = self.resident
+        r.sketch_proj = basis.query_proj.to(self.device, self.keep)
+        r.sketch_mean = basis.mean.to(self.device, self.keep)
+        r.sketch_key = basis.key_proj.to(STORE_DTYPE)  # the host's: for the file
 
     def place_codebooks(self, tensors: dict[str, torch.Tensor]) -> None:
         """The offload code's codebooks (fixed at the first commit, :data:`CODEBOOKS`)."""
-        for name in CODEBOOKS:  # a code has the names it has (an even code: its step)
-            self.resident.pop(name, None)
-        self.resident.update({name: t for name, t in tensors.items() if name in CODEBOOKS})
+        self.resident.codebooks = {name: t for name, t in tensors.items() if name in CODEBOOKS}
 
     def codebooks(self) -> dict[str, Code]:
         """The offload code the parts are written in (its codebooks at the settings' tiers)."""
-        s = self.settings
-        return store_codebooks(self.resident, s.key_code, s.value_code)
+        return self.resident.codes(self.settings.key_code, self.settings.value_code)
 
     def commit(self, part: dict[str, torch.Tensor]) -> None:
         """Write ``part`` as the next part file and append its spans."""
@@ -172,17 +170,16 @@ class PartialStore:
             self.bases[name].append(base[name])
             self.totals[name] += sizes[name]
         self.rows += int((part["span_ends"] - part["span_starts"]).sum())
-        rows = torch.tensor([self.rows])
-        self.resident["part_rows"] = torch.cat([self.resident["part_rows"], rows])
+        r = self.resident
+        r.part_rows = torch.cat([r.part_rows, torch.tensor([self.rows])])
         self.grow["span_starts"].extend(part["span_starts"])
         self.grow["span_ends"].extend(part["span_ends"])
         self.anchors += int(part["anchor_pos"].numel())
         self._append_sketch(part["sketch"], part["sketch_scale"].float(), part["span_reps"])
-        r = self.resident
         for name, g in self.grow.items():
             if g.buf is not None:
-                r[name] = g.value
-        r["sketch_scale"] = self.sketch_scale.to(self.device, self.keep)
+                setattr(r, name, g.value)
+        r.sketch_scale = self.sketch_scale.to(self.device, self.keep)
 
     def _append_sketch(self, packed: torch.Tensor, scale: torch.Tensor, reps: torch.Tensor) -> None:
         """Requantise a part's sketch (own scale) to the store's one; grow the latter when a
@@ -251,27 +248,26 @@ class PartialStore:
             for name in pieces:
                 pieces[name].append(part[name])
         r = self.resident
-        tables = {
-            "fixed_pos": torch.cat([sinks, *pieces["anchor_pos"]]),
-            "fixed_k": torch.cat(
-                [sink_k.float().cpu(), *(t.float() for t in pieces["anchor_k"])], 2
-            ),
-            "fixed_v": torch.cat(
-                [sink_v.float().cpu(), *(t.float() for t in pieces["anchor_v"])], 2
-            ),
-            "sketch_key": r["sketch_key"],
-            "part_rows": r["part_rows"],
-            **{n: r[n].cpu() for n in ("sketch_proj", "sketch_mean", "sketch_scale")},
-            **{n: r[n].cpu() for n in ("span_starts", "span_ends", "span_reps")},
-        }
+        tables = SpanTables(
+            fixed_pos=torch.cat([sinks, *pieces["anchor_pos"]]),
+            fixed_k=torch.cat([sink_k.float().cpu(), *(t.float() for t in pieces["anchor_k"])], 2),
+            fixed_v=torch.cat([sink_v.float().cpu(), *(t.float() for t in pieces["anchor_v"])], 2),
+            span_starts=r.span_starts.cpu(),
+            span_ends=r.span_ends.cpu(),
+            span_reps=r.span_reps.cpu(),
+            sketch_proj=r.sketch_proj.cpu(),
+            sketch_key=r.sketch_key,
+            sketch_mean=r.sketch_mean.cpu(),
+            sketch_scale=r.sketch_scale.cpu(),
+        )
         codes = self.codebooks()
-        L, H = tables["fixed_k"].shape[:2]
+        L, H = tables.fixed_k.shape[:2]
         records = {
             kind: torch.empty(L, H, self.rows, codes[kind].record_bytes, dtype=torch.uint8)
             for kind in ("k", "v")
         }
         at = 0
-        for path, n in zip(self.paths, torch.diff(r["part_rows"]).tolist(), strict=True):
+        for path, n in zip(self.paths, torch.diff(r.part_rows).tolist(), strict=True):
             mapped = map_safetensors(path, OFFLOAD)  # one part mapped at a time
             for kind, out in records.items():
                 out[:, :, at : at + n] = mapped[f"{kind}_rows"].view(L, H, n, -1)
@@ -280,5 +276,4 @@ class PartialStore:
 
     def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Starts and ends (N,) of the spans committed so far (CPU)."""
-        r = self.resident
-        return r["span_starts"].cpu(), r["span_ends"].cpu()
+        return self.resident.span_starts.cpu(), self.resident.span_ends.cpu()

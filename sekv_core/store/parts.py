@@ -39,8 +39,9 @@ from ..sketch import (
 )
 from ..summary import STORE_DTYPE, one_thread
 from .codes import Code, fit_code
-from .format import CODEBOOKS, manifest_digest, sha256
+from .format import manifest_digest, sha256
 from .locks import STATE_VERSION
+from .resident import CODEBOOKS
 
 OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
 
@@ -54,7 +55,7 @@ class StreamState:
     roles : (T,) of every context token (read so far); threshold : the segmentation threshold
     of the last commit; sketch_basis : fixed at the first commit, before which ``moments`` sums
     the queries seen (the sketch's weighting); code : the offload code's codebook tensors
-    (:data:`~sekv_core.store.format.CODEBOOKS`), fixed at the first commit too.
+    (:data:`~sekv_core.store.resident.CODEBOOKS`), fixed at the first commit too.
     """
 
     next: int

@@ -37,18 +37,15 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..config import StoreSettings
-from ..documents import Document
 from ..models import LoadedModel
 from ..paths import private_dir
 from ..prefill import Progress, release_freed_memory
-from ..prompt import Context
 from ..rope import Rope
 from ..segment import ANCHOR, SPAN, Segmentation
 from ..sketch import QueryMoments
 from ..summary import STORE_DTYPE
 from ..surprisal import Surprisal
-from .format import trace_tensors
+from .format import StoreSource, trace_tensors
 from .layout import StreamLayout
 from .partial import PartialStore
 from .parts import (
@@ -60,7 +57,7 @@ from .parts import (
     waiting_codebooks,
     waiting_sketch_basis,
 )
-from .write import write_store
+from .write import BuiltStore, write_store
 
 CHECKPOINT_S = 30.0  # at most this long between checkpoints
 
@@ -109,22 +106,22 @@ class StreamBuilder:
     def __init__(
         self,
         path: Path,
-        loaded: LoadedModel,
-        document: Document,
-        context: Context,
-        settings: StoreSettings,
+        source: StoreSource,
         readers: ChunkReaders,
         checkpoint_s: float = CHECKPOINT_S,
     ) -> None:
-        self.path, self.loaded, self.document, self.context = path, loaded, document, context
-        self.settings, self.readers, self.checkpoint_s = settings, readers, checkpoint_s
+        self.path, self.source = path, source
+        loaded, document, context = source.loaded, source.document, source.context
+        self.loaded, self.document, self.context = loaded, document, context
+        self.settings, self.readers, self.checkpoint_s = source.settings, readers, checkpoint_s
         self.work = path.with_name(f".partial-{path.name}")
         self.checkpoints = Checkpoints(self.work, path.name, os.path.abspath(document.path))
         self.T, self.doc_start = len(context), context.doc_start
-        self.layout = StreamLayout.plan(loaded, context, settings)
+        self.layout = StreamLayout.plan(source)
         # no anchors in a book: bounded positions would put them all at one place (module doc)
         bounded = self.layout.bounded
-        self.segment = replace(settings.segment, anchor_cap=0.0) if bounded else settings.segment
+        segment = self.settings.segment
+        self.segment = replace(segment, anchor_cap=0.0) if bounded else segment
         self.device, self.dtype = loaded.device, loaded.dtype
         self.keep = self.dtype if self.dtype.itemsize <= 2 else STORE_DTYPE  # resident precision
         self.ids = torch.tensor(context.ids, device=self.device)
@@ -322,20 +319,8 @@ class StreamBuilder:
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "stream": self.report(),
         }
-        codes = self.store.codebooks()
-        return write_store(
-            self.path,
-            self.loaded,
-            self.document,
-            self.context,
-            self.settings,
-            positions,
-            tables,
-            codes,
-            records,
-            trace,
-            report,
-        )
+        built = BuiltStore(positions, tables, self.store.codebooks(), records, trace, report)
+        return write_store(self.path, self.source, built)
 
     def report(self) -> dict[str, Any]:
         """What the stream did: window, positions, speed, memory held (for the manifest)."""
@@ -368,19 +353,16 @@ def speed_along(chunk_times: list[tuple[int, int, float]], total: int) -> dict[s
 
 def build_streamed(
     path: Path,
-    loaded: LoadedModel,
-    document: Document,
-    context: Context,
-    settings: StoreSettings,
+    source: StoreSource,
     readers: ChunkReaders,
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
     checkpoint_s: float | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Stream ``context`` into a store at ``path`` (resuming an interrupted build), its chunks
-    read by ``readers(...)``; returns the records it holds decoded
+    """Stream ``source``'s context into a store at ``path`` (resuming an interrupted build),
+    its chunks read by ``readers(...)``; returns the records it holds decoded
     (:func:`~sekv_core.store.write.write_store`; the builder's report is in the manifest under
     ``stream``). Checkpoints at most every ``checkpoint_s`` seconds (default CHECKPOINT_S)."""
     checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
-    builder = StreamBuilder(path, loaded, document, context, settings, readers, checkpoint_s)
+    builder = StreamBuilder(path, source, readers, checkpoint_s)
     return builder.run(progress, warn)

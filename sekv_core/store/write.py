@@ -16,24 +16,20 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from ..config import StoreSettings
-from ..documents import Document
 from ..errors import SekvError
-from ..models import LoadedModel
 from ..prefill import release_freed_memory
-from ..prompt import Context
-from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
 from .entropy import compacted
 from .format import (
     DIGEST,
-    SKETCH_TABLES,
+    StoreSource,
     code_stats,
     device_bytes,
     manifest_digest,
@@ -44,70 +40,66 @@ from .format import (
     stored_sketch,
 )
 from .locks import WRITER, mark_writer
+from .resident import SKETCH_TABLES, TABLES, SpanTables
 
 SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, the manifest)
-# the resident file's tables besides the fixed rows, the sketch's and the codes' tensors
-TABLES = ("fixed_pos", "span_starts", "span_ends", "span_reps")
 
 
-def write_store(
-    path: Path,
-    loaded: LoadedModel,
-    document: Document,
-    context: Context,
-    settings: StoreSettings,
-    positions: dict[str, Any],
-    tables: dict[str, torch.Tensor],
-    codes: dict[str, Code],
-    records: dict[str, torch.Tensor],
-    trace: dict[str, torch.Tensor],
-    report: dict[str, Any],
-) -> dict[str, torch.Tensor]:
-    """Write the store at ``path``. Returns the records a load decodes at once, the build's
-    own, not a copy (a store within the window's keys: ``k_rows``, flat), for the caller's
-    :func:`~sekv_core.store.load.load_store` (``decoded``).
+@dataclass
+class BuiltStore:
+    """What a builder hands :func:`write_store`.
 
-    tables : :data:`TABLES`, :data:`~sekv_core.store.format.SKETCH_TABLES` and ``fixed_k``,
-        ``fixed_v`` (L, H, F, D) float (keys post-RoPE at original positions, pre-RoPE when
-        bounded); codes : the offload codes ``k``, ``v``; a store without span tokens writes
-        neither them nor the sketch's tables (a load supplies them:
+    positions : the manifest's ``positions`` (``mode``, ``sinks``);
+    tables : the spans' and fixed tokens' tables, fixed K/V float (keys post-RoPE at original
+        positions, pre-RoPE when bounded); codes : the offload codes ``k``, ``v``; a store
+        without span tokens writes neither them nor the sketch's tables (a load supplies them:
         :func:`~sekv_core.store.load.spanless`);
     records : each kind's fixed-rate records (L, H, S, B) uint8, contiguous; emptied once
         written; trace : :func:`~sekv_core.store.format.trace_tensors`;
     report : manifest sections the builder adds (``stats``, ``timings``, a stream's report).
     """
+
+    positions: dict[str, Any]
+    tables: SpanTables
+    codes: dict[str, Code]
+    records: dict[str, torch.Tensor]
+    trace: dict[str, torch.Tensor]
+    report: dict[str, Any]
+
+
+def write_store(path: Path, source: StoreSource, built: BuiltStore) -> dict[str, torch.Tensor]:
+    """Write the store of ``source`` at ``path``. Returns the records a load decodes at once,
+    the build's own, not a copy (a store within the window's keys: ``k_rows``, flat), for the
+    caller's :func:`~sekv_core.store.load.load_store` (``decoded``)."""
+    tables, codes, records, report = built.tables, built.codes, built.records, built.report
+    settings = source.settings
     rows = records["k"].shape[2]
-    resident = {name: _stored(tables[name]) for name in TABLES}
-    resident.update(quantize_fixed(tables["fixed_k"].cpu(), tables["fixed_v"].cpu()))
+    stored = tables.stored()  # the file's precision: what a load reads (and a sketch is of)
+    resident = {name: getattr(stored, name) for name in TABLES}
+    resident.update(quantize_fixed(tables.fixed_k.cpu(), tables.fixed_v.cpu()))
     if rows:  # a store without span tokens holds neither the sketch's tables nor codes
-        resident.update({name: _stored(tables[name]) for name in SKETCH_TABLES})
+        resident.update({name: getattr(stored, name) for name in SKETCH_TABLES})
         resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
-    manifest = store_manifest(loaded, document, context, settings, positions)
+    manifest = store_manifest(source, built.positions)
     if stored_sketch(manifest) and rows:  # a bounded store's sketch, of pre-RoPE keys as decoded
-        stored = store_codebooks(resident, settings.key_code, settings.value_code)
+        key = store_codebooks(resident, settings.key_code, settings.value_code)["k"]
         bits = settings.sketch_bits
-        resident["sketch"] = sketch_rows(resident, records["k"].view(-1), stored["k"], None, bits)
+        resident["sketch"] = sketch_rows(stored, records["k"].view(-1), key, None, bits)
     offload = compacted(records, codes)
     manifest["bytes"].update(
-        resident=device_bytes(resident, settings.sketch_bits),
+        resident=device_bytes(tables, settings.sketch_bits),
         offload_records=sum(r.numel() for r in records.values()),
     )
     manifest["stats"] = {**report.pop("stats", {}), **code_stats(codes["k"], codes["v"])}
     manifest.update(report)
     files = {"resident.safetensors": resident, "offload.safetensors": offload}
-    write_atomically(path, {**files, "trace.safetensors": trace}, manifest)
+    write_atomically(path, {**files, "trace.safetensors": built.trace}, manifest)
     del files, offload  # the coding: written
     kept = () if stored_sketch(manifest) else ("k",)  # a store within the window's keys
     decoded = {f"{kind}_rows": records[kind].view(-1) for kind in kept}
     records.clear()  # the rest is the file's: answers decode the blocks they read
     release_freed_memory()
     return decoded
-
-
-def _stored(t: torch.Tensor) -> torch.Tensor:
-    """A table as the file holds it: on the host, floats in half precision."""
-    t = t.detach().cpu()
-    return (t.to(STORE_DTYPE) if t.is_floating_point() else t).contiguous()
 
 
 def write_atomically(

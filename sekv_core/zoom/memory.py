@@ -35,9 +35,8 @@ from ..kvquant import KV_BITS, Rows, row_bytes
 from ..native import kernels
 from ..rope import Rope
 from ..sketch import column_major, is_column_major, span_token_positions
-from ..store.codes import store_codebooks
-from ..store.format import FIXED_SCALES
 from ..store.load import SpanStore
+from ..store.resident import ResidentTier
 from .pools import KeyFrame, ZoomPool
 from .prefilter import RepBlocks, RepTables
 from .reconstruct import FlatRecords, OffloadReader, RecordIndex, reconstruct
@@ -48,7 +47,7 @@ class StoreView(OffloadReader, Protocol):
     store growing part by part (:class:`sekv_core.store.partial.PartialStore`)."""
 
     manifest: dict[str, Any]
-    resident: dict[str, torch.Tensor]
+    resident: ResidentTier
 
 
 class SpanMemory:
@@ -85,29 +84,32 @@ class SpanMemory:
     def refresh(self) -> None:
         """(Re)read the resident tier from the store (a streamed build appends spans to it)."""
         r, rope, device, dtype = self.store.resident, self.rope, self.device, self.dtype
-        fixed_k = r["fixed_k"].to(device)  # (L, H, F, D) fp16, or 8-bit rows' codes
-        if fixed_k.dtype == torch.int8:  # stored as answers hold them (format.quantize_fixed)
-            stored = [Rows(r[n].to(device), r[s].to(device)) for n, s in FIXED_SCALES.items()]
+        fixed_k = r.fixed_k.to(device)  # (L, H, F, D) fp16, or 8-bit rows' codes
+        if r.fixed_k_scale is not None and r.fixed_v_scale is not None:  # 8-bit rows as stored
+            stored = (
+                Rows(fixed_k, r.fixed_k_scale.to(device)),
+                Rows(r.fixed_v.to(device), r.fixed_v_scale.to(device)),
+            )
             self.fixed = tuple(
                 rows if self.kv_bits == KV_BITS else Rows.encode(rows.read(dtype), self.kv_bits)
                 for rows in stored
             )
         else:
             if self.bounded:  # stored pre-RoPE: sinks at their positions, anchors at 0
-                pos = r["fixed_pos"].to(device)
+                pos = r.fixed_pos.to(device)
                 pos = torch.where(pos < self.n_sinks, pos, torch.zeros_like(pos))
                 fixed_k = rope.rotate(fixed_k.to(dtype), pos)
             # sinks + anchors at the answer's precision, (L, H, F, D) rows
             self.fixed = (
                 Rows.encode(fixed_k, self.kv_bits),
-                Rows.encode(r["fixed_v"].to(device), self.kv_bits),
+                Rows.encode(r.fixed_v.to(device), self.kv_bits),
             )
-        self.sketch_mean = r["sketch_mean"]  # (L, H, D): see sekv_core.sketch
-        self.sketch_dims = r["sketch_proj"].shape[-1]  # stored directions, strongest first
+        self.sketch_mean = r.sketch_mean  # (L, H, D): see sekv_core.sketch
+        self.sketch_dims = r.sketch_proj.shape[-1]  # stored directions, strongest first
         dims, self.routed_dims = self.routed_dims, None  # re-placed from the (grown) store
         self.place_sketch(dims)
         self.context_len = int(self.store.manifest["document"]["context_tokens"])
-        self.starts, self.ends = r["span_starts"], r["span_ends"]  # (N,) CPU
+        self.starts, self.ends = r.span_starts, r.span_ends  # (N,) CPU
         self.lengths = (self.ends - self.starts).to(device)
         self.log_len = self.lengths.float().log()  # (N,)
         self.n_spans = int(self.starts.numel())
@@ -121,22 +123,20 @@ class SpanMemory:
             [span_token_positions(self.starts, self.ends), torch.tensor([self.context_len])]
         ).to(device)
         # (L, H, F) context positions of the sinks and anchors
-        self.fixed_positions = (
-            r["fixed_pos"].long().to(device).expand(fixed_k.shape[:3]).contiguous()
-        )
+        self.fixed_positions = r.fixed_pos.long().to(device).expand(fixed_k.shape[:3]).contiguous()
         # each span's highest-surprisal sketch rows, for the prefilter of long documents
-        self.span_reps = r.get("span_reps")  # (N, 4)
+        self.span_reps = r.span_reps  # (N, 4)
         self.num_layers, self.num_kv_heads, self.fixed_tokens, self.head_dim = fixed_k.shape
         # the offload tier: each span's first row (of the sketch order, and of its records)
         lengths = self.host_lengths = self.ends - self.starts  # (N,) host
         self.first_row = torch.cumsum(lengths, 0) - lengths  # (N,) host
         self.records = self.record_index(r)
 
-    def record_index(self, resident: dict[str, torch.Tensor]) -> RecordIndex:
+    def record_index(self, resident: ResidentTier) -> RecordIndex:
         """Where each span has its records in the offload tier (``part_rows`` (P + 1,): each
         part's first row), and the codebooks that decode them (on the host, beside the
         records)."""
-        part_rows, first_row = resident["part_rows"], self.first_row
+        part_rows, first_row = resident.part_rows, self.first_row
         part = torch.searchsorted(part_rows, first_row, right=True) - 1
         row0 = part_rows[part]
         settings = self.store.manifest["settings"]
@@ -147,7 +147,7 @@ class SpanMemory:
             stride=part_rows[part + 1] - row0,  # (N,) the part's rows
             num_kv_heads=self.num_kv_heads,
             context_len=self.context_len,
-            codes=store_codebooks(resident, settings["key_code"], settings["value_code"]),
+            codes=resident.codes(settings["key_code"], settings["value_code"]),
         )
 
     def place_sketch(self, dims: int | None = None) -> None:
@@ -161,11 +161,11 @@ class SpanMemory:
         dims = full if dims is None else max(2, min(full, dims - dims % 2))
         if dims == self.routed_dims:  # already there (answers re-place it each time)
             return
-        packed = r["sketch"]
+        packed = r.sketch
         cols = dims if packed.dtype == torch.int8 else dims // 2  # int8, or 4-bit pairs
         self.routed_dims = dims
-        self.sketch_proj = r["sketch_proj"][..., :dims].contiguous().to(self.device)
-        self.sketch_scale = r["sketch_scale"][..., :dims].contiguous().to(self.device)
+        self.sketch_proj = r.sketch_proj[..., :dims].contiguous().to(self.device)
+        self.sketch_scale = r.sketch_scale[..., :dims].contiguous().to(self.device)
         cut = packed[..., :cols].to(self.device)  # (L, H, S, cols)
         # a stored sketch stays column-major (store.place_resident; a view when all of it is
         # placed); a streamed build's growing rows are copied as they are
@@ -224,7 +224,7 @@ class SpanMemory:
             self.sketch_scale,
             self.lengths,
             self.sketch_span,
-            *([] if self.span_reps is None else [self.span_reps]),
+            self.span_reps,
         ]
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -308,10 +308,8 @@ class SpanMemory:
         return pool
 
     @property
-    def rep_tables(self) -> RepTables | None:
-        """What the prefilter reads (:mod:`~sekv_core.zoom.prefilter`); None without them."""
-        if self.span_reps is None:
-            return None
+    def rep_tables(self) -> RepTables:
+        """What the prefilter reads (:mod:`~sekv_core.zoom.prefilter`)."""
         return RepTables(
             self.sketch,
             self.sketch_proj,
