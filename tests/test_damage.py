@@ -30,8 +30,7 @@ from sekv_core.methods import MethodSettings
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.store.format import DIGEST, FILES, manifest_digest
-from sekv_core.store.locks import clean_leftovers, mark_writer, store_lock
-from sekv_core.store.parts import STATE_VERSION
+from sekv_core.store.locks import STATE_VERSION, clean_leftovers, mark_writer, store_lock
 
 TEXT = "\n\n".join(f"Room {i}: the {w} key opens locker {i * 7 % 31}." for i, w in enumerate("abc"))
 OTHER = "\n\n".join(f"Shelf {i} holds {i * 3} blue jars and a red lid." for i in range(4))
@@ -331,12 +330,12 @@ open_or_build(loaded, document, ctx, override(StoreSettings(), {settings!r}))
 """
 STREAM_STAGES = {  # stage: (hook, checkpoint_s, what the next ingest warns)
     "after-checkpoint": (
-        "import sekv_core.store.parts as m; hook(m.Checkpoints, 'write')",
+        "import sekv_core.store.checkpoint as m; hook(m.Checkpoints, 'write')",
         0.0,
         "resuming",
     ),
     "mid-part": (
-        "import sekv_core.store.parts as m; "
+        "import sekv_core.store.checkpoint as m; "
         "hook(m, 'save_file', when=lambda t, p: p.endswith('.tmp'))",
         30.0,
         None,

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from ..backend import use_attention
@@ -36,8 +35,9 @@ from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
 from ..sampling import Sampling
-from ..store.format import DIGEST, manifest_digest, map_safetensors, sha256, store_key
+from ..store.format import DIGEST, manifest_digest, sha256, store_key
 from ..store.load import StoreInvalid
+from ..store.tensorfile import map_tensors, read_tensors
 from ..store.write import write_atomically
 from ..summary import STORE_DTYPE
 from ..zoom.attention import mixed_attention
@@ -56,13 +56,13 @@ class BlockMemory:
     def __init__(self, path: Path, manifest: dict, device: torch.device, dtype: torch.dtype):
         shape = manifest["shape"]
         L, H, B, S, D = (shape[k] for k in ("layers", "heads", "blocks", "block_size", "head_dim"))
-        resident = load_file(path / "resident.safetensors")
+        resident = read_tensors(path / "resident.safetensors")
         keep = dtype if dtype.itemsize <= 2 else STORE_DTYPE  # half precision, as SeKV's tier
         self.sink_k, self.sink_v, self.block_min, self.block_max = (
             resident[n].to(device=device, dtype=keep)
             for n in ("sink_k", "sink_v", "block_min", "block_max")
         )  # (L, H, F, D) x2, (L, H, B, D) x2
-        self.blocks = map_safetensors(path / "blocks.safetensors")["kv"].view(L, H, B, 2, S, D)
+        self.blocks = map_tensors(path / "blocks.safetensors")["kv"].view(L, H, B, 2, S, D)
         self.num_layers, self.num_kv_heads, self.n_blocks, self.block_size = L, H, B, S
         self.head_dim, self.block_tokens = D, int(shape["block_tokens"])
         self.device, self.dtype = device, dtype

@@ -5,12 +5,14 @@ the zoom) opens a valid store or builds one, and hands the streamed build the zo
 
 - :mod:`.build` — the one-shot build: one prefill of a context that fits the model window.
 - :mod:`.stream` — the streamed build of a longer context, chunk by chunk; :mod:`.layout` where
-  its tokens sit, :mod:`.parts` its part files and checkpoints (resume), :mod:`.partial` the
-  store grown so far, which each chunk reads (through the caller's chunk reader).
+  its tokens sit, :mod:`.parts` what it commits (segmented, coded), :mod:`.checkpoint` its state
+  between chunks, part files and checkpoints (resume), :mod:`.partial` the store grown so far,
+  which each chunk reads (through the caller's chunk reader).
 - :mod:`.write` — the one finishing path of both builds: code, then write atomically.
 - :mod:`.load` — :class:`~.load.SpanStore`, verified and read in three stages; :mod:`.resident`
   its resident tier, one typed object (what a build writes and what answers read).
-- :mod:`.format` — names, manifest and digest (every file: ``docs/store-format.md``).
+- :mod:`.format` — names, manifest and digest (every file: ``docs/store-format.md``);
+  :mod:`.tensorfile` the one reader of the safetensors files.
 - :mod:`.codes` — the offload tier's key and value codes (their specs: :mod:`sekv_core.code_specs`);
   :mod:`.entropy` (``sekv_core/native/rans.c``) — those records entropy-coded in blocks.
 - :mod:`.locks` — one builder per store, leftovers of killed builders; :mod:`.shelf` — the

@@ -24,6 +24,7 @@ import ctypes
 import hashlib
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -137,6 +138,11 @@ class OffloadTier:
             n = hi - lo + 1
             ids = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())
         self._decode(ids)
+
+    def offload_records(self, name: str, size: int, ranges: Any) -> torch.Tensor:
+        """Records (len(ranges.index), size) of buffer ``name`` at ``ranges.index`` (record
+        numbers), as they are (:meth:`fill` decodes them first)."""
+        return self.buffers[name].view(-1, size).index_select(0, ranges.index)
 
     def whole(self, kinds: tuple[str, ...] = KINDS) -> dict[str, torch.Tensor]:
         """The buffers with every block of ``kinds`` decoded (layers on threads)."""

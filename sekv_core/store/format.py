@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -195,39 +194,6 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
     body = {k: v for k, v in manifest.items() if k != DIGEST}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def map_safetensors(
-    source: Path | BinaryIO, names: tuple[str, ...] | None = None
-) -> dict[str, torch.Tensor]:
-    """Memory-map the tensors (``names``: only those) of a safetensors file — a path, or a
-    file open for binary reading (the maps stay valid after it is replaced or deleted) — as
-    read-only torch views of their shapes (no copy). safetensors' own reader copies every
-    tensor it returns."""
-    if isinstance(source, (str, os.PathLike)):
-        with open(source, "rb") as f:
-            return map_safetensors(f, names)
-    source.seek(0)
-    header_len = int.from_bytes(source.read(8), "little")
-    header = json.loads(source.read(header_len))
-    dtypes = {"F16": np.float16, "F32": np.float32, "I64": np.int64, "I32": np.int32}
-    dtypes.update({"I8": np.int8, "U8": np.uint8})
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__" or (names is not None and name not in names):
-            continue
-        start, stop = meta["data_offsets"]
-        dtype = np.dtype(dtypes[meta["dtype"]])
-        count = (stop - start) // dtype.itemsize
-        shape = tuple(meta["shape"])
-        if count == 0:
-            out[name] = torch.zeros(shape, dtype=getattr(torch, dtype.name))
-            continue
-        array = np.memmap(source, dtype=dtype, mode="r", offset=8 + header_len + start, shape=shape)
-        with warnings.catch_warnings():  # read-only map: torch warns it is not writable
-            warnings.simplefilter("ignore")
-            out[name] = torch.from_numpy(array)
-    return out
 
 
 def nbytes(tensors: dict[str, torch.Tensor]) -> int:

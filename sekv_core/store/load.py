@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_bytes
 
 from ..config import StoreSettings, exceeds_window
 from ..documents import Document
@@ -50,13 +49,13 @@ from .format import (
     StoreSource,
     device_bytes,
     manifest_digest,
-    map_safetensors,
     sha256,
     sketch_rows,
     spanless_tables,
     stored_sketch,
 )
 from .resident import ResidentTier, SpanTables, file_tables, placed
+from .tensorfile import map_tensors, read_tensors
 
 
 class StoreInvalid(Exception):
@@ -73,6 +72,12 @@ class SpanStore:
     resident: ResidentTier
     trace: dict[str, torch.Tensor]
     tier: OffloadTier
+
+    @property
+    def reader(self) -> OffloadTier:
+        """How the offload tier is read: held in memory, its blocks decoded as reads first ask
+        for them."""
+        return self.tier
 
     @property
     def offload(self) -> dict[str, torch.Tensor]:
@@ -222,9 +227,8 @@ def verified_tensors(manifest: dict[str, Any], file: Path) -> dict[str, torch.Te
             raise StoreInvalid(f"{file.name} checksum mismatch (corrupt)")
         try:
             if file.name == "offload.safetensors":
-                return map_safetensors(f)
-            f.seek(0)
-            return load_bytes(f.read())
+                return map_tensors(f)
+            return read_tensors(f)
         except Exception as exc:  # safetensors raises its own error types
             raise StoreInvalid(f"{file.name}: unreadable tensors ({exc})") from None
 

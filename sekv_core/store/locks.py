@@ -12,7 +12,7 @@ next build):
   records its writer's pid and host in ``.writer`` (:func:`mark_writer`): removed once that
   process is gone;
 - ``.trash-<key>-<pid>`` — a replaced store being deleted: removed once that process is gone;
-- ``.partial-<key>`` — a streamed build's checkpoints (:mod:`sekv_core.store.stream`), removed
+- ``.partial-<key>`` — a streamed build's checkpoints (:mod:`sekv_core.store.checkpoint`), removed
   once no process holds its store's lock, unless a rerun can still resume it: its checkpoint is
   intact and its store is not built yet, for at most PARTIAL_KEEP_S (the build of ``<key>``
   itself resumes it or starts over, as :class:`~sekv_core.store.stream.StreamBuilder` decides).
@@ -39,7 +39,8 @@ except ImportError:  # not POSIX: no locks
 WRITER = ".writer"  # inside a .tmp-* folder: {"pid", "host"} of the process writing it
 UNMARKED_GRACE_S = 600.0  # a .tmp-* folder without WRITER (created, not marked yet)
 PARTIAL_KEEP_S = 7 * 86400.0  # an intact checkpoint of another document waits this long
-STATE_VERSION = 6  # a streamed build's checkpoints (sekv_core.store.parts): others never resume
+STATE_VERSION = 6  # of a streamed build's checkpoints (sekv_core.store.checkpoint): a build
+# never resumes another version's
 WORK_PREFIXES = (".tmp-", ".trash-", ".partial-")
 
 
@@ -154,7 +155,7 @@ def _partial_abandoned(work: Path, store: Path, state_version: int) -> bool:
         if (store / "manifest.json").exists():  # built (the process died before cleaning up)
             return True
         return (
-            not _resumable(work, store.name, state_version)
+            not resumable(work, store.name, state_version)
             or _age(work / "state.json") > PARTIAL_KEEP_S
         )
 
@@ -168,12 +169,12 @@ def work_folder_state(entry: Path) -> str | None:
         with _locked(lock_file(store), wait=False) as free:
             if not free:
                 return None
-        resumable = _resumable(entry, store.name, STATE_VERSION) and not store.exists()
-        return "resumable" if resumable else "leftover"
+        resumes = resumable(entry, store.name, STATE_VERSION) and not store.exists()
+        return "resumable" if resumes else "leftover"
     return "leftover" if _is_leftover(entry, entry, STATE_VERSION) else None
 
 
-def _resumable(work: Path, store: str, state_version: int) -> bool:
+def resumable(work: Path, store: str, state_version: int) -> bool:
     """Whether ``work`` holds an intact-looking checkpoint of ``store`` (its record readable,
     of ``state_version``, every file it lists present; checksums are verified by the build that
     resumes it)."""

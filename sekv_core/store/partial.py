@@ -1,19 +1,16 @@
 """The store under construction: the spans a streamed build committed so far, part by part.
 
-:class:`PartialStore` looks like a :class:`~sekv_core.store.load.SpanStore` to
-:class:`~sekv_core.zoom.memory.SpanMemory`, so each chunk of the stream zooms into what the chunks
-before it committed: its resident tables grow with every part (the routing sketch requantised to one
-scale per direction), its offload tier stays in the part files (:mod:`sekv_core.store.parts`) and is
-read back range by range. When the stream ends it hands the finished store's tables and the
-parts' records to :func:`~sekv_core.store.write.write_store`.
+:class:`PartialStore` is read as a :class:`~sekv_core.store.load.SpanStore` is by
+:class:`~sekv_core.zoom.memory.SpanMemory` (its ``manifest``, ``resident`` tier and offload
+``reader``), so each chunk of the stream zooms into what the chunks before it committed: its
+resident tier grows with every part (the routing sketch requantised to one scale per direction),
+its offload tier stays in the part files and is read back range by range
+(:class:`~sekv_core.store.checkpoint.PartFiles`). When the stream ends it hands the finished
+store's tables and the parts' records to :func:`~sekv_core.store.write.write_store`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from bisect import bisect_right
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +26,11 @@ from ..sketch import (
     widen_sketch_scale,
 )
 from ..summary import STORE_DTYPE
+from .checkpoint import PartFiles
 from .codes import Code, fit_code
-from .format import map_safetensors
-from .parts import OFFLOAD, read_tensors, write_part
 from .resident import CODEBOOKS, ResidentTier, SpanTables
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
-OPEN_PARTS = 32  # part files kept open
 # what a resumed build reads back from each part (not its records or anchors' K/V)
 REPLAYED = (
     "span_starts",
@@ -72,14 +67,10 @@ class Grow:
 
 
 class PartialStore:
-    """The spans committed so far, shaped as a :class:`~sekv_core.store.load.SpanStore` for
+    """The spans committed so far, read as a :class:`~sekv_core.store.load.SpanStore` is by
     :class:`~sekv_core.zoom.memory.SpanMemory`: a :class:`~.resident.ResidentTier` grown part by
-    part (routing tables and sketch on ``device``, at ``keep`` precision), the offload tier in the
-    part files of ``work``.
-
-    Zoom reads go through ``os.pread`` (not memory maps: pages a map touched would stay in the
-    process's resident set, part after part).
-    """
+    part (routing tables and sketch on ``device``, at ``keep`` precision), the offload tier in
+    the part files of ``work``."""
 
     def __init__(
         self,
@@ -89,21 +80,21 @@ class PartialStore:
         device: torch.device,
         keep: torch.dtype,
     ) -> None:
-        self.work, self.manifest = work, manifest
+        self.manifest, self.settings = manifest, settings
         self.resident: ResidentTier  # from start() on
         self.bits, self.dim = settings.sketch_bits, settings.sketch_dim
-        self.settings = settings
         self.device, self.keep = device, keep
-        self.files: list[dict[str, Any]] = []  # name and sha256 of each part, in order
-        self.paths: list[Path] = []
-        self.bases: dict[str, list[int]] = {name: [] for name in OFFLOAD}
-        self.totals = dict.fromkeys(OFFLOAD, 0)
+        self.parts = PartFiles(work)  # the offload tier: the growing store's reader
         self.grow = {"sketch": Grow(2)}
         self.grow.update(span_starts=Grow(0), span_ends=Grow(0), span_reps=Grow(0))
         self.rows = 0  # span tokens committed (offload rows per layer and head)
         self.sketch_scale: torch.Tensor | None = None  # (L, H, R) float32, grows rarely
         self.anchors = 0  # anchors committed so far
-        self._open: OrderedDict[int, tuple[int, dict[str, int]]] = OrderedDict()
+
+    @property
+    def reader(self) -> PartFiles:
+        """How the offload tier is read: from the part files, range by range."""
+        return self.parts
 
     def start(self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor) -> None:
         """No spans yet: the sinks (positions; K (L, H, n, D) as the store keeps them; V)."""
@@ -149,26 +140,16 @@ class PartialStore:
 
     def commit(self, part: dict[str, torch.Tensor]) -> None:
         """Write ``part`` as the next part file and append its spans."""
-        meta = write_part(self.work, len(self.files), part)
-        self.files.append(meta)
-        self.append(part, self.work / meta["name"])
+        self.parts.write(part)
+        self.append(part)
 
     def replay(self, meta: dict[str, Any]) -> None:
         """Append a part a verified checkpoint lists (``meta``: its name and checksum), reading
-        back its resident tables and the sizes of its offload buffers only."""
-        self.files.append(meta)
-        path = self.work / meta["name"]
-        self.append(read_tensors(path, REPLAYED, OFFLOAD), path)
+        back its resident tables only."""
+        self.append(self.parts.replay(meta, REPLAYED))
 
-    def append(self, part: dict[str, Any], path: Path) -> None:
-        """Add the spans of the part file ``path`` (its tensors ``part``; replayed parts give
-        the offload buffers by their sizes) to the resident tables."""
-        sizes = {n: part[n] if isinstance(part[n], int) else part[n].numel() for n in OFFLOAD}
-        self.paths.append(path)
-        base = dict(self.totals)  # global offset of each of the part's flat buffers
-        for name in OFFLOAD:
-            self.bases[name].append(base[name])
-            self.totals[name] += sizes[name]
+    def append(self, part: dict[str, torch.Tensor]) -> None:
+        """Add the spans of a part (its tensors ``part``) to the resident tier."""
         self.rows += int((part["span_ends"] - part["span_starts"]).sum())
         r = self.resident
         r.part_rows = torch.cat([r.part_rows, torch.tensor([self.rows])])
@@ -198,55 +179,16 @@ class PartialStore:
         g.extend(pack_sketch(levels, self.bits).to(self.device))  # on the resident device
         self.grow["span_reps"].extend((reps + rows).to(self.device))
 
-    def offload_slice(self, name: str, start: int, stop: int) -> torch.Tensor:
-        if stop <= start:
-            return torch.zeros(0, dtype=torch.uint8)
-        part = bisect_right(self.bases[name], start) - 1
-        fd, data = self._file(part)
-        raw = os.pread(fd, stop - start, data[name] + start - self.bases[name][part])
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-    def offload_records(self, name: str, size: int, ranges: Any) -> torch.Tensor:
-        """Records (sum(counts), size) at ``ranges`` (``first``, ``counts``: as
-        :meth:`~sekv_core.store.load.SpanStore.offload_records`; a read per range)."""
-        start = ranges.first * size
-        return self.offload_ranges(name, start, start + ranges.counts * size).view(-1, size)
-
-    def offload_ranges(self, name: str, starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
-        """Elements [starts[i], stops[i]) for every i, one after another (a read per range)."""
-        pairs = zip(starts.tolist(), stops.tolist(), strict=True)
-        parts = [self.offload_slice(name, a, b) for a, b in pairs]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
-
-    def _file(self, part: int) -> tuple[int, dict[str, int]]:
-        """An open descriptor of a part and the byte offset of each offload buffer in it."""
-        if part in self._open:
-            self._open.move_to_end(part)
-            return self._open[part]
-        fd = os.open(self.paths[part], os.O_RDONLY)
-        header_len = int.from_bytes(os.pread(fd, 8, 0), "little")
-        header = json.loads(os.pread(fd, header_len, 8))
-        data = {n: 8 + header_len + header[n]["data_offsets"][0] for n in OFFLOAD}
-        self._open[part] = (fd, data)
-        while len(self._open) > OPEN_PARTS:
-            os.close(self._open.popitem(last=False)[1][0])
-        return fd, data
-
     def close(self) -> None:
-        for fd, _ in self._open.values():
-            os.close(fd)
-        self._open.clear()
+        self.parts.close()
 
     def finished(self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor):
         """The finished store's tables for :func:`~sekv_core.store.write.write_store` (CPU):
         the sinks (positions; K (L, H, n, D) as the store keeps them; V), then every part's
         anchors, the span tables, the sketch's directions and scale; and each kind's
         fixed-rate records (L, H, S, B), copied from the part files one part at a time."""
-        pieces: dict[str, list[torch.Tensor]] = {n: [] for n in FIXED}
-        for meta in self.files:
-            part = read_tensors(self.work / meta["name"], FIXED)
-            for name in pieces:
-                pieces[name].append(part[name])
+        each = self.parts.each(FIXED)
+        pieces = {name: [part[name] for part in each] for name in FIXED}
         r = self.resident
         tables = SpanTables(
             fixed_pos=torch.cat([sinks, *pieces["anchor_pos"]]),
@@ -266,12 +208,7 @@ class PartialStore:
             kind: torch.empty(L, H, self.rows, codes[kind].record_bytes, dtype=torch.uint8)
             for kind in ("k", "v")
         }
-        at = 0
-        for path, n in zip(self.paths, torch.diff(r.part_rows).tolist(), strict=True):
-            mapped = map_safetensors(path, OFFLOAD)  # one part mapped at a time
-            for kind, out in records.items():
-                out[:, :, at : at + n] = mapped[f"{kind}_rows"].view(L, H, n, -1)
-            at += n
+        self.parts.records(r.part_rows, records)
         return tables, records
 
     def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:

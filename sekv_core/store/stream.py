@@ -18,7 +18,8 @@ A book keeps no anchors (their boundary tokens stay in their spans). A context t
 (``stream.always``) keeps original positions and anchors throughout.
 
 Resume: after a chunk (at most every ``checkpoint_s`` seconds) the stream's state is checkpointed
-beside the parts; a rerun verifies it, replays the parts and continues, or starts over. The
+beside the parts (:mod:`sekv_core.store.checkpoint`); a rerun verifies it, replays the parts and
+continues, or starts over. The
 finished store is written from the parts by the one writer of stores
 (:func:`~sekv_core.store.write.write_store`).
 """
@@ -45,18 +46,11 @@ from ..segment import ANCHOR, SPAN, Segmentation
 from ..sketch import QueryMoments
 from ..summary import STORE_DTYPE
 from ..surprisal import Surprisal
+from .checkpoint import CheckpointInvalid, Checkpoints, StreamState
 from .format import StoreSource, trace_tensors
 from .layout import StreamLayout
 from .partial import PartialStore
-from .parts import (
-    CheckpointInvalid,
-    Checkpoints,
-    StreamState,
-    part_spans,
-    part_tensors,
-    waiting_codebooks,
-    waiting_sketch_basis,
-)
+from .parts import part_spans, part_tensors, waiting_codebooks, waiting_sketch_basis
 from .write import BuiltStore, write_store
 
 CHECKPOINT_S = 30.0  # at most this long between checkpoints
@@ -180,7 +174,7 @@ class StreamBuilder:
                 done = self.state.next == self.T
                 if done or time.perf_counter() - last_checkpoint >= self.checkpoint_s:
                     t0 = time.perf_counter()
-                    self.checkpoints.write(self.state, self.store.files)
+                    self.checkpoints.write(self.state, self.store.parts.files)
                     self.timings["checkpoint_s"] += time.perf_counter() - t0
                     last_checkpoint = time.perf_counter()
                 release_freed_memory()
@@ -250,7 +244,9 @@ class StreamBuilder:
         limit = self.T if final else b - lay.window
         # parts of at most two chunks; but a document that never left the window is committed
         # in one part, as the one-shot build segments and quantises it
-        found = self._spans(final, min(limit, c + 2 * lay.chunk) if self.store.files else limit)
+        found = self._spans(
+            final, min(limit, c + 2 * lay.chunk) if self.store.parts.files else limit
+        )
         if found is None:
             return False
         spans, chosen, end = found
@@ -331,7 +327,7 @@ class StreamBuilder:
             "budget": lay.budget,
             "positions": lay.mode,
             "max_position": self.max_position,
-            "parts": len(self.store.files),
+            "parts": len(self.store.parts.files),
             "peak_window_bytes": self.peak_window_bytes,
             "memory_resident_bytes": self.reader.resident_bytes(),
             "tokens_per_s_at": speed_along(self.chunk_times, self.T),

@@ -35,19 +35,22 @@ from ..kvquant import KV_BITS, Rows, row_bytes
 from ..native import kernels
 from ..rope import Rope
 from ..sketch import column_major, is_column_major, span_token_positions
-from ..store.load import SpanStore
 from ..store.resident import ResidentTier
 from .pools import KeyFrame, ZoomPool
 from .prefilter import RepBlocks, RepTables
-from .reconstruct import FlatRecords, OffloadReader, RecordIndex, reconstruct
+from .reconstruct import OffloadReader, RecordIndex, reconstruct
 
 
-class StoreView(OffloadReader, Protocol):
-    """What the memory reads of a store: a loaded :class:`SpanStore`, or a streamed build's
-    store growing part by part (:class:`sekv_core.store.partial.PartialStore`)."""
+class StoreView(Protocol):
+    """What the memory reads of a store: a loaded :class:`~sekv_core.store.load.SpanStore`, or a
+    streamed build's store growing part by part (:class:`sekv_core.store.partial.PartialStore`):
+    its manifest, resident tier and how its offload tier is read."""
 
     manifest: dict[str, Any]
     resident: ResidentTier
+
+    @property
+    def reader(self) -> OffloadReader: ...
 
 
 class SpanMemory:
@@ -68,7 +71,7 @@ class SpanMemory:
     ) -> None:
         self.store, self.rope, self.device, self.dtype = store, rope, device, dtype
         self.kv_bits = kv_bits
-        self.offload = offload_reader(store)
+        self.offload = store.reader
         positions = store.manifest.get("positions", {})
         self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
         self.n_sinks = int(positions.get("sinks", 0))
@@ -337,15 +340,6 @@ class SpanMemory:
         read, before they are encoded. Memory targets turn into zoom budgets with it."""
         held = self.num_layers * (1.5 if self.bounded else 1.0) + 2
         return int(self.num_kv_heads * tokens * held * self.token_bytes) + self.entry_bytes(tokens)
-
-
-def offload_reader(store: StoreView) -> OffloadReader:
-    """How the memory reads ``store``'s offload tier: a loaded store's in memory, blocks decoded
-    as they are first read (:class:`FlatRecords`, read by one native gather); a streamed build's
-    store reads it from its part files."""
-    if isinstance(store, SpanStore):
-        return FlatRecords(store.tier.buffers, store.tier.fill)
-    return store
 
 
 class _OneLayer:

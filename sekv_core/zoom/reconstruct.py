@@ -5,14 +5,14 @@ offload tier (per part, (L, H, rows, record) in row order, parts one after anoth
 :class:`RecordIndex` says where. All pairs of one layer are read at once through an
 :class:`OffloadReader`, one record index for both kinds, and decoded on the host in one product
 per kind with the codebook; the rows go to the device in the model dtype. A tier held whole in
-memory (:class:`FlatRecords`) is read by one native gather on the CPU.
+memory (:class:`HeldRecords`) is read by one native gather on the CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -32,8 +32,7 @@ class RecordRanges:
 
 class OffloadReader(Protocol):
     """What reconstruction reads of an offload tier: a loaded store's
-    (:class:`~sekv_core.store.load.SpanStore`), a streamed build's part files, or
-    :class:`FlatRecords`."""
+    (:class:`HeldRecords`) or a streamed build's part files."""
 
     def offload_records(self, name: str, size: int, ranges: RecordRanges) -> torch.Tensor:
         """Records (sum(counts), size) uint8 of the flat byte buffer ``name`` (``k_rows``,
@@ -51,18 +50,16 @@ class RecordCode(Protocol):
     ) -> torch.Tensor: ...
 
 
-@dataclass(frozen=True)
-class FlatRecords:
-    """An offload tier in memory: its flat byte buffers by name (``k_rows``, ``v_rows``; uint8),
-    which the native gather reads directly, and ``fill(first, counts)`` where a record range
-    must be filled in (decoded) before it is read (a loaded store's
-    :class:`~sekv_core.store.entropy.OffloadTier`)."""
+@runtime_checkable
+class HeldRecords(OffloadReader, Protocol):
+    """An offload tier held in memory (a loaded store's
+    :class:`~sekv_core.store.entropy.OffloadTier`): its flat byte buffers by name (``k_rows``,
+    ``v_rows``; uint8), which the native gather reads directly, once ``fill(first, counts)``
+    has filled in (decoded) the record ranges read."""
 
     buffers: Mapping[str, torch.Tensor]
-    fill: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
-    def offload_records(self, name: str, size: int, ranges: RecordRanges) -> torch.Tensor:
-        return self.buffers[name].view(-1, size).index_select(0, ranges.index)  # (a row gather)
+    def fill(self, first: torch.Tensor, counts: torch.Tensor) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +95,7 @@ def reconstruct(
     Keys are rotated to their positions by ``rope``; without one they stay pre-RoPE (bounded
     memories rotate them where the pool places them).
     """
-    if isinstance(reader, FlatRecords) and reader.fill is not None:  # decoded on first read
+    if isinstance(reader, HeldRecords):  # decoded on first read
         reader.fill(first_records(index, layer, spans, heads), index.lengths[spans])
     gathered = _gathered(reader, index, layer, spans, heads)
     order = None
@@ -141,7 +138,7 @@ def _gathered(
     """The pairs' records, positions and rows per head read in one native call
     (:func:`sekv_core.native.kernels.gather`) from a tier held whole, or None where the tensor code
     reads them."""
-    if not isinstance(reader, FlatRecords):  # read per range (a streamed build's part files)
+    if not isinstance(reader, HeldRecords):  # read per range (a streamed build's part files)
         return None
     k_buf, v_buf = reader.buffers["k_rows"], reader.buffers["v_rows"]
     tables = (spans, heads, index.record0, index.stride, index.lengths, index.starts)
