@@ -1,3 +1,3 @@
-from .main import app
+from .launch import main
 
-app(prog_name="sekv")
+main()

@@ -18,6 +18,7 @@ from .options import HELP_SETTINGS
 from .stores import stores_app
 from .terminal import OutputClosed, OutputFailed, drop_output, guarded_stdout
 from .train import train
+from .warm import warm
 
 
 class Sekv(typer.Typer):
@@ -53,6 +54,7 @@ app.command()(ingest)
 app.command()(inspect)
 app.command()(chat)
 app.command()(train)
+app.command()(warm)
 app.add_typer(bench_app, name="bench")
 app.add_typer(stores_app, name="stores")
 
