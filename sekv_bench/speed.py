@@ -346,6 +346,7 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, str]]:
                 f"{seconds(s['build_s'])} / {seconds(s['load_s'])}",
                 "build ×": times(q["build_over_prefill"]) + spread(q, "build"),
                 "ask 1st byte s full / sekv": process_first_tokens(r.get("processes")),
+                "warm: full / sekv": warm_first_tokens(r.get("processes")),
                 "ask wall ×": times(q["process_wall"]),
                 "peak RSS ×": times(q["build_rss_over_prefill_rss"]),
             }
@@ -365,6 +366,14 @@ def process_first_tokens(runs: dict[str, Any] | None) -> str:
     if runs is None:
         return "–"
     full, sekv = (runs[k]["first_byte_s"] for k in ("ask_full", "ask_sekv"))
+    return f"{seconds(full)} / {seconds(sekv)}"
+
+
+def warm_first_tokens(runs: dict[str, Any] | None) -> str:
+    """The same with a warm process (`sekv warm`) running the commands."""
+    if runs is None or runs["ask_sekv"].get("first_byte_warm_s") is None:
+        return "–"
+    full, sekv = (runs[k]["first_byte_warm_s"] for k in ("ask_full", "ask_sekv"))
     return f"{seconds(full)} / {seconds(sekv)}"
 
 
@@ -397,7 +406,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"median of {BUILD_PAIRS} each, alternately. "
         "Ask 1st byte: `sekv ask`'s first byte on stdout after the process was started, as "
         "at a shell (interpreter start-up, imports, the model and, for SeKV, its stored "
-        "document loaded, the first token). "
+        "document loaded, the first token); warm: the same with `sekv warm` running (the "
+        "imports done before the command starts). "
         "Ask wall: `sekv ask` as a whole process on a cached store vs `sekv ask --method "
         "full`. Peak RSS: `sekv ingest` vs `sekv ask --method full` (its prefill).",
         "",

@@ -72,5 +72,6 @@ def test_speed_bench_reports_asks_first_token_after_the_process_started(
         assert 0 < asked["first_token_after_start_s"] < asked["wall_s"], asked
         assert asked["first_token_after_start_s"] > asked["timings"]["first_token_s"]
         assert asked["first_byte_s"] > asked["timings"]["first_token_s"]
+        assert 0 < asked["first_byte_warm_s"]
     assert row["ratios"]["process_first_token"] > 0
-    assert "| ask 1st byte s full / sekv |" in (out / "results.md").read_text()
+    assert "| ask 1st byte s full / sekv | warm: full / sekv |" in (out / "results.md").read_text()
