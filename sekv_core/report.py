@@ -17,6 +17,7 @@ import numpy as np
 
 from .documents import Document
 from .segment import ANCHOR, SINK
+from .store.codes import store_codebooks
 from .store.load import SpanStore
 
 ROLE_NAMES = {SINK: "sink", ANCHOR: "anchor", 2: "span"}
@@ -134,7 +135,7 @@ def span_bytes(store: SpanStore) -> np.ndarray:
     res, spec = store.resident, store.manifest["model"]["spec"]
     lengths = (res.span_ends - res.span_starts).cpu().numpy().astype(np.int64)  # (N,)
     settings = store.manifest["settings"]
-    codes = res.codes(settings["key_code"], settings["value_code"])
+    codes = store_codebooks(res.codebooks, settings["key_code"], settings["value_code"])
     record = sum(code.record_bytes for code in codes.values())
     return lengths * int(spec["num_layers"]) * int(spec["num_kv_heads"]) * record
 

@@ -12,7 +12,7 @@ import sekv_core.store.entropy as entropy
 from sekv_core.config import StoreSettings
 from sekv_core.ingest import open_or_build
 from sekv_core.rope import Rope
-from sekv_core.store.codes import fit_code
+from sekv_core.store.codes import fit_code, store_codebooks
 from sekv_core.store.format import StoreSource, manifest_digest, nbytes, sha256
 from sekv_core.store.load import StoreInvalid, load_store
 from sekv_core.zoom.memory import SpanMemory
@@ -134,7 +134,7 @@ def test_a_read_decodes_the_blocks_that_hold_its_records_and_no_other():
 
 def codes_of(store):
     s = store.manifest["settings"]
-    return store.resident.codes(s["key_code"], s["value_code"])
+    return store_codebooks(store.resident.codebooks, s["key_code"], s["value_code"])
 
 
 def records_of(store, codes) -> dict[str, torch.Tensor]:

@@ -139,7 +139,7 @@ def sketch_of(
     its offload ``tier`` and its ``codes``: a bounded store's ``stored`` rows, checked
     (:func:`stored_sketch`), else rebuilt from the decoded span keys (:func:`sketch_rows`).
     ValueError where a stored sketch is missing, not expected or of another shape."""
-    rows = tables.span_tokens
+    rows = tier.rows
     if stored_sketch(manifest) and rows:  # (a store without span tokens has no sketch)
         L, H, R = tables.sketch_scale.shape
         shape = (L, H, rows, R * settings.sketch_bits // 8)

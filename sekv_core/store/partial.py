@@ -27,7 +27,7 @@ from ..sketch import (
 )
 from ..summary import STORE_DTYPE
 from .checkpoint import PartFiles
-from .codes import Code, fit_code
+from .codes import Code, fit_code, store_codebooks
 from .resident import CODEBOOKS, ResidentTier, SpanTables
 
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
@@ -136,7 +136,8 @@ class PartialStore:
 
     def codebooks(self) -> dict[str, Code]:
         """The offload code the parts are written in (its codebooks at the settings' tiers)."""
-        return self.resident.codes(self.settings.key_code, self.settings.value_code)
+        s = self.settings
+        return store_codebooks(self.resident.codebooks, s.key_code, s.value_code)
 
     def commit(self, part: dict[str, torch.Tensor]) -> None:
         """Write ``part`` as the next part file and append its spans."""

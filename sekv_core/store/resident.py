@@ -21,7 +21,6 @@ import torch
 from ..kvquant import dequantize_rows
 from ..sketch import column_major
 from ..summary import STORE_DTYPE
-from .codes import Code, store_codebooks
 
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit rows' scales
 # the tensors of a code (a code has those it uses: docs/store-format.md)
@@ -99,10 +98,6 @@ class ResidentTier(SpanTables):
         left out)."""
         held = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "codebooks"}
         return {**{n: t for n, t in held.items() if t is not None}, **self.codebooks}
-
-    def codes(self, key_code: str, value_code: str) -> dict[str, Code]:
-        """The offload codes (``k``, ``v``) at the store settings' specs."""
-        return store_codebooks(self.codebooks, key_code, value_code)
 
 
 _TABLES = fields(SpanTables)

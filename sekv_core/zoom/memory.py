@@ -35,6 +35,7 @@ from ..kvquant import KV_BITS, Rows, row_bytes
 from ..native import kernels
 from ..rope import Rope
 from ..sketch import column_major, is_column_major, span_token_positions
+from ..store.codes import store_codebooks
 from ..store.resident import ResidentTier
 from .pools import KeyFrame, ZoomPool
 from .prefilter import RepBlocks, RepTables
@@ -150,7 +151,7 @@ class SpanMemory:
             stride=part_rows[part + 1] - row0,  # (N,) the part's rows
             num_kv_heads=self.num_kv_heads,
             context_len=self.context_len,
-            codes=resident.codes(settings["key_code"], settings["value_code"]),
+            codes=store_codebooks(resident.codebooks, settings["key_code"], settings["value_code"]),
         )
 
     def place_sketch(self, dims: int | None = None) -> None:
