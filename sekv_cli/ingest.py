@@ -252,16 +252,16 @@ def ingest_on_cluster(
         )
     rows = [d.to_json() for d in result.documents]
     built = [r for r in rows if not r["store"]["cache_hit"]]
-    err.print(
-        Text(
-            f"{how_many(len(rows), 'document')}: {len(built)} read on the cluster "
-            f"({how_many(result.nodes, 'node')}, {how_many(result.slots, 'task')} at once, "
-            f"{how_many(per_task, 'thread')} each; {result.tokens_per_s:,.0f} tokens/s in all), "
-            f"{len(rows) - len(built)} found"
-            + (f"; {len(result.skipped)} skipped (see above)" if result.skipped else "")
-        ),
-        soft_wrap=True,
-    )
+    line = f"{how_many(len(rows), 'document')}: {len(built)} read on the cluster"
+    if result.nodes:
+        line += (
+            f" ({how_many(result.nodes, 'node')}, {how_many(result.slots, 'task')} at once, "
+            f"{how_many(per_task, 'thread')} each; {result.tokens_per_s:,.0f} tokens/s in all)"
+        )
+    line += f", {len(rows) - len(built)} found"
+    if result.skipped:
+        line += f"; {len(result.skipped)} skipped (see above)"
+    err.print(Text(line), soft_wrap=True)
     data = {
         "documents": rows,
         "skipped": [s.to_json() for s in result.skipped],

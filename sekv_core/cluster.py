@@ -345,9 +345,10 @@ def ingest_on_cluster(
         if plan.store is None:
             todo.append(plan)
     result = ClusterIngest(kept, skipped, 0, 0, threads, synced=synced)
-    with connected(address):
-        result.nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-        _read_all(todo, job, result, progress, skip, warn)
+    if todo:  # every store found: the cluster is not joined
+        with connected(address):
+            result.nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+            _read_all(todo, job, result, progress, skip, warn)
     result.documents = [p for p in kept if p.store is not None]
     if not result.documents:
         raise SekvError("no document's store could be found or built; see the warnings above")
