@@ -319,8 +319,8 @@ def take(
             return ""
         pid = os.fork()
         if pid == 0:
-            listener.close()
-            conn.close()
+            for other in (listener, conn, *running.values()):
+                other.close()
             run_command(request, fds, run_app)  # never returns
         conn.sendall(f"pid {pid}\n".encode())
         running[pid] = conn
