@@ -42,6 +42,8 @@ IDLE_S = 30 * 60
 START_S = 120.0  # what a start may take on a slow, shared machine (imports only)
 HEADER = struct.Struct(">Q")  # a request's length, before its JSON
 STREAMS = ("stdin", "stdout", "stderr")
+# descriptors passed over Unix sockets and fork: POSIX (the peer's uid is checked on Linux)
+SUPPORTED = hasattr(socket, "send_fds") and hasattr(os, "fork") and hasattr(socket, "AF_UNIX")
 
 
 def socket_path() -> Path:
@@ -116,7 +118,7 @@ def forward(argv: list[str]) -> int | None:
     """Run ``sekv ARGV`` in the warm process serving this home and code, and return its exit
     status; None where there is none (or ``SEKV_WARM=0``, or this is ``sekv warm`` itself, or
     it cannot take the command): the caller runs the command itself."""
-    if os.environ.get(ENV, "").strip() == "0" or (argv[:1] == ["warm"]):
+    if os.environ.get(ENV, "").strip() == "0" or argv[:1] == ["warm"] or not SUPPORTED:
         return None
     path = socket_path()
     if not path.exists():
@@ -162,7 +164,7 @@ def forward(argv: list[str]) -> int | None:
 def ask_server(request: dict[str, Any]) -> list[str] | None:
     """One control request (``status``, ``stop``) to this home's warm process: its reply's
     words, or None where none runs."""
-    if (sock := connect(socket_path())) is None:
+    if not SUPPORTED or (sock := connect(socket_path())) is None:
         return None
     with sock:
         try:
@@ -190,6 +192,8 @@ def stop() -> bool:
 def start(idle_s: float) -> dict[str, Any]:
     """Start a warm process for this home and code (one serving other code is stopped first)
     and wait until it takes commands; its :func:`status`."""
+    if not SUPPORTED:
+        raise SekvError("a warm process needs a POSIX system (Linux or macOS)")
     if (now := status()) is not None:
         return now
     stop()
