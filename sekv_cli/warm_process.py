@@ -149,7 +149,8 @@ def forward(argv: list[str]) -> int | None:
                 pass
 
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(signum, pass_on)
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored here: ignored there
+                signal.signal(signum, pass_on)
         last = replies.readline().split()
     if last[:1] != [b"exit"]:
         print(

@@ -20,6 +20,8 @@ TEXT = (
 
 
 def sekv(env: dict[str, str], *args: str, warm: bool = True, **kwargs) -> subprocess.Popen:
+    """`sekv ARGS` as a shell starts it: Ctrl-C not ignored, whatever this process inherited
+    (a background job of a non-interactive shell ignores it)."""
     return subprocess.Popen(
         [sys.executable, "-m", "sekv_cli", *args],
         env={**env, "SEKV_WARM": "1" if warm else "0"},
@@ -27,6 +29,7 @@ def sekv(env: dict[str, str], *args: str, warm: bool = True, **kwargs) -> subpro
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         **kwargs,
     )
 
