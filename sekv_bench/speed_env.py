@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -153,7 +153,10 @@ def first_byte(args: list[str], model: str | None, threads: int, warm: bool = Fa
     entry = ["-m", "sekv_cli"] if warm else ["-c", CHILD, os.devnull]
     start = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, *entry, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, *entry, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "SEKV_WARM": "1"},  # the warm process takes it where one runs
     )
     assert child.stdout is not None
     first = child.stdout.read(1)
@@ -165,19 +168,27 @@ def first_byte(args: list[str], model: str | None, threads: int, warm: bool = Fa
 
 
 @contextmanager
-def warm_process() -> Iterator[None]:
-    """`sekv warm` for the current ``$SEKV_HOME`` for the duration (`sekv warm --stop` after)."""
-    for_home = {**os.environ, "SEKV_WARM": "1"}
-    started = subprocess.run(
-        [sys.executable, "-m", "sekv_cli", "warm", "--idle", "10"],
-        capture_output=True, text=True, env=for_home,
-    )  # fmt: skip
+def warm_process() -> Iterator[Callable[[], int]]:
+    """`sekv warm` for the current ``$SEKV_HOME`` for the duration (`sekv warm --stop` after);
+    yields a function that counts the commands it has run."""
+    env = {**os.environ, "SEKV_WARM": "1"}
+
+    def sekv_warm(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "sekv_cli", "warm", *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env)
+
+    started = sekv_warm("--idle", "10")
     if started.returncode != 0:
         raise SekvError(f"`sekv warm` failed: {started.stderr[-500:]}")
+
+    def served() -> int:
+        state = json.loads(sekv_warm("--status", "--json").stdout or "{}").get("warm")
+        return state["served"] if state else 0
+
     try:
-        yield
+        yield served
     finally:
-        subprocess.run([sys.executable, "-m", "sekv_cli", "warm", "--stop"], capture_output=True)
+        sekv_warm("--stop")
 
 
 def process_runs(
@@ -198,9 +209,11 @@ def process_runs(
         full = sekv_command([*ask, "--method", "full"], model, threads)
         sekv["first_byte_s"] = first_byte(ask, model, threads)
         full["first_byte_s"] = first_byte([*ask, "--method", "full"], model, threads)
-        with warm_process():
+        with warm_process() as served:
             sekv["first_byte_warm_s"] = first_byte(ask, model, threads, warm=True)
             full["first_byte_warm_s"] = first_byte([*ask, "--method", "full"], model, threads, True)
+            if served() != 2:
+                raise SekvError("the warm process did not run the two timed commands")
     return {
         "build": {
             "wall_s": build["wall_s"],
