@@ -10,6 +10,9 @@ so; the C code reads and writes them through ``native/bitfields.h``, which follo
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 
 
@@ -39,23 +42,45 @@ def pack_codes(
 
 
 def unpack_codes(packed: torch.Tensor, widths: int | torch.Tensor) -> torch.Tensor:
-    """uint8 rows (..., B) from :func:`pack_codes` -> codes (..., n): uint8 for one width
-    (B * 8 / width codes), int32 for (n,) widths."""
+    """uint8 rows (..., B) from :func:`pack_codes` -> uint8 codes (..., n): B * 8 / width codes
+    for one width; for (n,) widths one code per width, on the rows' device, laid out code-major
+    (a transposed view: each code's column is one run, as a product reads it). ``widths`` are
+    read on the host (keep them on the CPU): their places are cached per layout."""
     if isinstance(widths, int):
         mask = (1 << widths) - 1  # one op per code in the byte (faster than a broadcast)
         codes = [(packed >> shift) & mask for shift in range(0, 8, widths)]
         return torch.stack(codes, dim=-1).flatten(-2)
-    B = packed.shape[-1]
+    lead, B = packed.shape[:-1], packed.shape[-1]
+    first, shift, mask = _fields(tuple(widths.tolist()), B, packed.device)
+    T = math.prod(lead)
+    # byte-major (B, T): picking a code's bytes is then a copy of whole rows of T
+    rows = torch.empty((max(B, 2), T), dtype=torch.int16, device=packed.device)
+    rows[:B].copy_(packed.reshape(T, B).t())
     if B < 2:  # a one-byte row: its 16-bit window runs past it
-        packed = torch.nn.functional.pad(packed, (0, 2 - B))
-    # each code's 16-bit window: from its first byte (a code in the row's last byte: the last two)
-    widths = widths.to(packed.device)
-    starts = torch.cumsum(widths, 0) - widths
-    first = (starts // 8).clamp(max=packed.shape[-1] - 2)
-    shift, mask = (starts - 8 * first).to(torch.int32), ((1 << widths) - 1).to(torch.int32)
-    wide = packed.to(torch.int32)
-    windows = wide[..., :-1] | wide[..., 1:] << 8  # (..., B - 1): from each byte on
-    return (windows.index_select(-1, first) >> shift) & mask
+        rows[B:] = 0
+    # (B - 1, T) the 16-bit window from each byte on (int16 wraps: the mask drops the sign)
+    windows = torch.bitwise_left_shift(rows[1:], 8).bitwise_or_(rows[:-1])
+    codes = windows.index_select(0, first).bitwise_right_shift_(shift).bitwise_and_(mask)
+    return codes.to(torch.uint8).t().view(*lead, first.numel())  # (n, T) in memory
+
+
+@functools.lru_cache(maxsize=256)
+def _fields(
+    widths: tuple[int, ...], nbytes: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where each code of a row of ``nbytes`` lies: its 16-bit window's first byte (n,) int64 (a
+    code in the row's last byte: the window of the last two), its first bit in that window and
+    its mask (n, 1) int16. Cached per layout: a store's few layouts decode many times."""
+    w = torch.tensor(widths, dtype=torch.int64)
+    starts = torch.cumsum(w, 0) - w
+    first = (starts // 8).clamp(max=max(nbytes, 2) - 2)  # a 0-bit code after the last: any
+    shift = torch.where(w > 0, starts - 8 * first, 0)
+    mask = (1 << w) - 1
+    return (
+        first.to(device),
+        shift[:, None].to(device, torch.int16),
+        mask[:, None].to(device, torch.int16),
+    )
 
 
 def _row_bytes(widths: torch.Tensor, nbytes: int | None) -> int:
