@@ -8,7 +8,9 @@ first, untraced) and follows every Python call into the checkout's ``sekv_*`` pa
 out code run at import, until the SeKV method's ``prepare`` returns (the store is loaded and the
 memory set up); separately, the calls under ``load_store``. Each caller -> callee edge counts
 once, in the order first taken. Prints, per path: the files entered, the *returns* (edges into
-another file already entered) and the edges.
+another file already entered) and the edges. With ``--edges``, also the files in the order
+entered and the file-level caller -> callee edges with their counts, in the order first taken,
+a return marked ``<-``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("document", type=Path)
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--edges", action="store_true", help="list the files and file edges")
     args = parser.parse_args()
     root = str(args.root.resolve())
     sys.path.insert(0, root)
@@ -48,6 +51,8 @@ def main() -> None:
     for name, edges in paths.items():
         files, returns = walk(edges)
         print(f"{name}: {len(files)} files, {returns} returns, {len(edges)} edges")
+        if args.edges:
+            print_edges(files, edges)
 
 
 class Tracer:
@@ -115,6 +120,27 @@ def walk(edges: list[tuple[str | None, str]]) -> tuple[list[str], int]:
         if callee not in files:
             files.append(callee)
     return files, returns
+
+
+def print_edges(files: list[str], edges: list[tuple[str | None, str]]) -> None:
+    """The files in the order entered, then each file-level caller -> callee edge (calls within
+    one file left out) with how many function-level edges it stands for; ``<-`` marks those
+    that return into a file entered before."""
+    for number, name in enumerate(files, 1):
+        print(f"  {number:3d} {name}")
+    counts: dict[tuple[str | None, str], int] = {}
+    back: dict[tuple[str | None, str], int] = {}
+    entered: set[str | None] = set()
+    for caller, callee in edges:
+        entered.add(caller)
+        if callee != caller:
+            counts[caller, callee] = counts.get((caller, callee), 0) + 1
+            if callee in entered:
+                back[caller, callee] = back.get((caller, callee), 0) + 1
+        entered.add(callee)
+    for (caller, callee), count in counts.items():
+        mark = f"  <- {back[caller, callee]}" if (caller, callee) in back else ""
+        print(f"  {count:3d}  {caller} -> {callee}{mark}")
 
 
 if __name__ == "__main__":
