@@ -14,14 +14,7 @@ from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
 
 from .errors import handle_errors, warn
-from .generation import (
-    SEED_OPTION,
-    TEMPERATURE_OPTION,
-    TOP_P_OPTION,
-    check_sampling,
-    sampling,
-)
-from .library import PATHS_ARGUMENT, open_library
+from .loading import open_library
 from .options import (
     BUDGET_OPTION,
     JSON_OPTION,
@@ -29,9 +22,15 @@ from .options import (
     MAX_TOKENS_OPTION,
     METHOD_OPTION,
     MODEL_OPTION,
+    PATHS_ARGUMENT,
+    SEED_OPTION,
+    TEMPERATURE_OPTION,
     THREADS_OPTION,
+    TOP_P_OPTION,
     MethodName,
     check_budget,
+    check_sampling,
+    sampling,
 )
 from .output import FirstText, check_writable, print_json, stream_text, write_output
 from .render import print_sources, print_zoom

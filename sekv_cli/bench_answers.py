@@ -173,7 +173,7 @@ def folder_bench(
     settings = checked_settings(sets)
     from sekv_bench.folder import bench_folder
 
-    from .library import library_progress
+    from .loading import library_progress
 
     loaded = load_model_quietly(model, resolve_threads(threads))
     with library_progress("Ingesting") as progress:

@@ -15,14 +15,19 @@ from rich.text import Text
 from sekv_core.collection import is_collection, select_documents
 from sekv_core.config import MethodSettings
 from sekv_core.errors import SekvError
-from sekv_core.paths import STORES_ENV
+from sekv_core.paths import STORES_ENV, check_home
 from sekv_core.threads import resolve_threads
 
 from . import loading
 from .errors import handle_errors, warn
-from .library import PATHS_ARGUMENT, library_progress, open_library
-from .loading import open_store
-from .options import JSON_OPTION, MAX_TOKENS_OPTION, MODEL_OPTION, THREADS_OPTION
+from .loading import library_progress, open_library, open_store
+from .options import (
+    JSON_OPTION,
+    MAX_TOKENS_OPTION,
+    MODEL_OPTION,
+    PATHS_ARGUMENT,
+    THREADS_OPTION,
+)
 from .output import print_json
 from .progress import reading_notice
 from .terminal import console, err, one_line
@@ -243,7 +248,7 @@ def ingest_on_cluster(
     start = time.perf_counter()
     with reading_notice(paths):
         selection = select_documents(paths, max_tokens, warn)
-    loading.check_home()
+    check_home()
     per_task = threads if threads is not None else 1
     loaded = loading.load_model_quietly(model, resolve_threads(threads))
     with library_progress("Ingesting") as progress:

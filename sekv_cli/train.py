@@ -9,10 +9,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.text import Text
 
 from sekv_core.errors import SekvError
+from sekv_core.paths import check_home
 from sekv_core.threads import resolve_threads
 
 from .errors import handle_errors
-from .loading import check_home, load_model_quietly
+from .loading import load_model_quietly
 from .options import JSON_OPTION, MODEL_OPTION, THREADS_OPTION
 from .output import print_json
 from .terminal import err

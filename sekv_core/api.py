@@ -441,10 +441,10 @@ class Library:
         context = encode_context(self.loaded.tokenizer, self.template, document.text, told)
         entry.document, entry.context = document, context
         entry.store, entry.cache_hit, entry.bytes = None, False, None
-        if not self._stored_already(entry):
-            try:
-                check_tokens(document, entry.tokens, self.max_tokens)
-            except SekvError:
+        try:
+            check_tokens(document, entry.tokens, self.max_tokens)
+        except SekvError:
+            if not self._stored_already(entry):  # a store built already: nothing left to read
                 entry.document = entry.context = None  # read again when next needed
                 raise
 

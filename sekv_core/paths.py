@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from .errors import SekvError
@@ -51,6 +52,33 @@ def home_read_only() -> bool:
     """Whether ``$SEKV_HOME`` exists and cannot be written (see the module docstring)."""
     home = home_path()
     return home.is_dir() and read_only(home)
+
+
+def check_home(answering: bool = False) -> None:
+    """Fail before the model loads if ``$SEKV_HOME`` (stores, routers, the default model's
+    converted copy) cannot be written, rather than after a prefill. ``answering``: a read-only
+    home that holds stores (a shared cache) is used as it is (see the module docstring: work
+    that must write there fails when it comes to it)."""
+    home = sekv_home()  # created if need be, else an error naming SEKV_HOME
+    if answering and home_read_only() and _holds_stores(home):
+        return
+    for folder in (home, home / "stores"):
+        try:
+            if folder.is_dir():
+                with tempfile.TemporaryFile(dir=folder):  # what os.access misses: root, read-only
+                    pass
+        except OSError:
+            where = "" if folder == home else f" ({folder})"
+            raise SekvError(
+                f"SEKV_HOME {home} is not writable{where}; set SEKV_HOME to a writable directory"
+            ) from None
+
+
+def _holds_stores(home: Path) -> bool:
+    try:
+        return any((home / "stores").iterdir())
+    except OSError:
+        return False
 
 
 ASK_WHAT_IT_HOLDS = (
