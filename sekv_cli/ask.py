@@ -10,10 +10,9 @@ import typer
 from rich.text import Text
 from typer.core import TyperCommand
 
-from sekv_core.config import MethodSettings
 from sekv_core.threads import resolve_threads
 
-from .errors import handle_errors, warn
+from .errors import handle_errors
 from .loading import open_library
 from .options import (
     BUDGET_OPTION,
@@ -28,8 +27,7 @@ from .options import (
     THREADS_OPTION,
     TOP_P_OPTION,
     MethodName,
-    check_budget,
-    check_sampling,
+    answer_settings,
     sampling,
 )
 from .output import FirstText, check_writable, print_json, stream_text, write_output
@@ -86,8 +84,7 @@ def ask(
     """Answer QUESTION about the documents at PATH... with a local LLM; the answer streams to
     stdout, then the passages it drew on, with pages (and files, for a collection)."""
     start = time.perf_counter()
-    check_budget(method, budget)
-    check_sampling(temperature, top_p, seed)
+    settings = answer_settings(method, budget, temperature, top_p, seed)
     if verbose and not show_zoom:
         raise typer.BadParameter(
             "it adds the router's scores to --show-zoom; pass both", param_hint="-v/--verbose"
@@ -95,7 +92,6 @@ def ask(
     if html_out is not None:
         check_writable(html_out, paths)
     n_threads = resolve_threads(threads)
-    settings = MethodSettings(budget=budget, warn=warn)
     library, load_s = open_library(paths, model, method, settings, n_threads, question, max_tokens)
     first = FirstText(None if json_out else stream_text)  # the first token's time
     result = library.ask(

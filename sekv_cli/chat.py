@@ -10,7 +10,6 @@ from pathlib import Path
 
 from rich.text import Text
 
-from sekv_core.config import MethodSettings
 from sekv_core.errors import SekvError
 from sekv_core.paths import sekv_home
 from sekv_core.threads import resolve_threads
@@ -29,8 +28,7 @@ from .options import (
     THREADS_OPTION,
     TOP_P_OPTION,
     MethodName,
-    check_budget,
-    check_sampling,
+    answer_settings,
     sampling,
 )
 from .output import stream_text
@@ -64,9 +62,7 @@ def chat(
 ) -> None:
     """Ask many questions about the documents at PATH...; each is answered from the stored
     memory, no re-reading, after the conversation so far (/reset forgets it)."""
-    check_budget(method, budget)
-    check_sampling(temperature, top_p, seed)
-    settings = MethodSettings(budget=budget, warn=warn)
+    settings = answer_settings(method, budget, temperature, top_p, seed)
     library, _ = open_library(
         paths, model, method, settings, resolve_threads(threads), max_tokens=max_tokens
     )

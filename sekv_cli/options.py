@@ -14,6 +14,8 @@ from sekv_core.config import DEFAULT_BUDGET, MAX_TOKENS, MethodSettings
 from sekv_core.method_names import USER_METHODS
 from sekv_core.threads import THREADS_ENV, default_threads
 
+from .errors import warn
+
 HELP_SETTINGS = {"help_option_names": ["--help", "-h"]}  # Typer context_settings: -h too
 
 
@@ -130,6 +132,16 @@ def check_sampling(temperature: float, top_p: float, seed: int | None) -> None:
                 "it applies to sampling only; add --temperature above 0 (0 is greedy)",
                 param_hint=option,
             )
+
+
+def answer_settings(
+    method: str, budget: int | None, temperature: float, top_p: float, seed: int | None
+) -> MethodSettings:
+    """The usage checks of ``ask``'s and ``chat``'s options (:func:`check_budget`,
+    :func:`check_sampling`), then the method's settings they give (warnings on stderr)."""
+    check_budget(method, budget)
+    check_sampling(temperature, top_p, seed)
+    return MethodSettings(budget=budget, warn=warn)
 
 
 def sampling(temperature: float, top_p: float, seed: int | None):
