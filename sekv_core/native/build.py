@@ -65,9 +65,9 @@ SIGNATURES = {
         [_P, _I, _I, _I, _I, _P, _I, _P, _P, _P, _P, _I, _I, _P],
     ),
     "sekv_gather": (_I, [_I, _P, _P, _I, _I, *[_P] * 4, _I, _P, _I, _I, _P, _I, _I, *[_P] * 4]),
-    "sekv_rans_histogram": (ctypes.c_int, [_P, *[_I] * 5, _P, _P, _P]),
-    "sekv_rans_encode_blocks": (_I, [_P, *[_I] * 5, *[_P] * 3, _I, _P, _I, _P]),
-    "sekv_rans_decode_blocks": (ctypes.c_int, [_P, _P, *[_I] * 5, *[_P] * 3, _I, _P, _I, _P]),
+    "sekv_rans_histogram": (ctypes.c_int, [_P, *[_I] * 5, _P, _P]),
+    "sekv_rans_encode_blocks": (_I, [_P, *[_I] * 5, *[_P] * 2, _I, _P, _I, _P]),
+    "sekv_rans_decode_blocks": (ctypes.c_int, [_P, _P, *[_I] * 5, *[_P] * 2, _I, _P, _I, _P]),
 }
 
 

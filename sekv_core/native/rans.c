@@ -3,13 +3,12 @@
  * sekv_core/native/build.py, called through sekv_core/store/entropy.py.
  *
  * Records (L, H, S, B) uint8; each layer's record is cut into F fields of widths[l][f] bits
- * (0..8, laid out as bitfields.h says, covering the record's 8 B bits; 0: none). A field's symbols over a
- * (layer, head)'s S rows have one frequency table (PROB_BITS-bit probabilities, every symbol of
- * its 2^width at least 1). A (layer, head)'s rows are cut into blocks of `rows` rows (the last
- * may be shorter), each coded alone so that a read decodes only the blocks it touches: a
- * block's coding holds its fields one after another, rows in order, under four coder states
- * (row r of the block by state r % 4: the steps of a decode overlap); a field may be xored
- * with flips[l][f] before it is coded (an int8 field made to order as its values). Blocks are
+ * (0..8, laid out as bitfields.h says, covering the record's 8 B bits; 0: none). A field's
+ * symbols over a (layer, head)'s S rows have one frequency table (PROB_BITS-bit probabilities,
+ * every symbol of its 2^width at least 1). A (layer, head)'s rows are cut into blocks of `rows`
+ * rows (the last may be shorter), each coded alone so that a read decodes only the blocks it
+ * touches: a block's coding holds its fields one after another, rows in order, under four
+ * coder states (row r of the block by state r % 4: the steps of a decode overlap). Blocks are
  * numbered (layer, head, block) in order and placed one after another. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -51,7 +50,7 @@ static int cumulate(const uint16_t *fr, int width, uint32_t *cum, uint8_t *symbo
 
 /* counts (L * H * F, TABLE) int64: each stream's symbol histogram. 0, or -1 for bad fields. */
 int sekv_rans_histogram(const uint8_t *records, int64_t L, int64_t H, int64_t S, int64_t B,
-                        int64_t F, const int64_t *widths, const int64_t *flips, int64_t *counts) {
+                        int64_t F, const int64_t *widths, int64_t *counts) {
     BitField fields[8 * 256];
     if (F > 8 * 256) return -1;
     memset(counts, 0, sizeof(int64_t) * (size_t)(L * H * F * TABLE));
@@ -61,37 +60,31 @@ int sekv_rans_histogram(const uint8_t *records, int64_t L, int64_t H, int64_t S,
             const uint8_t *block = records + (l * H + h) * S * B;
             for (int64_t f = 0; f < F; f++) {
                 int64_t *count = counts + ((l * H + h) * F + f) * TABLE;
-                int width = (int)widths[l * F + f];
-                uint32_t flip = (uint32_t)flips[l * F + f];
-                if (width == 0) continue;
-                for (int64_t r = 0; r < S; r++)
-                    count[bitfield_get(block + r * B, B, fields[f]) ^ flip]++;
+                if (widths[l * F + f] == 0) continue;
+                for (int64_t r = 0; r < S; r++) count[bitfield_get(block + r * B, B, fields[f])]++;
             }
         }
     }
     return 0;
 }
 
-/* Encodes one block's n records (B bytes each, its layer's `fields`, widths and flips of its
- * layer) with its (layer, head)'s tables freq (F, TABLE) and their cumulative frequencies cums
- * (F, TABLE) into out[0, cap), written from its end: returns the coded length g (the bytes are
+/* Encodes one block's n records (B bytes each, its layer's `fields` and widths) with its
+ * (layer, head)'s tables freq (F, TABLE) and their cumulative frequencies cums (F, TABLE)
+ * into out[0, cap), written from its end: returns the coded length g (the bytes are
  * out[cap - g, cap)), -1 when they do not fit in cap, -2 for a symbol its table gives no
  * probability. */
 static int64_t encode_block(const uint8_t *rec, int64_t n, int64_t B, int64_t F,
-                            const BitField *fields, const int64_t *widths, const int64_t *flips,
-                            const uint16_t *freq, const uint32_t *cums, uint8_t *out,
-                            int64_t cap) {
+                            const BitField *fields, const int64_t *widths, const uint16_t *freq,
+                            const uint32_t *cums, uint8_t *out, int64_t cap) {
     uint8_t *p = out + cap;
     uint32_t xs[STATES];
     for (int k = 0; k < STATES; k++) xs[k] = RANS_LOW;
     for (int64_t f = F - 1; f >= 0; f--) {
         const uint16_t *fr = freq + f * TABLE;
         const uint32_t *cum = cums + f * TABLE;
-        int width = (int)widths[f];
-        uint32_t flip = (uint32_t)flips[f];
-        if (width == 0) continue;
+        if (widths[f] == 0) continue;
         for (int64_t r = n - 1; r >= 0; r--) {
-            uint32_t s = bitfield_get(rec + r * B, B, fields[f]) ^ flip;
+            uint32_t s = bitfield_get(rec + r * B, B, fields[f]);
             uint32_t fs = fr[s], x = xs[r % STATES];
             if (fs == 0) return -2;
             if (x >= ((RANS_LOW >> PROB_BITS) << 16) * fs) { /* one word out */
@@ -115,9 +108,8 @@ static int64_t encode_block(const uint8_t *rec, int64_t n, int64_t B, int64_t F,
  * fit in cap (or a block would code to over twice its records), -2 for bad fields or a symbol
  * its table gives no probability, -3 when memory runs out. */
 int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, int64_t S,
-                                int64_t B, int64_t F, const int64_t *widths, const int64_t *flips,
-                                const uint16_t *freq, int64_t rows, uint8_t *out, int64_t cap,
-                                int64_t *lengths) {
+                                int64_t B, int64_t F, const int64_t *widths, const uint16_t *freq,
+                                int64_t rows, uint8_t *out, int64_t cap, int64_t *lengths) {
     BitField fields[8 * 256];
     int64_t nb = (S + rows - 1) / rows, at = 0, scap = 2 * rows * B + 4 * STATES;
     if (rows < 1 || F > 8 * 256) return -2;
@@ -136,7 +128,7 @@ int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, in
         for (int64_t j = 0; j < nb && !rc; j++) {
             int64_t n = S - j * rows < rows ? S - j * rows : rows;
             int64_t got = encode_block(records + (lh * S + j * rows) * B, n, B, F, fields,
-                                       widths + l * F, flips + l * F, fr, cums, scratch, scap);
+                                       widths + l * F, fr, cums, scratch, scap);
             if (got < 0 || at + got > cap) {
                 rc = got < 0 ? got : -1;
                 break;
@@ -162,7 +154,7 @@ int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, in
         uint32_t need = x < RANS_LOW;                                                         \
         x = need ? (x << 16) | p[0] | ((uint32_t)p[1] << 8) : x;                              \
         p += 2 * need;                                                                        \
-        bitfield_put(rec + (row) * B, B, at, s ^ flip);                                          \
+        bitfield_put(rec + (row) * B, B, at, s);                                              \
     }
 
 /* DECODE_ROW where fewer than two bytes may be left: returns -1 from the caller if they run out. */
@@ -175,7 +167,7 @@ int64_t sekv_rans_encode_blocks(const uint8_t *records, int64_t L, int64_t H, in
             x = (x << 16) | p[0] | ((uint32_t)p[1] << 8);                                     \
             p += 2;                                                                           \
         }                                                                                     \
-        bitfield_put(rec + (row) * B, B, at, s ^ flip);                                          \
+        bitfield_put(rec + (row) * B, B, at, s);                                              \
     }
 
 /* A block being decoded: its states, where its bytes are read, its rows (n of them). */
@@ -189,7 +181,7 @@ typedef struct {
 /* The block's next field (at `at`, table fr) decoded into its rows: 0, or -1 when its bytes
  * run out. Rows four at a time, one per state: the four steps overlap. */
 static int decode_field(Block *k, int64_t B, const uint16_t *fr, const uint32_t *cum,
-                        const uint8_t *symbol_of, BitField at, uint32_t flip) {
+                        const uint8_t *symbol_of, BitField at) {
     const uint8_t *p = k->p, *end = k->end;
     uint8_t *rec = k->rows;
     uint32_t x0 = k->x[0], x1 = k->x[1], x2 = k->x[2], x3 = k->x[3];
@@ -217,8 +209,8 @@ static int decode_field(Block *k, int64_t B, const uint16_t *fr, const uint32_t 
  * in) or a number is out of order, -2 when memory runs out. */
 int sekv_rans_decode_blocks(const uint8_t *coded, const int64_t *starts, int64_t L, int64_t H,
                             int64_t S, int64_t B, int64_t F, const int64_t *widths,
-                            const int64_t *flips, const uint16_t *freq, int64_t rows,
-                            const int64_t *blocks, int64_t m, uint8_t *records) {
+                            const uint16_t *freq, int64_t rows, const int64_t *blocks, int64_t m,
+                            uint8_t *records) {
     BitField fields[8 * 256];
     uint32_t cum[TABLE];
     uint8_t symbol_of[PROB_SCALE];
@@ -252,8 +244,7 @@ int sekv_rans_decode_blocks(const uint8_t *coded, const int64_t *starts, int64_t
             if (width == 0) continue;
             if (cumulate(fr, width, cum, symbol_of)) { rc = -1; break; }
             for (int64_t i = g; i < e && !rc; i++)
-                rc = decode_field(ks + i, B, fr, cum, symbol_of, fields[f],
-                                  (uint32_t)flips[l * F + f]);
+                rc = decode_field(ks + i, B, fr, cum, symbol_of, fields[f]);
         }
         for (int64_t i = g; i < e && !rc; i++) {
             Block *k = ks + i;

@@ -16,17 +16,12 @@ bytes, so a span's rows of one (layer, head) are one range of the tier and decod
 - :class:`TierCode` (values, ``"*x4"``): every direction at 4 bits with one fp16 scale per row
   (its largest magnitude), so small rows keep their relative error; ``"*x16"``: fp16
   coefficients (lossless, either kind).
-
-Decoding is batched: records -> codes (one native call on the CPU) -> one product per head
-with its synthesis map (:func:`per_head`). ``record_fields`` describes a record's bit fields
-for the entropy coder (:mod:`sekv_core.store.entropy`).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import torch
 
@@ -102,8 +97,34 @@ def read_basis(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
     return codes.float() * torch.exp2(exp.float())
 
 
+class RowCode:
+    """What both codes share: rows coded one layer at a time (each code's ``_encode_layer``),
+    records decoded to codes (its ``_codes``), then per head through its ``synthesis``."""
+
+    synthesis: tuple[torch.Tensor, torch.Tensor]  # (L, H, C, D) maps and (L, H, D) biases
+
+    def encode(self, rows: torch.Tensor) -> torch.Tensor:
+        """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
+        return torch.stack([self._encode_layer(rows[i], i) for i in range(rows.shape[0])])
+
+    def decode(
+        self,
+        records: torch.Tensor,
+        layer: int,
+        heads: torch.Tensor | list[int],
+        dtype: torch.dtype,
+        then: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
+        KV heads, ascending (or each head's row count, as :func:`per_head` takes them);
+        ``then``: an affine map (H, D, R), (H, R) applied to each head's rows (T, R). The codes
+        read (one native call on the CPU), then one product per head."""
+        codes = self._codes(records, layer)
+        return per_head(codes, heads, *_mapped(self.synthesis, layer, then)).to(dtype)
+
+
 @dataclass
-class TierCode:
+class TierCode(RowCode):
     """Directions ``basis`` (L, H, D, D), row ``mean`` and direction ``range`` (L, H, D),
     float32 holding fp16 numbers; ``bits`` per direction: 4 (codes and a row scale) or 16
     (fp16 coefficients)."""
@@ -144,10 +165,6 @@ class TierCode:
     def record_bytes(self) -> int:
         return tier_record_bytes(self.bits, self.basis.shape[-1])
 
-    def encode(self, rows: torch.Tensor) -> torch.Tensor:
-        """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
-        return torch.stack([self._encode_layer(rows[i], i) for i in range(rows.shape[0])])
-
     def _encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
         """Records (H, S, B): fp16 coefficients, or 4-bit codes (offset by TIER_LEVELS to be
         non-negative, packed) then the row's fp16 scale (its largest magnitude / TIER_LEVELS)."""
@@ -160,22 +177,10 @@ class TierCode:
         codes = (coef / step).round().clamp(-TIER_LEVELS, TIER_LEVELS) + TIER_LEVELS
         return torch.cat([pack_codes(codes, 4), _fresh(scale).view(torch.uint8)], dim=-1)
 
-    def decode(
-        self,
-        records: torch.Tensor,
-        layer: int,
-        heads: torch.Tensor | list[int],
-        dtype: torch.dtype,
-        then: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` (T,) their
-        KV heads, ascending (or each head's row count, as :func:`per_head` takes them);
-        ``then``: an affine map (H, D, R), (H, R) applied to each head's rows (T, R)."""
-        if records.dtype == torch.uint8 and kernels.usable(records):  # one call on the CPU
-            coef = kernels.tier_coefficients(records, self.bits, self.basis.shape[-1])
-        else:
-            coef = self.coefficients(records)
-        return per_head(coef, heads, *_mapped(self.synthesis, layer, then)).to(dtype)
+    def _codes(self, records: torch.Tensor, layer: int) -> torch.Tensor:
+        if records.dtype == torch.uint8 and kernels.usable(records):
+            return kernels.tier_coefficients(records, self.bits, self.basis.shape[-1])
+        return self.coefficients(records)
 
     def coefficients(self, records: torch.Tensor) -> torch.Tensor:
         """Coefficients (T, D) float32 of records (T, B)."""
@@ -187,13 +192,12 @@ class TierCode:
         codes = torch.nn.functional.embedding(records[:, :half].long(), table).flatten(-2)
         return codes * scale
 
-    def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A record's bit fields, the same in every layer: widths (L, F), each code then the
-        scale's two bytes (fp16 coefficients: two bytes each); flips (L, F), none."""
+    def record_fields(self) -> torch.Tensor:
+        """A record's bit fields' widths (L, F), the same in every layer: each code, then the
+        scale's two bytes (fp16 coefficients: two bytes each)."""
         D = self.basis.shape[-1]
         widths = [8, 8] * D if self.bits == 16 else [4] * D + [8, 8]
-        w = torch.tensor(widths, dtype=torch.int64).expand(self.basis.shape[0], -1).contiguous()
-        return w, torch.zeros_like(w)
+        return torch.tensor(widths, dtype=torch.int64).expand(self.basis.shape[0], -1).contiguous()
 
     @cached_property
     def synthesis(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,7 +208,7 @@ class TierCode:
 
 
 @dataclass
-class EvenCode:
+class EvenCode(RowCode):
     """Per (layer, KV head): ``basis`` (L, H, D, D) directions of the rows in the ``metric``
     (L, H, D), row ``mean`` and direction ``range`` (L, H, D) (the grid's largest code times
     its step); ``bits`` (L, H, D) int, the same for a layer's heads, summing to at most
@@ -282,10 +286,6 @@ class EvenCode:
         levels = torch.where(self.bits >= 2, 2 ** (self.bits - 1).clamp(min=1) - 1, 0).float()
         return self.range / levels.clamp(min=1), levels
 
-    def encode(self, rows: torch.Tensor) -> torch.Tensor:
-        """Records (L, H, S, B) uint8 of rows (L, H, S, D), one layer at a time."""
-        return torch.stack([self._encode_layer(rows[i], i) for i in range(rows.shape[0])])
-
     def _encode_layer(self, rows: torch.Tensor, layer: int) -> torch.Tensor:
         """Records (H, S, B) of one layer's rows (H, S, D): each code offset to be
         non-negative, packed in its direction's bits (:func:`~sekv_core.bitpack.pack_codes`)."""
@@ -294,31 +294,18 @@ class EvenCode:
         codes = ((y @ self.basis[layer]) / step).round().clamp(-levels, levels) + levels
         return pack_codes(codes.to(torch.int32), self.layer_bits[layer], self.record_bytes)
 
-    def decode(
-        self,
-        records: torch.Tensor,
-        layer: int,
-        heads: torch.Tensor | list[int],
-        dtype: torch.dtype,
-        then: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """Rows (T, D) in ``dtype`` of records (T, B) uint8 of one layer, ``heads`` and
-        ``then`` as for :meth:`TierCode.decode`: the codes unpacked, then one product per head
-        maps them to rows."""
-        if records.dtype == torch.uint8 and kernels.usable(records):  # one call on the CPU
-            codes = kernels.field_codes(records, self.layer_bits[layer])
-        else:
-            codes = unpack_codes(records, self.layer_bits[layer]).float()
-        return per_head(codes, heads, *_mapped(self.synthesis, layer, then)).to(dtype)
+    def _codes(self, records: torch.Tensor, layer: int) -> torch.Tensor:
+        if records.dtype == torch.uint8 and kernels.usable(records):
+            return kernels.field_codes(records, self.layer_bits[layer])
+        return unpack_codes(records, self.layer_bits[layer]).float()
 
-    def record_fields(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A record's bit fields per layer: widths (L, F), each direction's code (0: dropped)
-        then the record's unused bits, and flips (none)."""
+    def record_fields(self) -> torch.Tensor:
+        """A record's bit fields' widths per layer (L, F): each direction's code (0: dropped),
+        then the record's unused bits."""
         bits = self.layer_bits
         spare = 8 * self.record_bytes - bits.sum(dim=1)  # (L,) bits after the last code
         pads = [(spare - 8 * i).clamp(0, 8)[:, None] for i in range(-(-int(spare.max()) // 8))]
-        widths = torch.cat([bits, *pads], dim=1)
-        return widths.contiguous(), torch.zeros_like(widths)
+        return torch.cat([bits, *pads], dim=1).contiguous()
 
     @cached_property
     def layer_bits(self) -> torch.Tensor:
@@ -404,7 +391,7 @@ def _row_bits(bits: torch.Tensor) -> int:
     return max(8, -(-widest // 8) * 8)
 
 
-@functools.cache
+@cache
 def _byte_codes() -> torch.Tensor:
     """(256, 2) float32: the signed 4-bit codes every byte value packs (:func:`pack_codes`)."""
     return unpack_codes(torch.arange(256, dtype=torch.uint8)[:, None], 4).float() - TIER_LEVELS

@@ -2,20 +2,18 @@
 block decoded when an answer first reads it.
 
 A record of an offload code (:mod:`sekv_core.store.codes`) holds fixed-width fields
-(``record_fields``: a key's direction codes; a value's tier codes and scale bytes), and a
-field's codes crowd the centre of its range. So each (layer, KV head, field) has a table: a
-discretised Gaussian fitted to that field over every span token's row (two fp16 numbers:
-centre and spread, the spread picked from :data:`SPREADS` times the field's deviation by the
-length it codes to). Every symbol keeps a probability of at least 2^-12, so a field always
-codes. A (layer, head)'s rows are cut into blocks of :data:`BLOCK_ROWS`, each coded alone with a
-static rANS coder (``native/rans.c``): an answer decodes the blocks its zooms touch
-(:class:`OffloadTier`), not the tier.
+(``record_fields``), and a field's codes crowd the centre of its range. So each (layer, KV head,
+field) has a table: a discretised Gaussian (centre and spread, two fp16 numbers, the spread the
+multiple of the field's deviation in :data:`SPREADS` that codes shortest). A (layer, head)'s rows
+are cut into blocks of :data:`BLOCK_ROWS`, each coded alone by a static rANS coder
+(``native/rans.c``; every byte: ``docs/store-format.md``): an answer decodes the blocks its zooms
+touch (:class:`OffloadTier`), not the tier.
 
-Lossless: a block decodes to its records bit for bit. The build decodes what it wrote and keeps
-a kind's records as they are where that fails, where the coding would not be smaller, or where
-the native library is missing (:func:`compacted`). The tables are rebuilt at load from the
-stored numbers and checked against the build's checksum of them, so a machine that rounds one
-differently refuses the store rather than decode it wrongly.
+Lossless: the build decodes what it wrote and keeps a kind's records as they are where that
+fails, where the coding would not be smaller, or where the native library is missing
+(:func:`compacted`). A load rebuilds the tables from the stored numbers and checks them against
+the build's checksum, so a machine that rounds one differently refuses the store rather than
+decode it wrongly.
 """
 
 from __future__ import annotations
@@ -183,24 +181,21 @@ def _compact_kind(records: torch.Tensor, code) -> dict | None:
     table per (layer, head, field) over all its rows. The codings are placed one after another in
     one buffer of the records' size (its pages past the coding are never touched); each layer's
     is decoded back and compared before it is kept."""
-    widths, flips = code.record_fields()
-    B = code.record_bytes
-    if int(widths.sum(dim=1).max()) != 8 * B or int(widths.sum(dim=1).min()) != 8 * B:
-        return None  # fields that do not cover the record: not this coder's
+    widths, B = code.record_fields(), code.record_bytes  # fields that cover each record
     L, H, S = records.shape[:3]
     streams = H * widths.shape[1]  # a layer's
-    params = _fit(_histogram(records, widths, flips), widths, H)
+    params = _fit(_histogram(records, widths), widths, H)
     tables = _tables(params, widths, H)
     coded = torch.empty(records.numel(), dtype=torch.uint8)
     lengths, end = [], 0
     for at in range(L):
-        layer, fields = records[at : at + 1], (widths[at : at + 1], flips[at : at + 1])
+        layer, fields = records[at : at + 1], widths[at : at + 1]
         table = np.ascontiguousarray(tables[at * streams : (at + 1) * streams])
-        got = _encode_blocks(layer, *fields, table, coded[end:])
+        got = _encode_blocks(layer, fields, table, coded[end:])
         if got is None:  # not smaller
             return None
         piece, sizes = got
-        coding = Coding(piece, _starts(sizes), (1, H, S, B), *fields, torch.from_numpy(table))
+        coding = Coding(piece, _starts(sizes), (1, H, S, B), fields, torch.from_numpy(table))
         out = torch.empty_like(layer).view(-1)
         try:
             coding.decode(torch.arange(sizes.numel()), out)
@@ -227,7 +222,6 @@ class Coding:
     starts: torch.Tensor
     shape: tuple[int, int, int, int]
     widths: torch.Tensor
-    flips: torch.Tensor
     tables: torch.Tensor
 
     def decode(self, blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -239,7 +233,6 @@ class Coding:
             *self.shape,
             self.widths.shape[1],
             _ptr(self.widths),
-            _ptr(self.flips),
             _ptr(self.tables),
             BLOCK_ROWS,
             _ptr(blocks),
@@ -252,7 +245,7 @@ class Coding:
 
 def _coding(got: dict, L: int, H: int, rows: int, code) -> Coding:
     """A coded kind's tensors as decoding reads them, its tables rebuilt and checked."""
-    widths, flips = code.record_fields()
+    widths = code.record_fields()
     streams = H * widths.shape[1]  # a layer's
     sizes, params = got["block_bytes"], got["params"]
     if (
@@ -269,7 +262,7 @@ def _coding(got: dict, L: int, H: int, rows: int, code) -> Coding:
         raise ValueError("its offload coding's blocks do not add up to its bytes")
     table = torch.from_numpy(np.ascontiguousarray(tables))
     shape = (L, H, rows, code.record_bytes)
-    return Coding(got["coded"].contiguous(), _starts(sizes), shape, widths, flips, table)
+    return Coding(got["coded"].contiguous(), _starts(sizes), shape, widths, table)
 
 
 def _starts(sizes: torch.Tensor) -> torch.Tensor:
@@ -282,12 +275,12 @@ def _stream_widths(widths: torch.Tensor, H: int) -> np.ndarray:
     return widths[:, None].expand(-1, H, -1).reshape(-1).numpy()
 
 
-def _histogram(records: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor) -> np.ndarray:
+def _histogram(records: torch.Tensor, widths: torch.Tensor) -> np.ndarray:
     L, H, S, B = records.shape
     counts = torch.empty(L * H * widths.shape[1], TABLE, dtype=torch.int64)
     records = records.contiguous()
     rc = library().sekv_rans_histogram(
-        _ptr(records), L, H, S, B, widths.shape[1], _ptr(widths), _ptr(flips), _ptr(counts)
+        _ptr(records), L, H, S, B, widths.shape[1], _ptr(widths), _ptr(counts)
     )
     if rc:
         raise ValueError("record fields do not fit the records")
@@ -348,7 +341,7 @@ def _checksum(tables: np.ndarray) -> torch.Tensor:
 
 
 def _encode_blocks(
-    records: torch.Tensor, widths: torch.Tensor, flips: torch.Tensor, freq: np.ndarray, out
+    records: torch.Tensor, widths: torch.Tensor, freq: np.ndarray, out: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The blocks of ``records`` (L, H, S, B) coded into the front of ``out`` (uint8): that part
     of ``out`` and each block's bytes (L * H * blocks,) int64; None where they do not fit."""
@@ -364,7 +357,6 @@ def _encode_blocks(
         B,
         widths.shape[1],
         _ptr(widths),
-        _ptr(flips),
         _ptr(table),
         BLOCK_ROWS,
         _ptr(out),
