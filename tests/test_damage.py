@@ -335,7 +335,7 @@ STREAM_STAGES = {  # stage: (hook, checkpoint_s, what the next ingest warns)
         "resuming",
     ),
     "mid-part": (
-        "import sekv_core.store.checkpoint as m; "
+        "import sekv_core.store.partial as m; "
         "hook(m, 'save_file', when=lambda t, p: p.endswith('.tmp'))",
         30.0,
         None,

@@ -4,10 +4,9 @@ The store knows nothing of zooming: :func:`sekv_core.ingest.open_or_build` (abov
 the zoom) opens a valid store or builds one, and hands the streamed build the zoom's chunk reader.
 
 - :mod:`.build` — the one-shot build: one prefill of a context that fits the model window.
-- :mod:`.stream` — the streamed build of a longer context, chunk by chunk; :mod:`.layout` where
-  its tokens sit, :mod:`.parts` what it commits (segmented, coded), :mod:`.checkpoint` its state
-  between chunks, part files and checkpoints (resume), :mod:`.partial` the store grown so far,
-  which each chunk reads (through the caller's chunk reader).
+- :mod:`.stream` — the streamed build of a longer context, chunk by chunk (told there once);
+  :mod:`.partial` the store it grows, part by part, and the part files; :mod:`.checkpoint` its
+  state between chunks (resume).
 - :mod:`.write` — the one finishing path of both builds: code, then write atomically.
 - :mod:`.load` — :class:`~.load.SpanStore`, verified and read in three stages; :mod:`.resident`
   its resident tier, one typed object (what a build writes and what answers read).

@@ -1,14 +1,6 @@
-"""A streamed build's state between two chunks, and where it is kept: its part files and its
-checkpoints, in ``stores/.partial-<key>/``.
-
-A streamed build (:mod:`sekv_core.store.stream`) commits its oldest waiting tokens as *parts*
-(:mod:`sekv_core.store.parts`): one safetensors file each, written atomically and checksummed,
-which :class:`PartFiles` keeps in order and reads back (the growing store's offload tier, range
-by range). After a chunk the stream's state (:class:`StreamState`) is checkpointed beside them
-with every part's checksum (:class:`Checkpoints`): a rerun continues from a checkpoint only when
-all of it verifies (:func:`sekv_core.store.locks.resumable` tells, without verifying, whether one
-may), and starts over otherwise. The build runs under the store's lock
-(:func:`sekv_core.store.locks.store_lock`): one process builds a given store.
+"""A streamed build's state between two chunks (:class:`StreamState`) and its checkpoints
+(:class:`Checkpoints`), kept beside its part files: how a rerun resumes
+(:mod:`sekv_core.store.stream`).
 """
 
 from __future__ import annotations
@@ -16,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from bisect import bisect_right
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +21,9 @@ from ..sketch import QueryMoments, SketchBasis, sketch_from_state, sketch_state
 from .format import manifest_digest, sha256
 from .locks import STATE_VERSION
 from .resident import CODEBOOKS
-from .tensorfile import file_header, map_tensors, read_tensors
+from .tensorfile import read_tensors
 
-OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
-OPEN_PARTS = 32  # part files kept open
+KV = ("pending_k", "pending_v", "sink_k", "sink_v")  # the state's K/V, on the model's device
 
 
 @dataclass
@@ -85,10 +74,7 @@ class StreamState:
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors a checkpoint saves (CPU)."""
         return {
-            "pending_k": self.pending_k.cpu(),
-            "pending_v": self.pending_v.cpu(),
-            "sink_k": self.sink_k.cpu(),
-            "sink_v": self.sink_v.cpu(),
+            **{name: getattr(self, name).cpu() for name in KV},
             "surprisal": torch.from_numpy(self.surprisal),
             "roles": torch.from_numpy(self.roles),
             **sketch_state(self.sketch_basis, self.moments),
@@ -102,114 +88,16 @@ class StreamState:
         """The state a checkpoint saved: its ``counters`` and :meth:`tensors`, K/V to ``device``."""
         basis, moments = sketch_from_state(t)
         return cls(
-            counters["next"],
-            counters["commit_end"],
-            counters["threshold"],
-            t["pending_k"].to(device),
-            t["pending_v"].to(device),
-            t["sink_k"].to(device),
-            t["sink_v"].to(device),
-            t["surprisal"].numpy().copy(),
-            t["roles"].numpy().copy(),
-            basis,
-            moments,
-            {name: t[name] for name in CODEBOOKS if name in t} if CODEBOOKS[0] in t else None,
+            next=counters["next"],
+            commit_end=counters["commit_end"],
+            threshold=counters["threshold"],
+            **{name: t[name].to(device) for name in KV},
+            surprisal=t["surprisal"].numpy().copy(),
+            roles=t["roles"].numpy().copy(),
+            sketch_basis=basis,
+            moments=moments,
+            code={name: t[name] for name in CODEBOOKS if name in t} if CODEBOOKS[0] in t else None,
         )
-
-
-class PartFiles:
-    """The part files of a streamed build in ``work``, in order: each written (:meth:`write`) or
-    listed by a verified checkpoint (:meth:`replay`); ``files`` their names and checksums, as
-    checkpoints list them. Their records are the growing store's offload tier
-    (:meth:`offload_records`), read through ``os.pread`` (not memory maps: pages a map touched
-    would stay in the process's resident set, part after part).
-    """
-
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.files: list[dict[str, Any]] = []  # name and sha256 of each part, in order
-        self.paths: list[Path] = []
-        self.bases: dict[str, list[int]] = {name: [] for name in OFFLOAD}  # each part's first
-        self.totals = dict.fromkeys(OFFLOAD, 0)  # bytes of each flat buffer, all parts
-        self._open: OrderedDict[int, tuple[int, dict[str, int]]] = OrderedDict()
-
-    def write(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Write the next part atomically."""
-        name = f"part-{len(self.files):05d}.safetensors"
-        tmp = self.work / f".{name}.tmp"
-        save_file(tensors, str(tmp))
-        os.replace(tmp, self.work / name)
-        self._add({"name": name, "sha256": sha256(self.work / name)})
-
-    def replay(self, meta: dict[str, Any], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Add the part a verified checkpoint lists (``meta``: its name and checksum); returns
-        its tensors ``names`` (read back; not its records)."""
-        self._add(meta)
-        return read_tensors(self.paths[-1], names)
-
-    def _add(self, meta: dict[str, Any]) -> None:
-        path = self.work / meta["name"]
-        with open(path, "rb") as f:
-            entries = file_header(f)
-        self.files.append(meta)
-        self.paths.append(path)
-        for name in OFFLOAD:  # the global offset of each of its flat buffers
-            self.bases[name].append(self.totals[name])
-            self.totals[name] += entries[name].stop - entries[name].start
-
-    def each(self, names: tuple[str, ...]) -> list[dict[str, torch.Tensor]]:
-        """Every part's tensors ``names``, in order."""
-        return [read_tensors(path, names) for path in self.paths]
-
-    def records(self, part_rows: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
-        """Copy every part's records into ``out`` (each kind's (L, H, S, B) uint8), one part
-        mapped at a time (``part_rows`` (P + 1,): each part's first row, then S)."""
-        at = 0
-        for path, n in zip(self.paths, torch.diff(part_rows).tolist(), strict=True):
-            mapped = map_tensors(path, OFFLOAD)
-            for kind, rows in out.items():
-                L, H = rows.shape[:2]
-                rows[:, :, at : at + n] = mapped[f"{kind}_rows"].view(L, H, n, -1)
-            at += n
-
-    def offload_records(self, name: str, size: int, ranges: Any) -> torch.Tensor:
-        """Records (sum(counts), size) at ``ranges`` (``first``, ``counts``: as
-        :class:`~sekv_core.zoom.reconstruct.OffloadReader` reads them; a read per range)."""
-        start = ranges.first * size
-        return self.offload_ranges(name, start, start + ranges.counts * size).view(-1, size)
-
-    def offload_ranges(self, name: str, starts: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
-        """Bytes [starts[i], stops[i]) of buffer ``name`` for every i, one after another."""
-        pairs = zip(starts.tolist(), stops.tolist(), strict=True)
-        parts = [self._slice(name, a, b) for a, b in pairs]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
-
-    def _slice(self, name: str, start: int, stop: int) -> torch.Tensor:
-        if stop <= start:
-            return torch.zeros(0, dtype=torch.uint8)
-        part = bisect_right(self.bases[name], start) - 1
-        fd, data = self._file(part)
-        raw = os.pread(fd, stop - start, data[name] + start - self.bases[name][part])
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-    def _file(self, part: int) -> tuple[int, dict[str, int]]:
-        """An open descriptor of a part and the byte offset of each offload buffer in it."""
-        if part in self._open:
-            self._open.move_to_end(part)
-            return self._open[part]
-        fd = os.open(self.paths[part], os.O_RDONLY)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            entries = file_header(f)
-        data = {n: entries[n].start for n in OFFLOAD}
-        self._open[part] = (fd, data)
-        while len(self._open) > OPEN_PARTS:
-            os.close(self._open.popitem(last=False)[1][0])
-        return fd, data
-
-    def close(self) -> None:
-        for fd, _ in self._open.values():
-            os.close(fd)
-        self._open.clear()
 
 
 class CheckpointInvalid(Exception):

@@ -1,20 +1,18 @@
-"""The store under construction: the spans a streamed build committed so far, part by part.
-
-:class:`PartialStore` is read as a :class:`~sekv_core.store.load.SpanStore` is by
-:class:`~sekv_core.zoom.memory.SpanMemory` (its ``manifest``, ``resident`` tier and offload
-``reader``), so each chunk of the stream zooms into what the chunks before it committed: its
-resident tier grows with every part (the routing sketch requantised to one scale per direction),
-its offload tier stays in the part files and is read back range by range
-(:class:`~sekv_core.store.checkpoint.PartFiles`). When the stream ends it hands the finished
-store's tables and the parts' records to :func:`~sekv_core.store.write.write_store`.
+"""The store under construction: the spans a streamed build (:mod:`sekv_core.store.stream`)
+committed so far, read by each chunk's zoom as a loaded store is (:class:`PartialStore`): its
+resident tier grown part by part, its offload tier in the part files (:class:`PartFiles`).
 """
 
 from __future__ import annotations
 
+import os
+from bisect import bisect_right
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 from ..config import StoreSettings
 from ..sketch import (
@@ -22,24 +20,19 @@ from ..sketch import (
     dequantize_sketch,
     pack_sketch,
     requantize_sketch,
-    sketch_dtype,
     widen_sketch_scale,
 )
 from ..summary import STORE_DTYPE
-from .checkpoint import PartFiles
-from .codes import Code, fit_code, store_codebooks
+from .codes import Code, store_codebooks
+from .format import sha256, spanless_tables
 from .resident import CODEBOOKS, ResidentTier, SpanTables
+from .tensorfile import file_header, map_tensors, read_tensors
 
+OFFLOAD = ("k_rows", "v_rows")  # a part's flat buffers (offload tier): coded K/V records
+OPEN_PARTS = 32  # part files kept open
 HEADROOM = 1.5  # a sketch scale that must grow takes this margin (requantisations stay rare)
 # what a resumed build reads back from each part (not its records or anchors' K/V)
-REPLAYED = (
-    "span_starts",
-    "span_ends",
-    "span_reps",
-    "sketch",
-    "sketch_scale",
-    "anchor_pos",
-)
+REPLAYED = ("span_starts", "span_ends", "span_reps", "sketch", "sketch_scale", "anchor_pos")
 FIXED = ("anchor_pos", "anchor_k", "anchor_v")  # read when finished
 
 
@@ -64,6 +57,97 @@ class Grow:
     @property
     def value(self) -> torch.Tensor:
         return self.buf.narrow(self.dim, 0, self.n)
+
+
+class PartFiles:
+    """The part files of a streamed build in ``work``, in order: each written (:meth:`write`) or
+    listed by a verified checkpoint (:meth:`replay`); ``files`` their names and checksums, as
+    checkpoints list them. Their records are the growing store's offload tier
+    (:meth:`offload_records`), read through ``os.pread`` (not memory maps: pages a map touched
+    would stay in the process's resident set, part after part).
+    """
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.files: list[dict[str, Any]] = []  # name and sha256 of each part, in order
+        self.paths: list[Path] = []
+        self.bases: dict[str, list[int]] = {name: [] for name in OFFLOAD}  # each part's first
+        self.totals = dict.fromkeys(OFFLOAD, 0)  # bytes of each flat buffer, all parts
+        self._open: OrderedDict[int, tuple[int, dict[str, int]]] = OrderedDict()
+
+    def write(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Write the next part atomically."""
+        name = f"part-{len(self.files):05d}.safetensors"
+        tmp = self.work / f".{name}.tmp"
+        save_file(tensors, str(tmp))
+        os.replace(tmp, self.work / name)
+        self._add({"name": name, "sha256": sha256(self.work / name)})
+
+    def replay(self, meta: dict[str, Any], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Add the part a verified checkpoint lists (``meta``: its name and checksum); returns
+        its tensors ``names`` (read back; not its records)."""
+        self._add(meta)
+        return read_tensors(self.paths[-1], names)
+
+    def _add(self, meta: dict[str, Any]) -> None:
+        path = self.work / meta["name"]
+        with open(path, "rb") as f:
+            entries = file_header(f)
+        self.files.append(meta)
+        self.paths.append(path)
+        for name in OFFLOAD:  # the global offset of each of its flat buffers
+            self.bases[name].append(self.totals[name])
+            self.totals[name] += entries[name].stop - entries[name].start
+
+    def each(self, names: tuple[str, ...]) -> list[dict[str, torch.Tensor]]:
+        """Every part's tensors ``names``, in order."""
+        return [read_tensors(path, names) for path in self.paths]
+
+    def records(self, part_rows: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
+        """Copy every part's records into ``out`` (each kind's (L, H, S, B) uint8), one part
+        mapped at a time (``part_rows`` (P + 1,): each part's first row, then S)."""
+        at = 0
+        for path, n in zip(self.paths, torch.diff(part_rows).tolist(), strict=True):
+            mapped = map_tensors(path, OFFLOAD)
+            for kind, rows in out.items():
+                L, H = rows.shape[:2]
+                rows[:, :, at : at + n] = mapped[f"{kind}_rows"].view(L, H, n, -1)
+            at += n
+
+    def offload_records(self, name: str, size: int, ranges: Any) -> torch.Tensor:
+        """Records (sum(counts), size) of buffer ``name`` at ``ranges`` (``first``, ``counts``:
+        as :class:`~sekv_core.zoom.reconstruct.OffloadReader` reads them; a read per range)."""
+        starts = (ranges.first * size).tolist()
+        pairs = zip(starts, (ranges.counts * size).tolist(), strict=True)
+        parts = [self._slice(name, a, a + n) for a, n in pairs]
+        return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)).view(-1, size)
+
+    def _slice(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if stop <= start:
+            return torch.zeros(0, dtype=torch.uint8)
+        part = bisect_right(self.bases[name], start) - 1
+        fd, data = self._file(part)
+        raw = os.pread(fd, stop - start, data[name] + start - self.bases[name][part])
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+    def _file(self, part: int) -> tuple[int, dict[str, int]]:
+        """An open descriptor of a part and the byte offset of each offload buffer in it."""
+        if part in self._open:
+            self._open.move_to_end(part)
+            return self._open[part]
+        fd = os.open(self.paths[part], os.O_RDONLY)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            entries = file_header(f)
+        data = {n: entries[n].start for n in OFFLOAD}
+        self._open[part] = (fd, data)
+        while len(self._open) > OPEN_PARTS:
+            os.close(self._open.popitem(last=False)[1][0])
+        return fd, data
+
+    def close(self) -> None:
+        for fd, _ in self._open.values():
+            os.close(fd)
+        self._open.clear()
 
 
 class PartialStore:
@@ -97,12 +181,13 @@ class PartialStore:
         return self.parts
 
     def start(self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor) -> None:
-        """No spans yet: the sinks (positions; K (L, H, n, D) as the store keeps them; V)."""
-        L, H, D = sink_k.shape[0], sink_k.shape[1], sink_k.shape[3]
-        R, bits, dev, keep = self.dim, self.bits, self.device, self.keep
-        empty = torch.zeros(L, H, 0, D)
-        # no spans yet: any codebook (the stream places its own at the first commit)
-        codes = fit_code(empty, self.settings.key_code), fit_code(empty, self.settings.value_code)
+        """No spans yet: the sinks (positions; K (L, H, n, D) as the store keeps them; V), and
+        the tables of a store without span tokens (:func:`~.format.spanless_tables`) until the
+        first commit places the stream's own."""
+        L, H, _, D = sink_k.shape
+        dev, keep = self.device, self.keep
+        none = spanless_tables(L, H, D, self.settings)
+        R = none["sketch_scale"].shape[-1]
         self.resident = ResidentTier(
             fixed_pos=sinks,
             fixed_k=sink_k.to(keep),
@@ -110,17 +195,15 @@ class PartialStore:
             span_starts=torch.zeros(0, dtype=torch.int64),
             span_ends=torch.zeros(0, dtype=torch.int64),
             span_reps=torch.zeros(0, 4, dtype=torch.int64, device=dev),
-            sketch_proj=torch.zeros(L, H, D, R, dtype=keep, device=dev),
-            sketch_key=torch.zeros(L, H, D, R, dtype=STORE_DTYPE),
-            sketch_mean=torch.zeros(L, H, D, dtype=keep, device=dev),
-            sketch_scale=torch.ones(L, H, R, dtype=keep, device=dev),
+            sketch_proj=none["sketch_proj"].to(dev, keep),
+            sketch_key=none["sketch_key"],
+            sketch_mean=none["sketch_mean"].to(dev, keep),
+            sketch_scale=none["sketch_scale"].to(dev, keep),
             fixed_k_scale=None,
             fixed_v_scale=None,
-            sketch=torch.zeros(
-                L, H, 0, R // 2 if bits == 4 else R, dtype=sketch_dtype(bits), device=dev
-            ),
+            sketch=pack_sketch(torch.zeros(L, H, 0, R), self.bits).to(dev),
             part_rows=torch.zeros(1, dtype=torch.int64),
-            codebooks={**codes[0].tensors("k"), **codes[1].tensors("v")},
+            codebooks={name: t for name, t in none.items() if name in CODEBOOKS},
         )
 
     def place_sketch_basis(self, basis: SketchBasis) -> None:
@@ -211,7 +294,3 @@ class PartialStore:
         }
         self.parts.records(r.part_rows, records)
         return tables, records
-
-    def span_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Starts and ends (N,) of the spans committed so far (CPU)."""
-        return self.resident.span_starts.cpu(), self.resident.span_ends.cpu()

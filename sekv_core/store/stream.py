@@ -5,23 +5,23 @@ Each chunk of ``prefill_chunk`` tokens runs through the model by the caller's
 the sinks, the tokens not yet committed (at least ``stream.window`` of them, full resolution)
 and the spans zoomed from the store built so far (``stream.budget`` tokens per layer and KV
 head, routed by ``stream.route_queries`` of its queries). Once more than ``window + chunk``
-tokens wait, the oldest complete spans are committed as one *part*
-(:mod:`sekv_core.store.parts`): segmented with the rule of :func:`sekv_core.segment.segment`
-(threshold mu + alpha sigma of the surprisal read so far), coded, written to disk and appended
-to the growing store (:mod:`sekv_core.store.partial`). Held in memory: the waiting tokens, the
-chunk, the zoom cache and the resident routing tier (sketch, tables); the records stay on disk.
+tokens wait, the oldest complete spans are committed as one *part*: segmented with the rule of
+:func:`sekv_core.segment.segment` (threshold mu + alpha sigma of the surprisal read so far),
+coded, written to a file of its own and appended to the growing store (:mod:`.partial`). Held
+in memory: the waiting tokens, the chunk, the zoom cache and the resident routing tier (sketch,
+tables); the records stay in the part files.
 
-Positions: a context beyond the window gets a *bounded* store (pre-RoPE keys everywhere) and
-chunks see the layout of a bounded span memory — sinks at 0.., zoomed tokens packed before
-the waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the window.
-A book keeps no anchors (their boundary tokens stay in their spans). A context that fits
-(``stream.always``) keeps original positions and anchors throughout.
+Positions (:class:`StreamLayout`): a context beyond the window gets a *bounded* store (pre-RoPE
+keys everywhere) and chunks see the layout of a bounded span memory — sinks at 0.., zoomed
+tokens packed before the waiting tokens, which start at ``sinks + budget`` — so no RoPE
+distance reaches the window. A book keeps no anchors (their boundary tokens stay in their
+spans). A context that fits (``stream.always``) keeps original positions and anchors throughout.
 
-Resume: after a chunk (at most every ``checkpoint_s`` seconds) the stream's state is checkpointed
-beside the parts (:mod:`sekv_core.store.checkpoint`); a rerun verifies it, replays the parts and
-continues, or starts over. The
-finished store is written from the parts by the one writer of stores
-(:func:`~sekv_core.store.write.write_store`).
+Resume: the part files and, after a chunk (at most every :data:`CHECKPOINT_S` seconds), the
+stream's state (:mod:`.checkpoint`) are kept in ``stores/.partial-<key>/``. A rerun continues
+from a checkpoint only when all of it verifies (it replays the parts, then reads on), and starts
+over otherwise; :mod:`.locks` removes an abandoned one. The finished store is written from the
+parts by the one writer of stores (:func:`~.write.write_store`).
 """
 
 from __future__ import annotations
@@ -31,26 +31,27 @@ import shutil
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from ..config import exceeds_window
+from ..errors import SekvError
 from ..models import LoadedModel
 from ..paths import private_dir
 from ..prefill import Progress, release_freed_memory
 from ..rope import Rope
-from ..segment import ANCHOR, SPAN, Segmentation
-from ..sketch import QueryMoments
-from ..summary import STORE_DTYPE
+from ..segment import ANCHOR, SPAN, Segmentation, n_sinks, span_cuts
+from ..sketch import QueryMoments, quantize_sketch, sketch_basis, span_representatives
+from ..summary import STORE_DTYPE, one_thread
 from ..surprisal import Surprisal
 from .checkpoint import CheckpointInvalid, Checkpoints, StreamState
+from .codes import fit_code
 from .format import StoreSource, trace_tensors
-from .layout import StreamLayout
 from .partial import PartialStore
-from .parts import part_spans, part_tensors, waiting_codebooks, waiting_sketch_basis
 from .write import BuiltStore, write_store
 
 CHECKPOINT_S = 30.0  # at most this long between checkpoints
@@ -94,32 +95,77 @@ class ChunkReader(Protocol):
 ChunkReaders = Callable[[LoadedModel, Rope, int, int], ChunkReader]
 
 
+@dataclass(frozen=True)
+class StreamLayout:
+    """The sizes and positions of one stream (see "Positions" in the module docstring).
+
+    sinks : prompt head + first document tokens; chunk : tokens per forward; budget : zoomed
+    tokens per (layer, KV head); window : tokens kept waiting at full resolution (at least);
+    bounded : a book's store, pre-RoPE, its chunks at positions within the model window.
+    """
+
+    sinks: int
+    chunk: int
+    budget: int
+    window: int
+    bounded: bool
+    rope: Rope
+    band_end: int  # bounded: the first position of the waiting tokens (sinks + budget)
+
+    @classmethod
+    def plan(cls, source: StoreSource) -> StreamLayout:
+        """The layout of streaming ``source``'s context; SekvError when the model window is
+        too small."""
+        spec, context, settings = source.loaded.spec, source.context, source.settings
+        stream = settings.stream
+        sinks = n_sinks(len(context), context.doc_start, settings.segment)
+        bounded = exceeds_window(spec.window, len(context))
+        # bounded positions must fit the model window: small windows get smaller chunks/budget
+        small = spec.window // 8 if bounded else max(settings.prefill_chunk, stream.budget)
+        chunk, budget = min(settings.prefill_chunk, small), min(stream.budget, small)
+        room = spec.window - (sinks + budget) - 2 * chunk - 1
+        window = min(stream.window, room) if bounded else stream.window
+        if window < max(chunk, settings.segment.max_len):
+            raise SekvError(
+                f"the model's {spec.window:,}-token window is too small to stream this document "
+                f"(its prompt head takes {sinks} tokens); use a model with a longer window"
+            )
+        rope = Rope(source.loaded.model)
+        return cls(sinks, chunk, budget, window, bounded, rope, sinks + budget)
+
+    @property
+    def mode(self) -> str:
+        return "bounded" if self.bounded else "original"
+
+    def frame(
+        self, keys_pre: torch.Tensor, start: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Keys as the store keeps fixed keys and the sketch: pre-RoPE when bounded,
+        else post-RoPE at their original positions (``positions``, or from ``start`` on)."""
+        if self.bounded:
+            return keys_pre
+        if positions is None:
+            positions = torch.arange(start, start + keys_pre.shape[2])
+        return self.rope.rotate(keys_pre, positions)
+
+
 class StreamBuilder:
     """Builds one store by streaming its context; see the module docstring."""
 
-    def __init__(
-        self,
-        path: Path,
-        source: StoreSource,
-        readers: ChunkReaders,
-        checkpoint_s: float = CHECKPOINT_S,
-    ) -> None:
-        self.path, self.source = path, source
-        loaded, document, context = source.loaded, source.document, source.context
-        self.loaded, self.document, self.context = loaded, document, context
-        self.settings, self.readers, self.checkpoint_s = source.settings, readers, checkpoint_s
+    def __init__(self, path: Path, source: StoreSource, readers: ChunkReaders) -> None:
+        self.path, self.source, self.readers = path, source, readers
+        self.loaded, self.document, self.settings = source.loaded, source.document, source.settings
         self.work = path.with_name(f".partial-{path.name}")
-        self.checkpoints = Checkpoints(self.work, path.name, os.path.abspath(document.path))
-        self.T, self.doc_start = len(context), context.doc_start
+        self.checkpoints = Checkpoints(self.work, path.name, os.path.abspath(self.document.path))
+        self.T, self.doc_start = len(source.context), source.context.doc_start
         self.layout = StreamLayout.plan(source)
         # no anchors in a book: bounded positions would put them all at one place (module doc)
-        bounded = self.layout.bounded
         segment = self.settings.segment
-        self.segment = replace(segment, anchor_cap=0.0) if bounded else segment
-        self.device, self.dtype = loaded.device, loaded.dtype
+        self.segment = replace(segment, anchor_cap=0.0) if self.layout.bounded else segment
+        self.device, self.dtype = self.loaded.device, self.loaded.dtype
         self.keep = self.dtype if self.dtype.itemsize <= 2 else STORE_DTYPE  # resident precision
-        self.ids = torch.tensor(context.ids, device=self.device)
-        self.nll = Surprisal(loaded.model.get_output_embeddings())
+        self.ids = torch.tensor(source.context.ids, device=self.device)
+        self.nll = Surprisal(self.loaded.model.get_output_embeddings())
         self.max_position = 0  # largest RoPE position a chunk used (tests: < window)
         self.peak_window_bytes = 0  # largest waiting K/V held (flat in the document's length)
         self.timings = {"forward_s": 0.0, "commit_s": 0.0, "checkpoint_s": 0.0}
@@ -172,7 +218,7 @@ class StreamBuilder:
                 seconds = time.perf_counter() - t0
                 self.chunk_times.append((self.state.next, self.state.next - self._last, seconds))
                 done = self.state.next == self.T
-                if done or time.perf_counter() - last_checkpoint >= self.checkpoint_s:
+                if done or time.perf_counter() - last_checkpoint >= CHECKPOINT_S:
                     t0 = time.perf_counter()
                     self.checkpoints.write(self.state, self.store.parts.files)
                     self.timings["checkpoint_s"] += time.perf_counter() - t0
@@ -237,8 +283,8 @@ class StreamBuilder:
     def _commit_part(self, final: bool) -> bool:
         """Segment the oldest waiting tokens, write them as a part, append them to the memory.
         Returns whether anything was committed."""
-        s, lay, settings = self.state, self.layout, self.settings
-        seg, c, b = self.segment, s.commit_end, s.next
+        s, lay, seg = self.state, self.layout, self.segment
+        c, b = s.commit_end, s.next
         doc = s.surprisal[self.doc_start : b].astype(np.float64)
         s.threshold = float(doc.mean() + seg.alpha * doc.std()) if len(doc) else 0.0
         limit = self.T if final else b - lay.window
@@ -250,36 +296,90 @@ class StreamBuilder:
         if found is None:
             return False
         spans, chosen, end = found
-        if s.sketch_basis is None:  # the sketch's directions, from what waits
+        if s.sketch_basis is None:  # the sketch's directions and the codes, from what waits
             whole = self._spans(final, limit) if final else None  # final: all span tokens
-            spans_all = whole[0] if whole else None
-            s.sketch_basis = waiting_sketch_basis(s, spans_all, lay.frame, settings.sketch_dim)
-            self.store.place_sketch_basis(s.sketch_basis)
-            s.code = waiting_codebooks(s, spans_all, settings)
-            self.store.place_codebooks(s.code)
+            self._fit_tables(whole[0] if whole else None)
         s.roles[c:end] = SPAN
         s.roles[chosen] = ANCHOR
-        keys_pre = s.pending_k[:, :, : end - c].float().cpu()  # (L, H, n, D)
-        values = s.pending_v[:, :, : end - c].float().cpu()
-        h, basis, codes = (
-            s.surprisal[c:end],
-            s.sketch_basis,
-            self.store.codebooks(),
-        )
-        part = part_tensors(
-            keys_pre, values, h, c, spans, chosen, basis, codes, settings, lay.frame
-        )
-        self.store.commit(part)
+        self.store.commit(self._part(end, spans, chosen))
         self.reader.refresh()
         s.pending_k = s.pending_k[:, :, end - c :]
         s.pending_v = s.pending_v[:, :, end - c :]
         s.commit_end = end
         return True
 
-    def _spans(self, final: bool, limit: int) -> tuple[list, list[int], int] | None:
-        """:func:`~sekv_core.store.parts.part_spans` of the waiting tokens up to ``limit``."""
-        seg, sinks = self.segment, self.layout.sinks
-        return part_spans(self.state, final, limit, seg, sinks, self.doc_start, self.store.anchors)
+    def _spans(
+        self, final: bool, limit: int
+    ) -> tuple[list[tuple[int, int]], list[int], int] | None:
+        """Spans and anchors of the waiting tokens up to ``limit`` (the complete spans only; the
+        last one too when ``final``): (spans [(start, end)], anchor positions, end of the last
+        span), or None. Anchors stay within the document's cap, those committed counted."""
+        s, seg, T = self.state, self.segment, self.T
+        c, h = s.commit_end, s.surprisal
+        cuts = span_cuts(h, c, s.next, s.threshold, seg, T, final)
+        ends = [e for e in ([*cuts[1:], T] if final else cuts[1:]) if e <= limit]
+        if not ends or ends[-1] <= c:
+            return None
+        end = ends[-1]
+        openers = cuts[: len(ends)]
+        peaks = [o for o in openers if o > self.layout.sinks and h[o] > s.threshold]
+        allowed = int(seg.anchor_cap * max(end - self.doc_start, 1)) - self.store.anchors
+        chosen = sorted(sorted(peaks, key=lambda o: -h[o])[: max(allowed, 0)])
+        is_anchor = set(chosen)
+        starts = [o + (o in is_anchor) for o in openers]
+        spans = [(a, e) for a, e in zip(starts, ends, strict=True) if e > a]
+        if not spans:  # only one-token spans behind anchors: keep them as spans (parts hold spans)
+            chosen, spans = [], list(zip(openers, ends, strict=True))
+        return spans, chosen, end
+
+    def _fit_tables(self, spans: list[tuple[int, int]] | None) -> None:
+        """The sketch's directions and the offload code, fitted once, at the first commit, to
+        the waiting tokens of ``spans`` (None: all of them), and placed in the growing store:
+        the sketch to their keys as the store keeps them, the key code to their pre-RoPE keys
+        (both weighted by the queries seen so far), the value code to their values."""
+        s, settings, c = self.state, self.settings, self.state.commit_end
+        rows = span_rows(spans, c) if spans is not None else torch.arange(s.next - c)
+        keys = s.pending_k[:, :, rows].float().cpu()  # pre-RoPE
+        values = s.pending_v[:, :, rows].float().cpu()
+        with one_thread():
+            moment = s.moments.moment()
+            framed = self.layout.frame(keys, c, rows + c)
+            s.sketch_basis = sketch_basis(framed, moment, settings.sketch_dim)
+            k = fit_code(keys, settings.key_code, "store.key_code", moment)
+            v = fit_code(values, settings.value_code, "store.value_code")
+        s.code = {**k.tensors("k"), **v.tensors("v")}
+        self.store.place_sketch_basis(s.sketch_basis)
+        self.store.place_codebooks(s.code)
+
+    def _part(
+        self, end: int, spans: list[tuple[int, int]], anchors: list[int]
+    ) -> dict[str, torch.Tensor]:
+        """The tensors of the part of waiting tokens up to ``end`` (CPU): its ``spans``
+        [(start, end)] and ``anchors`` (context positions), their sketch rows, the span tokens'
+        K/V records in the store's codes, and the anchors' K/V."""
+        s, c, frame = self.state, self.state.commit_end, self.layout.frame
+        keys_pre = s.pending_k[:, :, : end - c].float().cpu()  # (L, H, n, D)
+        values = s.pending_v[:, :, : end - c].float().cpu()
+        framed, codes = frame(keys_pre, c), self.store.codebooks()
+        starts = torch.tensor([a for a, _ in spans], dtype=torch.int64).reshape(-1)
+        ends = torch.tensor([e for _, e in spans], dtype=torch.int64).reshape(-1)
+        rows = span_rows(spans, c)
+        sketch = s.sketch_basis.project(framed[:, :, rows])  # (L, H, S, R)
+        quantized = quantize_sketch(sketch, self.settings.sketch_bits)
+        span_h = torch.from_numpy(s.surprisal[c:end].copy())[rows]  # part-local sketch rows
+        rel = torch.tensor(anchors, dtype=torch.int64) - c
+        return {
+            "span_starts": starts,
+            "span_ends": ends,
+            "sketch": quantized["sketch"].contiguous(),
+            "sketch_scale": quantized["sketch_scale"],
+            "span_reps": span_representatives(span_h, ends - starts),
+            "anchor_pos": rel + c,
+            "anchor_k": framed[:, :, rel].to(STORE_DTYPE).contiguous(),
+            "anchor_v": values[:, :, rel].to(STORE_DTYPE).contiguous(),
+            "k_rows": codes["k"].encode(keys_pre[:, :, rows]).flatten(),
+            "v_rows": codes["v"].encode(values[:, :, rows]).flatten(),
+        }
 
     def _resume(self, warn: Callable[[str], None] | None) -> bool:
         """Continue from a verified checkpoint; discard the work directory otherwise."""
@@ -306,10 +406,10 @@ class StreamBuilder:
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
         tables, records = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v)
-        trace = trace_tensors(self.document, self.context, s.surprisal, s.roles)
+        trace = trace_tensors(self.document, self.source.context, s.surprisal, s.roles)
         positions = {"mode": lay.mode, "sinks": lay.sinks}
-        starts, ends = self.store.span_bounds()
-        seg = Segmentation(s.roles, starts.numpy(), ends.numpy(), s.threshold)
+        starts, ends = tables.span_starts.numpy(), tables.span_ends.numpy()
+        seg = Segmentation(s.roles, starts, ends, s.threshold)
         report = {
             "stats": seg.stats(),
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
@@ -334,6 +434,13 @@ class StreamBuilder:
         }
 
 
+def span_rows(spans: list[tuple[int, int]], c: int) -> torch.Tensor:
+    """Indices (relative to ``c``) of the tokens of ``spans``, in order."""
+    if not spans:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.cat([torch.arange(a, e) for a, e in spans]) - c
+
+
 def speed_along(chunk_times: list[tuple[int, int, float]], total: int) -> dict[str, float]:
     """Tokens/s over the tenth of the document before 10%, 50% and 100% of its ``total``
     tokens (``chunk_times``: (tokens done, tokens, seconds) per chunk, commits included)."""
@@ -353,12 +460,9 @@ def build_streamed(
     readers: ChunkReaders,
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
-    checkpoint_s: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Stream ``source``'s context into a store at ``path`` (resuming an interrupted build),
     its chunks read by ``readers(...)``; returns the records it holds decoded
     (:func:`~sekv_core.store.write.write_store`; the builder's report is in the manifest under
-    ``stream``). Checkpoints at most every ``checkpoint_s`` seconds (default CHECKPOINT_S)."""
-    checkpoint_s = CHECKPOINT_S if checkpoint_s is None else checkpoint_s
-    builder = StreamBuilder(path, source, readers, checkpoint_s)
-    return builder.run(progress, warn)
+    ``stream``)."""
+    return StreamBuilder(path, source, readers).run(progress, warn)
