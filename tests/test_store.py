@@ -365,7 +365,7 @@ def test_a_document_of_a_few_tokens_is_stored_and_answered(tiny_loaded, tmp_path
     """A document too short to hold a span (all sinks) builds, loads and zooms nothing."""
     document, context = prepare(tiny_loaded, tmp_path, text="Hi")
     store, _ = open_or_build(tiny_loaded, document, context)
-    assert store.n_spans == 0 and store.offload["k_rows"].numel() == 0
+    assert store.resident.span_starts.numel() == 0 and store.offload["k_rows"].numel() == 0
     again, hit = open_or_build(tiny_loaded, document, context)
     assert hit and again.resident.sketch.shape[2] == 0
 

@@ -278,7 +278,7 @@ def test_a_reader_written_from_the_format_page_reads_what_sekv_loads(
     # basis^T for basis^-1, is off by 1e-4 .. 1e-2)
     memory = SpanMemory(store, Rope(small.model), "cpu", torch.float32)
     L, H, S, _ = got["keys"].shape
-    spans = torch.arange(store.n_spans)
+    spans = torch.arange(memory.n_spans)
     for layer in range(L):
         for h in range(H):
             k, v = memory.reconstruct(layer, spans, torch.full_like(spans, h), rotate=False)

@@ -31,12 +31,7 @@ def build_store(
 ) -> dict[str, torch.Tensor]:
     """Prefill, segment, code and write the store of ``source`` atomically at ``path``; returns
     the records it holds decoded (:func:`~sekv_core.store.write.write_store`)."""
-    loaded, document, context, settings = (
-        source.loaded,
-        source.document,
-        source.context,
-        source.settings,
-    )
+    loaded, context, settings = source.loaded, source.context, source.settings
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     pre = prefill(loaded.model, context.ids, settings.prefill_chunk, progress)
@@ -87,6 +82,6 @@ def build_store(
         "mode": "original",
         "sinks": n_sinks(len(context), context.doc_start, settings.segment),
     }
-    trace = trace_tensors(document, context, pre.surprisal, seg.roles)
+    trace = trace_tensors(source.document, context, pre.surprisal, seg.roles)
     report = {"stats": seg.stats(), "timings": {k: round(v, 4) for k, v in timings.items()}}
     return write_store(path, source, BuiltStore(positions, tables, codes, records, trace, report))

@@ -129,12 +129,7 @@ def quantize_fixed(fixed_k: torch.Tensor, fixed_v: torch.Tensor) -> dict[str, to
 def store_manifest(source: StoreSource, positions: dict[str, Any]) -> dict[str, Any]:
     """The manifest's fixed part (``bytes``, ``stats``, ``files`` and ``digest`` are filled
     when the store is written)."""
-    loaded, document, context, settings = (
-        source.loaded,
-        source.document,
-        source.context,
-        source.settings,
-    )
+    loaded, document, context = source.loaded, source.document, source.context
     spec = loaded.spec
     return {
         "format": FORMAT,
@@ -145,7 +140,7 @@ def store_manifest(source: StoreSource, positions: dict[str, Any]) -> dict[str, 
             "class": type(loaded.tokenizer).__name__,
             "vocab_size": len(loaded.tokenizer),
         },
-        "settings": settings.to_dict(),
+        "settings": source.settings.to_dict(),
         "document": {
             "path": os.path.abspath(document.path),  # `sekv stores rm FILE` matches it
             "sha256": document.sha256,

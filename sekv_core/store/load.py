@@ -14,11 +14,8 @@ A load runs three stages:
    decoded span keys (:func:`~sekv_core.store.format.sketch_rows`); then the resident tier
    placed on the model's device.
 
-A build's caller opens the store just written through the same :func:`load_store`, handing it
-the records the build holds decoded (``decoded``: taken as they are, not decoded again).
-
-A store that fails any check raises :class:`StoreInvalid` and is never used
-(:func:`sekv_core.ingest.open_or_build` rebuilds it).
+A build's caller opens the store it wrote through the same :func:`load_store`. A store that
+fails any check raises :class:`StoreInvalid` and is never used (it is rebuilt).
 """
 
 from __future__ import annotations
@@ -83,10 +80,6 @@ class SpanStore:
     def offload(self) -> dict[str, torch.Tensor]:
         """The offload records decoded whole: ``k_rows``, ``v_rows`` (flat, uint8)."""
         return self.tier.whole()
-
-    @property
-    def n_spans(self) -> int:
-        return int(self.resident.span_starts.numel())
 
     @property
     def bytes(self) -> dict[str, int]:

@@ -89,9 +89,7 @@ def writer_alive(folder: Path) -> bool:
     try:
         writer = json.loads((folder / WRITER).read_text())
         pid, host = int(writer["pid"]), str(writer["host"])
-    except FileNotFoundError:
-        return _age(folder) < UNMARKED_GRACE_S
-    except (OSError, ValueError, KeyError, TypeError):  # a damaged mark: judged by age too
+    except (OSError, ValueError, KeyError, TypeError):  # unmarked, or a damaged mark: its age
         return _age(folder) < UNMARKED_GRACE_S
     return host != socket.gethostname() or pid_alive(pid)
 

@@ -5,8 +5,6 @@ offload codes and each part's fixed-rate records, the trace — and it codes wha
 (sinks' and anchors' K/V as 8-bit rows, the records entropy-coded), fills the manifest's sizes
 and writes the directory atomically: into a ``.tmp-*`` sibling that records its writer (a dead
 writer's is removed at the next build, :mod:`sekv_core.store.locks`), then renamed into place.
-Writing only writes: the builder's caller opens the store through
-:func:`~sekv_core.store.load.load_store`, as any later load does.
 """
 
 from __future__ import annotations
