@@ -1,11 +1,7 @@
-"""The span store's format: its key, its manifest and digest, the sizes it reports.
-
-A store is one directory per (document, model, settings, format version) under
-``$SEKV_HOME/stores`` holding ``resident.safetensors``, ``offload.safetensors``,
-``trace.safetensors`` and ``manifest.json``. Every file, tensor name, dtype and what the
-digest covers is written down in ``docs/store-format.md``; this module holds the names and the
-functions both builders and the loader share (the routing sketch's rows of decoded keys: a
-bounded store's written, the others' rebuilt at each load).
+"""The span store's format: its key, its manifest and digest, the sizes it reports, and what
+both builders and the loader share (the routing sketch's rows of decoded keys: a bounded
+store's written, the others' rebuilt at each load). Every file, tensor name and dtype, and what
+the digest covers: ``docs/store-format.md``.
 """
 
 from __future__ import annotations
@@ -192,6 +188,7 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 
 
 def nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Bytes of the tensors' data."""
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 

@@ -31,6 +31,7 @@ from .format import (
     code_stats,
     device_bytes,
     manifest_digest,
+    nbytes,
     quantize_fixed,
     sha256,
     sketch_rows,
@@ -107,7 +108,7 @@ def write_atomically(
     store's sizes when it has ``bytes``, and its digest — into a temporary sibling directory
     (0700, marked with this writer), then rename it to ``path``."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    needed = sum(t.numel() * t.element_size() for f in files.values() for t in f.values())
+    needed = sum(nbytes(tensors) for tensors in files.values())
     if shutil.disk_usage(path.parent).free < needed + SPARE_BYTES:
         raise _no_space(path, needed)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))  # 0700
