@@ -24,6 +24,10 @@ from .errors import ArgumentError, SekvError
 # ingest of a million tokens is hours of work and GBs of store
 MAX_TOKENS = 1_000_000
 ANSWER_RESERVE = 32  # tokens kept free in the window for the question and an answer's start
+# SeKV reads a context beyond this many tokens as a book (bounded positions, passages pinned
+# for the question) even where the model's window is longer: a 32K-window model zooming a 16K
+# document token by token copies a neighbouring fact of the same form (docs/design.md)
+BOOK_WINDOW = 8192
 DEFAULT_BUDGET = 256  # zoomed tokens per layer and KV head when nothing else is asked
 # the offload tier's codes (sekv_core.code_specs): keys on one even grid per (layer, KV head),
 # values at 4 bits on every direction with a row scale (either may be *x16: lossless); why
@@ -138,8 +142,20 @@ class MethodSettings:
 
 
 def exceeds_window(window: int, context_tokens: int) -> bool:
-    """A context that leaves no room for a question in a ``window``-token model: a book."""
+    """A context that leaves no room for a question in a ``window``-token model."""
     return context_tokens + ANSWER_RESERVE > window
+
+
+def reading_window(window: int) -> int:
+    """The positions SeKV reads a span store within: the model's ``window``, at most
+    :data:`BOOK_WINDOW`."""
+    return min(window, BOOK_WINDOW)
+
+
+def is_book(window: int, context_tokens: int) -> bool:
+    """Whether SeKV reads a context as a book in a ``window``-token model: streamed into a
+    store with bounded positions and read by passages."""
+    return exceeds_window(reading_window(window), context_tokens)
 
 
 def override(settings: Any, assignments: Iterable[str]) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import StoreSettings, exceeds_window
+from .config import StoreSettings, is_book
 from .documents import Document
 from .errors import SekvError
 from .models import LoadedModel
@@ -102,7 +102,7 @@ def _load_or_build(
                 warn(f"rebuilding the span store at {path}: {exc}")
     clean_leftovers(path.parent, path, STATE_VERSION)
     settings, tokens = source.settings, len(source.context)
-    if settings.stream.always or exceeds_window(source.loaded.spec.window, tokens):
+    if settings.stream.always or is_book(source.loaded.spec.window, tokens):
         decoded = build_streamed(path, source, ZoomedChunks, progress, warn)
     else:
         decoded = build_store(path, source, progress)

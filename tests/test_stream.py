@@ -17,7 +17,7 @@ from conftest import build_tiny_model
 from safetensors.torch import load_file
 
 import sekv_core.store.stream as stream_mod
-from sekv_core.config import SegmentSettings, StoreSettings, StreamSettings
+from sekv_core.config import BOOK_WINDOW, SegmentSettings, StoreSettings, StreamSettings
 from sekv_core.documents import Document, token_pages
 from sekv_core.engine import Session
 from sekv_core.errors import SekvError
@@ -353,6 +353,30 @@ def test_page_citations_stay_right_across_chunks(small, tmp_path):
         first_char = int(store.trace["offsets"][z["start"]][0])
         assert z["page"] == doc.page_of_char(first_char)
     assert {z["page"] for z in answer.zoom} - {1}  # spans beyond the first page are cited
+
+
+def test_beyond_the_reading_window_a_long_window_model_reads_a_book(tmp_path_factory, tmp_path):
+    """A model whose window holds 2 * BOOK_WINDOW tokens: a document beyond BOOK_WINDOW is read
+    as a book (bounded positions within BOOK_WINDOW, passages for the question), one within
+    it as a document at its own positions; full KV reads either whole."""
+    path = build_tiny_model(tmp_path_factory.mktemp("wide") / "llama", "llama", 2 * BOOK_WINDOW)
+    wide = load_model(str(path), device="cpu")
+    settings = MethodSettings(budget=64, store=StoreSettings(prefill_chunk=512, segment=SEGMENT))
+    book = document(tmp_path, text_of(230), name="long.md")
+    assert BOOK_WINDOW < len(context_of(wide, book)) < wide.spec.window // 2 + BOOK_WINDOW // 4
+    session = Session(wide, book, "sekv", settings)
+    answer = session.ask("Which crate is on floor 4?", max_new_tokens=4)
+    store = session.method.store
+    assert store.manifest["positions"]["mode"] == "bounded"
+    assert store.manifest["stream"]["max_position"] < BOOK_WINDOW
+    assert session.method.max_position < BOOK_WINDOW
+    assert session.method.policy.pinned is not None  # the question's passages
+    assert answer.answer is not None
+    full = Session(wide, book, "full").ask("Which crate is on floor 4?", max_new_tokens=4)
+    assert full.document["tokens"] == answer.document["tokens"]
+    short = Session(wide, document(tmp_path, text_of(150), name="short.md"), "sekv", settings)
+    assert BOOK_WINDOW // 2 < len(short.context) < BOOK_WINDOW
+    assert short.method.store.manifest["positions"]["mode"] == "original"
 
 
 def test_cli_ingests_and_answers_a_book_that_full_kv_refuses(small, tmp_path):

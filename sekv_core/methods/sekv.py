@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from .. import passages
-from ..config import DEFAULT_BUDGET
+from ..config import DEFAULT_BUDGET, reading_window
 from ..decode import Forcing, PositionedStep, decode_tokens
 from ..documents import Document
 from ..ingest import open_or_build
@@ -159,8 +159,9 @@ class SeKV(Method):
         return fixed, (self.spans.zoom_bytes(1024) - fixed) / 1024
 
     def max_band(self) -> int:
-        """Books: the most zoomed tokens per KV head (half of the window after the sinks)."""
-        return (self.loaded.spec.window - self.spans.n_sinks) // 2
+        """Books: the most zoomed tokens per KV head (half of the reading window after the
+        sinks, :func:`~sekv_core.config.reading_window`)."""
+        return (reading_window(self.loaded.spec.window) - self.spans.n_sinks) // 2
 
     def question_position(self) -> int:
         """RoPE position of the question's first token (books: after the sinks and the band)."""

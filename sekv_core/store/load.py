@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..config import StoreSettings, exceeds_window
+from ..config import StoreSettings, is_book
 from ..documents import Document
 from ..models import LoadedModel
 from ..prompt import Context
@@ -183,7 +183,7 @@ def check_claims(
 ) -> None:
     """StoreInvalid unless the manifest describes this model, document, context, settings."""
     T, start = len(context), context.doc_start
-    bounded = exceeds_window(loaded.spec.window, T)  # as the streamed build lays it out
+    bounded = is_book(loaded.spec.window, T)  # as the streamed build lays it out
     expect = {
         ("format",): FORMAT,
         ("version",): FORMAT_VERSION,

@@ -1,4 +1,5 @@
-"""Streamed ingest: a span store built chunk by chunk, for documents beyond the model window.
+"""Streamed ingest: a span store built chunk by chunk, for books (documents beyond the reading
+window, :func:`~sekv_core.config.is_book`).
 
 Each chunk of ``prefill_chunk`` tokens runs through the model by the caller's
 :class:`ChunkReader` (the zoom's, :class:`sekv_core.zoom.chunks.ZoomedChunks`): it attends to
@@ -11,10 +12,10 @@ coded, written to a file of its own and appended to the growing store (:mod:`.pa
 in memory: the waiting tokens, the chunk, the zoom cache and the resident routing tier (sketch,
 tables); the records stay in the part files.
 
-Positions (:class:`StreamLayout`): a context beyond the window gets a *bounded* store (pre-RoPE
-keys everywhere) and chunks see the layout of a bounded span memory — sinks at 0.., zoomed
-tokens packed before the waiting tokens, which start at ``sinks + budget`` — so no RoPE
-distance reaches the window. A book keeps no anchors (their boundary tokens stay in their
+Positions (:class:`StreamLayout`): a book gets a *bounded* store (pre-RoPE keys everywhere)
+and chunks see the layout of a bounded span memory — sinks at 0.., zoomed tokens packed before
+the waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the reading
+window. A book keeps no anchors (their boundary tokens stay in their
 spans). A context that fits (``stream.always``) keeps original positions and anchors throughout.
 
 Resume: the part files and, after a chunk (at most every :data:`CHECKPOINT_S` seconds), the
@@ -38,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..config import exceeds_window
+from ..config import is_book, reading_window
 from ..errors import SekvError
 from ..models import LoadedModel
 from ..paths import private_dir
@@ -101,7 +102,8 @@ class StreamLayout:
 
     sinks : prompt head + first document tokens; chunk : tokens per forward; budget : zoomed
     tokens per (layer, KV head); window : tokens kept waiting at full resolution (at least);
-    bounded : a book's store, pre-RoPE, its chunks at positions within the model window.
+    bounded : a book's store, pre-RoPE, its chunks at positions within the reading window
+    (:func:`~sekv_core.config.reading_window`).
     """
 
     sinks: int
@@ -119,11 +121,12 @@ class StreamLayout:
         spec, context, settings = source.loaded.spec, source.context, source.settings
         stream = settings.stream
         sinks = n_sinks(len(context), context.doc_start, settings.segment)
-        bounded = exceeds_window(spec.window, len(context))
-        # bounded positions must fit the model window: small windows get smaller chunks/budget
-        small = spec.window // 8 if bounded else max(settings.prefill_chunk, stream.budget)
+        bounded = is_book(spec.window, len(context))
+        # bounded positions fit the reading window: small windows get smaller chunks/budget
+        reads = reading_window(spec.window)
+        small = reads // 8 if bounded else max(settings.prefill_chunk, stream.budget)
         chunk, budget = min(settings.prefill_chunk, small), min(stream.budget, small)
-        room = spec.window - (sinks + budget) - 2 * chunk - 1
+        room = reads - (sinks + budget) - 2 * chunk - 1
         window = min(stream.window, room) if bounded else stream.window
         if window < max(chunk, settings.segment.max_len):
             raise SekvError(
