@@ -15,8 +15,8 @@ tables); the records stay in the part files.
 Positions (:class:`StreamLayout`): a book gets a *bounded* store (pre-RoPE keys everywhere)
 and chunks see the layout of a bounded span memory — sinks at 0.., zoomed tokens packed before
 the waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the reading
-window. A book keeps no anchors (their boundary tokens stay in their
-spans). A context that fits (``stream.always``) keeps original positions and anchors throughout.
+window. A book keeps no anchors (their boundary tokens stay in their spans). A context that
+fits (``stream.always``) keeps original positions and anchors throughout.
 
 Resume: the part files and, after a chunk (at most every :data:`CHECKPOINT_S` seconds), the
 stream's state (:mod:`.checkpoint`) are kept in ``stores/.partial-<key>/``. A rerun continues
@@ -377,7 +377,7 @@ class StreamBuilder:
             "sketch": quantized["sketch"].contiguous(),
             "sketch_scale": quantized["sketch_scale"],
             "span_reps": span_representatives(span_h, ends - starts),
-            "anchor_pos": rel + c,
+            "anchor_pos": torch.tensor(anchors, dtype=torch.int64),
             "anchor_k": framed[:, :, rel].to(STORE_DTYPE).contiguous(),
             "anchor_v": values[:, :, rel].to(STORE_DTYPE).contiguous(),
             "k_rows": codes["k"].encode(keys_pre[:, :, rows]).flatten(),
