@@ -1,4 +1,5 @@
-"""8-bit K/V rows: how an answer holds token-level K/V on the device (zoomed spans, sinks,
+"""How K/V numbers are kept: the store's half precision (:data:`STORE_DTYPE`, :func:`stored`),
+and 8-bit K/V rows, how an answer holds token-level K/V on the device (zoomed spans, sinks,
 anchors) between decoding steps.
 
 Each row (one token's key or value for one KV head) keeps int8 codes and one fp16 scale, its
@@ -13,12 +14,17 @@ from __future__ import annotations
 
 import torch
 
-from .summary import STORE_DTYPE
-
+STORE_DTYPE = torch.float16  # what the store keeps in half precision
 KV_BITS = 8  # how answers hold token-level K/V on the device
 CACHE_DTYPE = STORE_DTYPE  # 16-bit rows: half precision
 LEVELS = 127
 SCALE_DTYPE = torch.float16
+
+
+def stored(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a store keeps it (half precision), in float32: a code is fitted, encoded and
+    decoded with the same numbers."""
+    return t.to(STORE_DTYPE).float()
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

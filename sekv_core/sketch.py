@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from .bitpack import pack_codes, unpack_codes
+from .kvquant import STORE_DTYPE
 from .native import kernels
-from .summary import STORE_DTYPE
 
 RIDGE = 1e-4  # query directions below this share of the strongest one are floored (invertible W)
 

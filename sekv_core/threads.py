@@ -1,12 +1,16 @@
 """How many CPU threads torch uses: ``--threads``, else ``$SEKV_THREADS``, else
-``$OMP_NUM_THREADS`` (torch's own setting, kept), else :func:`default_threads`."""
+``$OMP_NUM_THREADS`` (torch's own setting, kept), else :func:`default_threads`; work spread
+over threads (:func:`each_on_threads`), or a block held to one (:func:`one_thread`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TypeVar
+
+import torch
 
 from .errors import SekvError
 
@@ -77,3 +81,15 @@ def each_on_threads(
         return [fn(item) for item in items]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(fn, items))
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run a block on one intra-op thread: with several, the batch loop of small
+    eigendecompositions and LAPACK compete for the cores (see docs/design.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

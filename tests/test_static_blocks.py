@@ -18,7 +18,7 @@ from sekv_core.methods.blocks import (
     block_attention_forward,
 )
 from sekv_core.methods.full import FullKV
-from sekv_core.methods.static import StaticSemantic
+from sekv_core.methods.static import StaticSemantic, gather_spans, summarize
 from sekv_core.prompt import chat_template, encode_context, encode_question
 
 TEXT = " ".join(
@@ -97,13 +97,33 @@ def test_static_never_reconstructs_and_counts_what_it_reads(tiny_loaded, tmp_pat
     assert method.routing()["reconstructions"] == 0
 
 
+def test_summaries_are_the_weighted_key_at_the_mean_norm_and_the_mean_value():
+    """From zero-padded span blocks (:func:`~sekv_core.methods.static.gather_spans`)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 300, 16, generator=g) + 0.5
+    starts = torch.tensor([0, 20, 70, 71, 150, 230])
+    ends = torch.tensor([20, 70, 71, 150, 230, 300])
+    lengths = ends - starts
+    blocks = gather_spans(x, starts, ends)
+    w = torch.zeros(len(starts), blocks.shape[-2])
+    w[:, 0] = 1.0  # all weight on each span's first token
+    sk, sv = summarize(blocks, blocks, w, lengths)
+    first = x[:, :, starts]  # (L, H, N, D)
+    mean_norm = torch.stack(
+        [x[:, :, s:e].norm(dim=-1).mean(-1) for s, e in zip(starts, ends, strict=True)], -1
+    )
+    expect = first / first.norm(dim=-1, keepdim=True) * mean_norm[..., None]
+    assert torch.allclose(sk, expect, atol=1e-4)
+    means = torch.stack([x[:, :, s:e].mean(-2) for s, e in zip(starts, ends, strict=True)], -2)
+    assert torch.allclose(sv, means, atol=1e-5)
+
+
 def test_static_summaries_are_the_spans_weighted_mean_keys_and_mean_values(tiny_loaded, tmp_path):
     """Read from a lossless store's offload tier, the summaries are the surprisal-weighted mean
     key (rescaled to the mean key norm, rotated to the span's centre) and the mean value of each
     span's own tokens, as the full prefill gives them."""
     from sekv_core.prefill import prefill
     from sekv_core.rope import Rope
-    from sekv_core.summary import gather_spans, summarize
 
     lossless = StoreSettings(segment=STORE.segment, key_code="*x16", value_code="*x16")
     method = make(StaticSemantic, tiny_loaded, tmp_path, store=lossless)

@@ -31,6 +31,7 @@ from ..backend import use_attention
 from ..config import DEFAULT_BUDGET, BlockSettings
 from ..decode import Forcing, PositionedStep, decode_tokens
 from ..errors import SekvError
+from ..kvquant import STORE_DTYPE
 from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
@@ -39,7 +40,6 @@ from ..store.format import DIGEST, manifest_digest, sha256, store_key
 from ..store.load import StoreInvalid
 from ..store.tensorfile import map_tensors, read_tensors
 from ..store.write import write_atomically
-from ..summary import STORE_DTYPE
 from ..zoom.attention import mixed_attention
 from ..zoom.router import Router
 from .base import Method, Progress

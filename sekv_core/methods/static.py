@@ -4,7 +4,7 @@ The context is cut into spans by the same entropy segmentation and span store Se
 answering attends, in one softmax, to the sinks + anchors, ONE summary entry per span (its logit
 gets + log|S|, so that it weighs like |S| similar tokens) and the local window (question +
 answer tokens): nothing is reconstructed while answering. The summaries (surprisal-weighted mean
-key, mean value: :func:`sekv_core.summary.summarize`) are computed once from the store's offload
+key, mean value: :func:`summarize`) are computed once from the store's offload
 tier when the method is prepared; the offload tier is not read again, so it does not count as
 this method's memory, and neither does the routing sketch (never read).
 
@@ -21,10 +21,10 @@ from transformers import DynamicCache
 
 from ..backend import use_attention
 from ..decode import Forcing, PositionedStep, decode_tokens
+from ..kvquant import STORE_DTYPE
 from ..prompt import stop_ids
 from ..sampling import Sampling
 from ..segment import SPAN
-from ..summary import STORE_DTYPE, gather_spans, summarize
 from ..zoom.attention import mixed_attention
 from ..zoom.memory import SpanMemory
 from .base import Progress
@@ -154,3 +154,33 @@ class StaticSemantic(SeKV):
             "fixed_tokens": self.spans.fixed_tokens,
             "reconstructions": 0,
         }
+
+
+def gather_spans(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Zero-padded span blocks: (..., T, D) -> (..., N, M, D) with M the longest span."""
+    lengths = ends - starts
+    width = int(lengths.max()) if len(lengths) else 0
+    pos = starts[:, None] + torch.arange(width)[None]  # (N, M)
+    valid = torch.arange(width)[None] < lengths[:, None]  # (N, M)
+    blocks = x[..., pos.clamp(max=x.shape[-2] - 1), :]  # (..., N, M, D)
+    return blocks * valid[..., None].to(x.dtype)
+
+
+def summarize(
+    keys: torch.Tensor, values: torch.Tensor, weights: torch.Tensor, lengths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Span summaries from padded blocks.
+
+    keys, values : (..., N, M, D) padded span blocks; weights : (N, M) surprisal (0 on padding)
+    Returns the surprisal-weighted mean key, rescaled to the span's mean key norm, and the mean
+    value, each (..., N, D).
+    """
+    valid = (torch.arange(keys.shape[-2])[None] < lengths[:, None]).to(keys.dtype)  # (N, M)
+    w = weights.clamp(min=0) * valid
+    w = torch.where(w.sum(-1, keepdim=True) > 0, w, valid)
+    w = w / w.sum(-1, keepdim=True)  # (N, M)
+    mean_k = (w[..., None] * keys).sum(-2)  # (..., N, D)
+    mean_norm = (keys.norm(dim=-1) * valid).sum(-1) / lengths.to(keys.dtype)  # (..., N)
+    summary_k = mean_k * (mean_norm / mean_k.norm(dim=-1).clamp(min=1e-6))[..., None]
+    summary_v = values.sum(-2) / lengths.to(values.dtype)[:, None]
+    return summary_k, summary_v

@@ -19,7 +19,7 @@ from ..prefill import Progress, prefill, release_freed_memory
 from ..rope import Rope
 from ..segment import SPAN, n_sinks, segment
 from ..sketch import quantize_sketch, sketch_basis, span_representatives
-from ..summary import one_thread
+from ..threads import one_thread
 from .codes import fit_code
 from .format import StoreSource, spans_pay, trace_tensors
 from .resident import SpanTables

@@ -28,8 +28,8 @@ import torch
 from ..bitpack import pack_codes, unpack_codes
 from ..code_specs import MAX_BITS, parse_even, tier_bits, tier_record_bytes
 from ..errors import SekvError
+from ..kvquant import STORE_DTYPE, stored
 from ..native import kernels
-from ..summary import STORE_DTYPE, stored
 
 SCALE = torch.float16  # a 4-bit record's row scale (code_specs.SCALE_BYTES)
 TIER_LEVELS = 7  # a 4-bit tier code's codes lie in ±TIER_LEVELS

@@ -19,13 +19,12 @@ import torch
 
 from ..config import StoreSettings
 from ..documents import Document, token_pages
-from ..kvquant import KV_BITS, quantize_rows, row_bytes
+from ..kvquant import KV_BITS, STORE_DTYPE, quantize_rows, row_bytes
 from ..models import LoadedModel, ModelSpec
 from ..prompt import Context
 from ..rope import Rope
 from ..sketch import pack_sketch, span_token_positions
-from ..summary import STORE_DTYPE, one_thread
-from ..threads import each_on_threads
+from ..threads import each_on_threads, one_thread
 from .codes import Code, fit_code
 from .resident import FIXED_SCALES, SpanTables
 

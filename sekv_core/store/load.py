@@ -30,12 +30,12 @@ import torch
 
 from ..config import StoreSettings, is_book
 from ..documents import Document
+from ..kvquant import STORE_DTYPE
 from ..models import LoadedModel
 from ..prompt import Context
 from ..rope import Rope
 from ..segment import SINK, n_sinks
 from ..sketch import sketch_dtype
-from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
 from .entropy import OffloadTier
 from .format import (

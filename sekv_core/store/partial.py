@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..config import StoreSettings
+from ..kvquant import STORE_DTYPE
 from ..sketch import (
     SketchBasis,
     dequantize_sketch,
@@ -22,7 +23,6 @@ from ..sketch import (
     requantize_sketch,
     widen_sketch_scale,
 )
-from ..summary import STORE_DTYPE
 from .codes import Code, store_codebooks
 from .format import sha256, spanless_tables
 from .resident import CODEBOOKS, ResidentTier, SpanTables

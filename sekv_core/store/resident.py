@@ -18,9 +18,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from ..kvquant import dequantize_rows
+from ..kvquant import STORE_DTYPE, dequantize_rows
 from ..sketch import column_major
-from ..summary import STORE_DTYPE
 
 FIXED_SCALES = {"fixed_k": "fixed_k_scale", "fixed_v": "fixed_v_scale"}  # 8-bit rows' scales
 # the tensors of a code (a code has those it uses: docs/store-format.md)

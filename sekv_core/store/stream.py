@@ -41,14 +41,15 @@ import torch
 
 from ..config import is_book, reading_window
 from ..errors import SekvError
+from ..kvquant import STORE_DTYPE
 from ..models import LoadedModel
 from ..paths import private_dir
 from ..prefill import Progress, release_freed_memory
 from ..rope import Rope
 from ..segment import ANCHOR, SPAN, Segmentation, n_sinks, span_cuts
 from ..sketch import QueryMoments, quantize_sketch, sketch_basis, span_representatives
-from ..summary import STORE_DTYPE, one_thread
 from ..surprisal import Surprisal
+from ..threads import one_thread
 from .checkpoint import CheckpointInvalid, Checkpoints, StreamState
 from .codes import fit_code
 from .format import StoreSource, trace_tensors
