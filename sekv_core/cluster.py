@@ -13,7 +13,7 @@ every node (a shared file system mounted at one path).
 
 Faults: a task whose worker dies (killed, out of memory, its node lost) is run again by Ray, at
 most :data:`RETRIES` more times; a half-written store is never renamed into place, and what a
-dead writer left is removed at the next build (:mod:`sekv_core.store.locks`). A document that
+dead writer left is removed at the next build (:mod:`sekv_core.locks`). A document that
 fails on every try, or whose task raises, is skipped and counted, as an unreadable one is.
 Ctrl-C cancels the tasks (their workers are killed); the stores finished stay.
 

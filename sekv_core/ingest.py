@@ -5,9 +5,9 @@ prefill (:mod:`sekv_core.store.build`), a longer one is streamed
 (:mod:`sekv_core.store.stream`), its chunks read through the zoom
 (:class:`sekv_core.zoom.chunks.ZoomedChunks`): above both rooms, it hands the store's builder
 the zoom's reader. One process builds a given store at a time
-(:func:`sekv_core.store.locks.store_lock`); another that wants it waits, then loads what the
+(:func:`sekv_core.locks.store_lock`); another that wants it waits, then loads what the
 first built. What killed builders left behind is cleaned before a build
-(`sekv_core.store.locks.clean_leftovers`).
+(`sekv_core.locks.clean_leftovers`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from .config import StoreSettings, is_book
 from .documents import Document
 from .errors import SekvError
+from .locks import STATE_VERSION, clean_leftovers, store_lock
 from .models import LoadedModel
 from .paths import home_read_only, read_only_error, stores_dir
 from .prefill import Progress
@@ -25,7 +26,6 @@ from .prompt import Context
 from .store.build import build_store
 from .store.format import StoreSource
 from .store.load import SpanStore, StoreInvalid, load_store
-from .store.locks import STATE_VERSION, clean_leftovers, store_lock
 from .store.shelf import mark_used
 from .store.stream import build_streamed
 from .zoom.chunks import ZoomedChunks

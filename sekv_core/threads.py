@@ -10,8 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
-import torch
-
 from .errors import SekvError
 
 T, R = TypeVar("T"), TypeVar("R")
@@ -87,6 +85,8 @@ def each_on_threads(
 def one_thread() -> Iterator[None]:
     """Run a block on one intra-op thread: with several, the batch loop of small
     eigendecompositions and LAPACK compete for the cores (see docs/design.md)."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

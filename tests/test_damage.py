@@ -26,11 +26,11 @@ from sekv_core.config import StoreSettings, override
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.ingest import open_or_build, store_path
+from sekv_core.locks import STATE_VERSION, clean_leftovers, mark_writer, store_lock
 from sekv_core.methods import MethodSettings
 from sekv_core.models import load_model
 from sekv_core.prompt import chat_template, encode_context
 from sekv_core.store.format import DIGEST, FILES, manifest_digest
-from sekv_core.store.locks import STATE_VERSION, clean_leftovers, mark_writer, store_lock
 
 TEXT = "\n\n".join(f"Room {i}: the {w} key opens locker {i * 7 % 31}." for i, w in enumerate("abc"))
 OTHER = "\n\n".join(f"Shelf {i} holds {i * 3} blue jars and a red lid." for i in range(4))

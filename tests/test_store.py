@@ -281,7 +281,7 @@ def test_loads_racing_replacements_verify_or_fail_cleanly(tiny_model_dirs, tmp_p
     import threading
     import time
 
-    from sekv_core.store.locks import store_lock
+    from sekv_core.locks import store_lock
 
     fmt = write_module
 

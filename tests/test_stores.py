@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from sekv_cli.main import app
 from sekv_core.documents import load_document
 from sekv_core.engine import Session
+from sekv_core.locks import store_lock
 from sekv_core.models import load_model
 from sekv_core.store import shelf
-from sekv_core.store.locks import store_lock
 
 runner = CliRunner()
 DAY = 86400.0
@@ -208,7 +208,7 @@ def test_interrupted_ingests_and_leftovers_are_listed_and_removed(home):
     document removes its interrupted ingest too."""
     import os
 
-    from sekv_core.store.locks import STATE_VERSION
+    from sekv_core.locks import STATE_VERSION
 
     stores = home / "stores"
     key = next(s["key"] for s in listed() if s["kind"] == "span")
@@ -248,7 +248,7 @@ def test_interrupted_ingests_and_leftovers_are_listed_and_removed(home):
 def test_an_interrupted_ingest_is_listed_by_its_document_and_one_store_is_singular(home):
     """The checkpoint of a streamed build names its document (no store of that document
     exists to name it); a count of one reads singular."""
-    from sekv_core.store.locks import STATE_VERSION
+    from sekv_core.locks import STATE_VERSION
 
     stores = home / "stores"
     for key in [s["key"] for s in listed()][1:]:

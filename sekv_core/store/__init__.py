@@ -14,6 +14,7 @@ the zoom) opens a valid store or builds one, and hands the streamed build the zo
   :mod:`.tensorfile` the one reader of the safetensors files.
 - :mod:`.codes` — the offload tier's key and value codes (their specs: :mod:`sekv_core.code_specs`);
   :mod:`.entropy` (``sekv_core/native/rans.c``) — those records entropy-coded in blocks.
-- :mod:`.locks` — one builder per store, leftovers of killed builders; :mod:`.shelf` — the
-  stores on disk (`sekv stores`).
+- :mod:`.shelf` — the stores on disk (`sekv stores`); one builder per store and the leftovers
+  of killed builders: :mod:`sekv_core.locks` (below the store: a converted model is written
+  the same way).
 """

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from ..locks import STATE_VERSION
 from ..segment import SINK, SPAN
 from ..sketch import QueryMoments, SketchBasis, sketch_from_state, sketch_state
 from .format import manifest_digest, sha256
-from .locks import STATE_VERSION
 from .resident import CODEBOOKS
 from .tensorfile import read_tensors
 

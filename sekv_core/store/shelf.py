@@ -1,7 +1,7 @@
 """The stores under ``$SEKV_HOME/stores``: listed, removed, pruned (no model needed).
 
 Every directory there is a store — a span store (:mod:`sekv_core.store.format`) or a
-block-baseline store (``blocks-*``) — or a work folder (:mod:`sekv_core.store.locks`): an
+block-baseline store (``blocks-*``) — or a work folder (:mod:`sekv_core.locks`): an
 interrupted streamed build a rerun resumes (``.partial-*``, kind ``resumable``) or what a dead
 writer left (kind ``leftover``); so is a ``.tmp-*`` folder in ``$SEKV_HOME/models`` (a model
 conversion's, :func:`sekv_core.models.converted_gguf`). Folders a live process works in
@@ -13,7 +13,7 @@ use is its directory's mtime: set when it is built and each time it is loaded
 Removal is safe for a process reading the store: under the store's build lock (a build in
 progress is never removed under its builder; such a store is reported busy and kept), the
 directory is renamed to ``.trash-<key>-<pid>`` (a reader opening it now fails and rebuilds; one
-killed here leaves a folder :func:`sekv_core.store.locks.clean_leftovers` removes), then deleted: a
+killed here leaves a folder :func:`sekv_core.locks.clean_leftovers` removes), then deleted: a
 process that has the files open or memory-mapped keeps reading them (POSIX unlink).
 """
 
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SekvError
+from ..locks import WORK_PREFIXES, store_lock, work_folder_state
 from ..paths import read_only, read_only_error, stores_path
-from .locks import WORK_PREFIXES, store_lock, work_folder_state
 
 MIN_PREFIX = 4  # a key prefix shorter than this matches nothing (``rm b`` removes no store)
 SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -240,7 +240,7 @@ class _Busy(Exception):
 
 
 def _refuse() -> None:
-    """:func:`sekv_core.store.locks.store_lock`'s ``waiting``: do not wait for a build, skip it."""
+    """:func:`sekv_core.locks.store_lock`'s ``waiting``: do not wait for a build, skip it."""
     raise _Busy
 
 

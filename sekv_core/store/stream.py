@@ -21,8 +21,8 @@ fits (``stream.always``) keeps original positions and anchors throughout.
 Resume: the part files and, after a chunk (at most every :data:`CHECKPOINT_S` seconds), the
 stream's state (:mod:`.checkpoint`) are kept in ``stores/.partial-<key>/``. A rerun continues
 from a checkpoint only when all of it verifies (it replays the parts, then reads on), and starts
-over otherwise; :mod:`.locks` removes an abandoned one. The finished store is written from the
-parts by the one writer of stores (:func:`~.write.write_store`).
+over otherwise; :mod:`sekv_core.locks` removes an abandoned one. The finished store is written
+from the parts by the one writer of stores (:func:`~.write.write_store`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Both builders end in :func:`write_store` with the same pieces — the resident t
 offload codes and each part's fixed-rate records, the trace — and it codes what the file holds
 (sinks' and anchors' K/V as 8-bit rows, the records entropy-coded), fills the manifest's sizes
 and writes the directory atomically: into a ``.tmp-*`` sibling that records its writer (a dead
-writer's is removed at the next build, :mod:`sekv_core.store.locks`), then renamed into place.
+writer's is removed at the next build, :mod:`sekv_core.locks`), then renamed into place.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import SekvError
+from ..locks import WRITER, mark_writer
 from ..prefill import release_freed_memory
 from .codes import Code, store_codebooks
 from .entropy import compacted
@@ -38,7 +39,6 @@ from .format import (
     store_manifest,
     stored_sketch,
 )
-from .locks import WRITER, mark_writer
 from .resident import SKETCH_TABLES, TABLES, SpanTables
 
 SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, the manifest)

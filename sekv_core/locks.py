@@ -1,4 +1,5 @@
-"""One builder per store, and the leftovers of builders that died.
+"""One builder per store, and the leftovers of writers that died (a store's, or a converted
+model's: :func:`sekv_core.models.converted_gguf` writes it as a store is written).
 
 Every store build holds an exclusive lock on ``$SEKV_HOME/locks/<key>.lock`` (:func:`store_lock`,
 ``fcntl.flock``: the kernel releases it when its holder dies, even by ``kill -9``); a second
