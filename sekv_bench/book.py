@@ -26,7 +26,7 @@ from sekv_core.documents import load_document
 from sekv_core.engine import Session
 from sekv_core.ingest import open_or_build
 from sekv_core.models import LoadedModel
-from sekv_core.prompt import chat_template, encode_context
+from sekv_core.prompt import encode_context
 
 from .haystack import NEEDLES, Needle, sentence
 from .rows import resident_share
@@ -168,7 +168,7 @@ def bench_book_ingest(
     """Stream ``path`` into a fresh span store: time, tokens/s at 10/50/100%, peak RSS, bytes."""
     settings = settings or StoreSettings()
     document = load_document(path)
-    context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+    context = encode_context(loaded.tokenizer, loaded.template, document.text)
     rss_before = peak_rss_bytes()
     t0 = time.perf_counter()
     store, hit = open_or_build(loaded, document, context, settings)

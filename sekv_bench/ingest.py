@@ -13,7 +13,7 @@ from sekv_core.engine import check_window
 from sekv_core.ingest import open_or_build, store_path
 from sekv_core.methods.full import prefill_cache
 from sekv_core.models import LoadedModel
-from sekv_core.prompt import chat_template, encode_context
+from sekv_core.prompt import encode_context
 
 
 def bench_ingest(
@@ -25,7 +25,7 @@ def bench_ingest(
     rows = []
     for path in paths:
         document = load_document(path)
-        context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), document.text)
+        context = encode_context(loaded.tokenizer, loaded.template, document.text)
         check_window(loaded, document, context)
         t0 = time.perf_counter()
         prefill_cache(loaded.model, context.ids, settings.prefill_chunk)

@@ -168,13 +168,13 @@ def open_store(file, model: str | None, threads: int, max_tokens: int = MAX_TOKE
     check_home(answering=True)
     from sekv_core.engine import check_window  # torch: only once the input is known to be usable
     from sekv_core.ingest import open_or_build
-    from sekv_core.prompt import chat_template, encode_context
+    from sekv_core.prompt import encode_context
 
     loaded = load_model_quietly(model, threads)
     with prefill_progress(f"Ingesting {one_line(document.path.name)}") as progress:
         context = encode_context(
             loaded.tokenizer,
-            chat_template(loaded.tokenizer),
+            loaded.template,
             document.text,
             lambda done, total: progress(done, total, TOKENIZING),
         )

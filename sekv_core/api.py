@@ -48,7 +48,7 @@ from .index.ranking import Finder, Ranked
 from .ingest import open_or_build, store_path
 from .methods import METHODS, SeKV
 from .models import LoadedModel, load_model
-from .prompt import Context, Turn, chat_template, encode_context, encode_question
+from .prompt import Context, Turn, encode_context, encode_question
 from .sources import in_documents
 from .store.load import StoreInvalid, check_claims, read_manifest
 from .store.shelf import mark_used
@@ -172,7 +172,6 @@ class Library:
         self.progress = progress
         self.lock: threading.RLock = loaded.lock  # the model's: one caller at a time
         self.closed = False
-        self.template = chat_template(loaded.tokenizer)
         self.stored = issubclass(METHODS[method], SeKV)  # answers from span stores
         self.sessions: OrderedDict[int, Session] = OrderedDict()  # least recently used first
         self.catalog: Catalog | None = None
@@ -299,7 +298,7 @@ class Library:
     def question_ids(self, question: str, history: Sequence[Turn] = ()) -> list[int]:
         """The question part of the prompt: ``history``'s turns, then ``question``."""
         with self.lock:  # the tokenizer is the model's
-            return encode_question(self.loaded.tokenizer, self.template, question, history)
+            return encode_question(self.loaded.tokenizer, self.loaded.template, question, history)
 
     def read_changed(self) -> list[Path]:
         """Read again the files edited on disk since this library read them (their size or
@@ -438,7 +437,7 @@ class Library:
             def told(done: int, total: int) -> None:
                 progress(IngestProgress(name, 0, 1, done, total, "characters"))
 
-        context = encode_context(self.loaded.tokenizer, self.template, document.text, told)
+        context = encode_context(self.loaded.tokenizer, self.loaded.template, document.text, told)
         entry.document, entry.context = document, context
         entry.store, entry.cache_hit, entry.bytes = None, False, None
         try:

@@ -46,7 +46,7 @@ from .index.embedder import load_embedder
 from .ingest import open_or_build, store_path
 from .models import LoadedModel, load_model
 from .paths import STORES_ENV, stores_dir
-from .prompt import Context, chat_template, encode_context
+from .prompt import Context, encode_context
 from .store.load import StoreInvalid, check_claims, read_manifest
 from .threads import apply_threads
 
@@ -319,7 +319,7 @@ def ingest_on_cluster(
         paths = [selection.documents[0].path]
     planned = [Planned(i, p) for i, p in enumerate(paths)]
     first = None if selection.collection else selection.documents[0]
-    template = chat_template(loaded.tokenizer)
+    template = loaded.template
 
     def job(plan: Planned) -> Job:
         document = first if first is not None else load_document(plan.path, max_tokens)

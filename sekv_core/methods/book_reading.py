@@ -22,7 +22,7 @@ from ..index.embedder import load_embedder
 from ..lexical import LexicalIndex
 from ..models import LoadedModel
 from ..passages import NEUTRAL_QUESTION
-from ..prompt import chat_template, encode_question
+from ..prompt import encode_question
 from ..zoom.attention import ZoomPolicy
 from ..zoom.memory import SpanMemory
 
@@ -52,7 +52,7 @@ def neutral_attention(loaded: LoadedModel, spans: SpanMemory, policy: ZoomPolicy
     """(N,) what :data:`~sekv_core.passages.NEUTRAL_QUESTION` pays each span when read as
     ``policy`` reads a question (same router, budget, margin and neighbours; its own trace)."""
     tokenizer = loaded.tokenizer
-    ids = encode_question(tokenizer, chat_template(tokenizer), NEUTRAL_QUESTION)
+    ids = encode_question(tokenizer, loaded.template, NEUTRAL_QUESTION)
     neutral = ZoomPolicy(
         router=policy.router,
         budget=policy.budget,

@@ -19,7 +19,7 @@ from ..decode import Forcing, PositionedStep, decode_tokens
 from ..documents import Document
 from ..ingest import open_or_build
 from ..lexical import LexicalIndex
-from ..prompt import chat_template, question_text, stop_ids
+from ..prompt import question_text, stop_ids
 from ..rope import Rope
 from ..router_files import RouterFile, resolve_router
 from ..sampling import Sampling
@@ -246,8 +246,7 @@ class SeKV(Method):
 
     def question_text(self, question_ids: list[int]) -> str:
         """The question as the user wrote it (its chat template taken off)."""
-        tokenizer = self.loaded.tokenizer
-        return question_text(tokenizer, chat_template(tokenizer), question_ids)
+        return question_text(self.loaded.tokenizer, self.loaded.template, question_ids)
 
     def word_scores(self, question: str) -> tuple[torch.Tensor, float]:
         """(N,) BM25 of each span's sentence for the question's words (index built once), and

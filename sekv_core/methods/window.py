@@ -26,7 +26,7 @@ from transformers import DynamicCache
 
 from ..decode import Forcing
 from ..lexical import LexicalIndex
-from ..prompt import Context, chat_template, encode_context, question_text
+from ..prompt import Context, encode_context, question_text
 from ..sampling import Sampling
 from .base import Method, Progress
 from .full import answer_attributed, answer_over, attention_buffer, prefill_cache, truncate
@@ -58,8 +58,7 @@ class WindowMethod(Method):
 
     def read(self, text: str, progress: Progress | None = None) -> int:
         """Prefill ``text`` (a part of the document) as the context; returns its length."""
-        template = chat_template(self.loaded.tokenizer)
-        context = encode_context(self.loaded.tokenizer, template, text)
+        context = encode_context(self.loaded.tokenizer, self.loaded.template, text)
         ids = context.ids[: self.question_position()]
         chunk = self.settings.prefill_chunk
         self.cache = prefill_cache(self.loaded.model, ids, chunk, progress)
@@ -116,7 +115,6 @@ class Retrieve(WindowMethod):
         self.starts = [int(offsets[a][0]) for a, _ in self.passages]  # first document character
         self.texts = [text[offsets[a][0] : offsets[b - 1][1]] for a, b in self.passages]
         self.index = LexicalIndex(self.texts)
-        self.template = chat_template(self.loaded.tokenizer)
         self.chosen = []
         if progress:
             progress(len(self.context), len(self.context))
@@ -139,7 +137,8 @@ class Retrieve(WindowMethod):
         sampling: Sampling | None = None,
         forcing: Forcing | None = None,
     ) -> Iterator[int]:
-        self.chosen = self.select(question_text(self.loaded.tokenizer, self.template, question_ids))
+        question = question_text(self.loaded.tokenizer, self.loaded.template, question_ids)
+        self.chosen = self.select(question)
         self.read(PASSAGE_GAP.join(self.texts[i] for i in self.chosen))
         args = (self.loaded, self.cache, question_ids, max_new_tokens, sampling, forcing)
         if not self.settings.sources:

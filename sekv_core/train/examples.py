@@ -23,7 +23,7 @@ from ..documents import load_document
 from ..ingest import open_or_build
 from ..methods.full import prefill_cache
 from ..models import LoadedModel
-from ..prompt import chat_template, encode_context, encode_question
+from ..prompt import encode_context, encode_question
 from ..rope import Rope
 from ..zoom.memory import SpanMemory
 from .data import make_corpus
@@ -61,7 +61,7 @@ def prepare(
     """Generate the corpus; build stores (``store``: answering's default settings) and teacher
     signals. Returns docs, train examples, held-out examples."""
     tok = loaded.tokenizer
-    template = chat_template(tok)
+    template = loaded.template
     corpus = make_corpus(tok, settings.docs + settings.held_out, settings.seed, settings.doc_tokens)
     docs: list[PreparedDoc] = []
     examples: list[Example] = []
