@@ -31,7 +31,7 @@ from sekv_core.documents import load_document
 from sekv_core.ingest import open_or_build
 from sekv_core.models import load_model
 from sekv_core.paths import STORES_ENV
-from sekv_core.prompt import chat_template, encode_context
+from sekv_core.prompt import encode_context
 from sekv_core.threads import apply_threads
 
 TOPICS = ["harbour", "library", "orchard", "observatory", "bakery", "railway", "museum", "clinic"]
@@ -82,7 +82,7 @@ def one_document(document: Path, loaded, root: Path) -> dict[str, float]:
     out = {}
     os.environ[STORES_ENV] = tempfile.mkdtemp(dir=root, prefix="stores-local-")
     doc = load_document(document)
-    context = encode_context(loaded.tokenizer, chat_template(loaded.tokenizer), doc.text)
+    context = encode_context(loaded.tokenizer, loaded.template, doc.text)
     start = time.perf_counter()
     open_or_build(loaded, doc, context, StoreSettings())
     out["local_s"] = time.perf_counter() - start
@@ -131,7 +131,7 @@ def main() -> None:
             len(
                 encode_context(
                     loaded.tokenizer,
-                    chat_template(loaded.tokenizer),
+                    loaded.template,
                     load_document(folder / "report-00.md").text,
                 )
             ),

@@ -33,7 +33,7 @@ from sekv_core.documents import load_document  # noqa: E402
 from sekv_core.ingest import open_or_build  # noqa: E402
 from sekv_core.models import load_model  # noqa: E402
 from sekv_core.paths import home_path  # noqa: E402
-from sekv_core.prompt import chat_template, encode_context  # noqa: E402
+from sekv_core.prompt import encode_context  # noqa: E402
 from sekv_core.store.format import StoreSource  # noqa: E402
 from sekv_core.store.load import load_store  # noqa: E402
 
@@ -67,8 +67,7 @@ def main() -> None:
             docs.append(write_book(loaded.tokenizer, path, tokens, planted_facts(12, 1), 1))
         for path in docs:
             document = load_document(path)
-            template = chat_template(loaded.tokenizer)
-            context = encode_context(loaded.tokenizer, template, document.text)
+            context = encode_context(loaded.tokenizer, loaded.template, document.text)
             t0 = time.perf_counter()
             store, _ = open_or_build(loaded, document, context, settings)
             build_s = time.perf_counter() - t0
