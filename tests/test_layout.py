@@ -1,5 +1,6 @@
-"""The package's shape: the engine's imports point one way (no cycles), none is hidden in a
-function, and the engine imports neither the CLI nor the benchmark harness."""
+"""The package's shape: the engine's imports point one way (no cycles), between its rooms too
+(a folder, or a module of its own), none is hidden in a function, and the engine imports
+neither the CLI nor the benchmark harness."""
 
 from __future__ import annotations
 
@@ -57,16 +58,16 @@ def engine_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_engine_imports_have_no_cycle():
-    graph = engine_graph()
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every import cycle a depth-first walk of ``graph`` meets, as ``a -> b -> a``."""
     state: dict[str, int] = {}  # 1: on the stack, 2: done
-    cycles = []
+    found = []
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
+                found.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
             elif nxt not in state:
                 visit(nxt, [*stack, nxt])
         state[node] = 2
@@ -74,7 +75,30 @@ def test_engine_imports_have_no_cycle():
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
-    assert cycles == []
+    return found
+
+
+def test_engine_imports_have_no_cycle():
+    assert cycles(engine_graph()) == []
+
+
+def room(module: str) -> str:
+    """A module's room: its folder below the engine (``sekv_core.store``), else the module."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if (ROOT / ENGINE / parts[1]).is_dir() else module
+
+
+def test_rooms_import_each_other_one_way():
+    """A room (the store, the zoom, the native kernels, ...) never imports a module that
+    imports it back, through any other room."""
+    rooms: dict[str, set[str]] = {}
+    for name, targets in engine_graph().items():
+        if name == ENGINE:
+            continue
+        rooms.setdefault(room(name), set()).update(
+            room(t) for t in targets if t != ENGINE and room(t) != room(name)
+        )
+    assert cycles(rooms) == []
 
 
 def test_no_engine_import_is_hidden_in_a_function():
