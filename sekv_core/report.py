@@ -17,7 +17,6 @@ import numpy as np
 
 from .documents import Document
 from .segment import ANCHOR, SINK
-from .store.codes import store_codebooks
 from .store.load import SpanStore
 
 ROLE_NAMES = {SINK: "sink", ANCHOR: "anchor", 2: "span"}
@@ -134,9 +133,7 @@ def span_bytes(store: SpanStore) -> np.ndarray:
     KV head."""
     res, spec = store.resident, store.manifest["model"]["spec"]
     lengths = (res.span_ends - res.span_starts).cpu().numpy().astype(np.int64)  # (N,)
-    settings = store.manifest["settings"]
-    codes = store_codebooks(res.codebooks, settings["key_code"], settings["value_code"])
-    record = sum(code.record_bytes for code in codes.values())
+    record = sum(code.record_bytes for code in store.codes.values())
     return lengths * int(spec["num_layers"]) * int(spec["num_kv_heads"]) * record
 
 

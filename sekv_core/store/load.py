@@ -62,13 +62,15 @@ class StoreInvalid(Exception):
 @dataclass
 class SpanStore:
     """A loaded, verified span store: its ``manifest``, the ``resident`` tier (the device
-    tier and the codes), the ``trace`` (token metadata) and the offload ``tier``."""
+    tier and the codes' tables), the ``trace`` (token metadata), the offload ``tier`` and the
+    ``codes`` that decode its records (built once: answers and the sketch share them)."""
 
     path: Path
     manifest: dict[str, Any]
     resident: ResidentTier
     trace: dict[str, torch.Tensor]
     tier: OffloadTier
+    codes: dict[str, Code]
 
     @property
     def reader(self) -> OffloadTier:
@@ -116,7 +118,8 @@ def load_store(
     check_sizes(manifest, resident, tier, settings)
     dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
     bounded = manifest["positions"]["mode"] == "bounded"
-    return SpanStore(path, manifest, placed(resident, loaded.device, dtype, bounded), trace, tier)
+    resident = placed(resident, loaded.device, dtype, bounded)
+    return SpanStore(path, manifest, resident, trace, tier, codes)
 
 
 def sketch_of(

@@ -174,6 +174,7 @@ class PartialStore:
         self.rows = 0  # span tokens committed (offload rows per layer and head)
         self.sketch_scale: torch.Tensor | None = None  # (L, H, R) float32, grows rarely
         self.anchors = 0  # anchors committed so far
+        self.codes: dict[str, Code]  # the offload code the parts are written in, from start()
 
     @property
     def reader(self) -> PartFiles:
@@ -203,8 +204,9 @@ class PartialStore:
             fixed_v_scale=None,
             sketch=pack_sketch(torch.zeros(L, H, 0, R), self.bits).to(dev),
             part_rows=torch.zeros(1, dtype=torch.int64),
-            codebooks={name: t for name, t in none.items() if name in CODEBOOKS},
+            codebooks={},
         )
+        self.place_codebooks(none)
 
     def place_sketch_basis(self, basis: SketchBasis) -> None:
         """The sketch's query side on the device (routers read it from the resident tier)."""
@@ -214,13 +216,11 @@ class PartialStore:
         r.sketch_key = basis.key_proj.to(STORE_DTYPE)  # the host's: for the file
 
     def place_codebooks(self, tensors: dict[str, torch.Tensor]) -> None:
-        """The offload code's codebooks (fixed at the first commit, :data:`CODEBOOKS`)."""
+        """The offload code's codebooks (fixed at the first commit, :data:`CODEBOOKS`) and the
+        codes they make (at the settings' specs)."""
         self.resident.codebooks = {name: t for name, t in tensors.items() if name in CODEBOOKS}
-
-    def codebooks(self) -> dict[str, Code]:
-        """The offload code the parts are written in (its codebooks at the settings' tiers)."""
         s = self.settings
-        return store_codebooks(self.resident.codebooks, s.key_code, s.value_code)
+        self.codes = store_codebooks(self.resident.codebooks, s.key_code, s.value_code)
 
     def commit(self, part: dict[str, torch.Tensor]) -> None:
         """Write ``part`` as the next part file and append its spans."""
@@ -286,7 +286,7 @@ class PartialStore:
             sketch_mean=r.sketch_mean.cpu(),
             sketch_scale=r.sketch_scale.cpu(),
         )
-        codes = self.codebooks()
+        codes = self.codes
         L, H = tables.fixed_k.shape[:2]
         records = {
             kind: torch.empty(L, H, self.rows, codes[kind].record_bytes, dtype=torch.uint8)

@@ -364,7 +364,7 @@ class StreamBuilder:
         s, c, frame = self.state, self.state.commit_end, self.layout.frame
         keys_pre = s.pending_k[:, :, : end - c].float().cpu()  # (L, H, n, D)
         values = s.pending_v[:, :, : end - c].float().cpu()
-        framed, codes = frame(keys_pre, c), self.store.codebooks()
+        framed, codes = frame(keys_pre, c), self.store.codes
         starts = torch.tensor([a for a, _ in spans], dtype=torch.int64).reshape(-1)
         ends = torch.tensor([e for _, e in spans], dtype=torch.int64).reshape(-1)
         rows = span_rows(spans, c)
@@ -419,7 +419,7 @@ class StreamBuilder:
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "stream": self.report(),
         }
-        built = BuiltStore(positions, tables, self.store.codebooks(), records, trace, report)
+        built = BuiltStore(positions, tables, self.store.codes, records, trace, report)
         return write_store(self.path, self.source, built)
 
     def report(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from ..kvquant import KV_BITS, Rows, row_bytes
 from ..native import kernels
 from ..rope import Rope
 from ..sketch import column_major, is_column_major, span_token_positions
-from ..store.codes import store_codebooks
+from ..store.codes import Code
 from ..store.resident import ResidentTier
 from .pools import KeyFrame, ZoomPool
 from .prefilter import RepBlocks, RepTables
@@ -45,10 +45,11 @@ from .reconstruct import OffloadReader, RecordIndex, reconstruct
 class StoreView(Protocol):
     """What the memory reads of a store: a loaded :class:`~sekv_core.store.load.SpanStore`, or a
     streamed build's store growing part by part (:class:`sekv_core.store.partial.PartialStore`):
-    its manifest, resident tier and how its offload tier is read."""
+    its manifest, resident tier, the codes of its offload records and how they are read."""
 
     manifest: dict[str, Any]
     resident: ResidentTier
+    codes: dict[str, Code]
 
     @property
     def reader(self) -> OffloadReader: ...
@@ -143,7 +144,6 @@ class SpanMemory:
         part_rows, first_row = resident.part_rows, self.first_row
         part = torch.searchsorted(part_rows, first_row, right=True) - 1
         row0 = part_rows[part]
-        settings = self.store.manifest["settings"]
         return RecordIndex(
             starts=self.starts,
             lengths=self.host_lengths,
@@ -151,7 +151,7 @@ class SpanMemory:
             stride=part_rows[part + 1] - row0,  # (N,) the part's rows
             num_kv_heads=self.num_kv_heads,
             context_len=self.context_len,
-            codes=store_codebooks(resident.codebooks, settings["key_code"], settings["value_code"]),
+            codes=self.store.codes,
         )
 
     def place_sketch(self, dims: int | None = None) -> None:
