@@ -319,11 +319,10 @@ def ingest_on_cluster(
         paths = [selection.documents[0].path]
     planned = [Planned(i, p) for i, p in enumerate(paths)]
     first = None if selection.collection else selection.documents[0]
-    template = loaded.template
 
     def job(plan: Planned) -> Job:
         document = first if first is not None else load_document(plan.path, max_tokens)
-        context = encode_context(loaded.tokenizer, template, document.text)
+        context = encode_context(loaded.tokenizer, loaded.template, document.text)
         plan.sha256, plan.pages = document.sha256, document.pages
         plan.tokens, plan.context_tokens = len(context) - context.doc_start, len(context)
         plan.full_kv_bytes = loaded.spec.kv_bytes(len(context), 2)
