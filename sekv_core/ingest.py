@@ -103,8 +103,7 @@ def _load_or_build(
     clean_leftovers(path.parent, path, STATE_VERSION)
     settings, tokens = source.settings, len(source.context)
     if settings.stream.always or is_book(source.loaded.spec.window, tokens):
-        decoded = build_streamed(path, source, ZoomedChunks, progress, warn)
+        build_streamed(path, source, ZoomedChunks, progress, warn)
     else:
-        decoded = build_store(path, source, progress)
-    # opened as any later load opens it, with the records the build holds decoded
-    return load_store(path, source, decoded), False
+        build_store(path, source, progress)
+    return load_store(path, source), False

@@ -109,7 +109,7 @@ def test_reconstruction_decodes_each_spans_own_records(tiny_loaded, tmp_path):
 
     from sekv_core.store.codes import TierCode
 
-    flat = store.offload["v_rows"]  # (decoded from the file)
+    flat = store.tier.whole()["v_rows"]  # (decoded from the file)
     code = TierCode.from_tensors(store.resident.codebooks, "v", "*x4")
     L, N, H = spans.num_layers, spans.n_spans, spans.num_kv_heads
     S, B = int(spans.lengths.sum()), code.record_bytes

@@ -322,7 +322,7 @@ def test_a_store_in_the_default_codes_reconstructs_its_spans_within_the_codes_er
     assert store.manifest["stats"]["key_bits"] == round(8 * key_bytes / coded.head_dim, 3)
     assert store.manifest["stats"]["value_bits"] == round(8 * value_bytes / coded.head_dim, 3)
     assert max(key_bytes, value_bytes) <= coded.head_dim  # never larger than 8-bit raw rows
-    tier = store.offload  # the records as answers read them (decoded from the file)
+    tier = store.tier.whole()  # the records as answers read them (decoded from the file)
     assert tier["k_rows"].numel() == L * H * tokens * key_bytes  # every span token's, no more
     assert tier["v_rows"].numel() == L * H * tokens * value_bytes
     spans, heads = torch.arange(N).repeat(H), torch.arange(H).repeat_interleave(N)

@@ -142,7 +142,7 @@ def records_of(store, codes) -> dict[str, torch.Tensor]:
     L, H = store.resident.fixed_k.shape[:2]
     out = {}
     for kind in ("k", "v"):
-        out[kind] = store.offload[f"{kind}_rows"].view(L, H, -1, codes[kind].record_bytes)
+        out[kind] = store.tier.whole()[f"{kind}_rows"].view(L, H, -1, codes[kind].record_bytes)
     return out
 
 
@@ -154,7 +154,7 @@ def test_a_store_is_coded_on_disk_and_loads_the_records_it_built(tiny_loaded, tm
     assert "k_coded" in on_disk and "k_rows" not in on_disk and "v_coded" in on_disk
     b = store.manifest["bytes"]
     assert b["offloaded"] == (store.path / "offload.safetensors").stat().st_size
-    assert b["offload_records"] == nbytes(store.offload)
+    assert b["offload_records"] == nbytes(store.tier.whole())
     assert b["offloaded"] < 0.9 * b["offload_records"]
     # the records are the build's: coding what the load decoded gives the file's bytes back
     codes = codes_of(store)
@@ -246,7 +246,7 @@ def test_without_the_native_coder_a_store_keeps_its_records_and_loads(
     coded = None
     if entropy.usable():
         coded, _ = open_or_build(tiny_loaded, document, context)
-        expected = {k: v.clone() for k, v in coded.offload.items()}
+        expected = {k: v.clone() for k, v in coded.tier.whole().items()}
     monkeypatch.setattr(entropy, "usable", lambda: False)
     warnings = []
     store, hit = open_or_build(tiny_loaded, document, context, warn=warnings.append)
@@ -254,9 +254,9 @@ def test_without_the_native_coder_a_store_keeps_its_records_and_loads(
     if coded is not None:
         assert len(warnings) == 1 and "native library is missing" in warnings[0], warnings
         for name, tensor in expected.items():
-            assert torch.equal(store.offload[name], tensor), name
+            assert torch.equal(store.tier.whole()[name], tensor), name
     on_disk = load_file(store.path / "offload.safetensors")
     assert set(on_disk) == {"k_rows", "v_rows"}
     assert store.manifest["bytes"]["offload_records"] == nbytes(on_disk)
     again, hit = open_or_build(tiny_loaded, document, context)
-    assert hit and torch.equal(again.offload["k_rows"], on_disk["k_rows"])
+    assert hit and torch.equal(again.tier.whole()["k_rows"], on_disk["k_rows"])

@@ -101,9 +101,9 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
     assert set(m["files"]) == set(FILES)
     assert m["bytes"]["resident"] < m["bytes"]["full_kv_fp16"]
     # offload tier: the fixed-rate records decoded from the file, sliced per zoom
-    flat = store.offload["k_rows"]
+    flat = store.tier.whole()["k_rows"]
     assert flat.dtype == torch.uint8
-    assert m["bytes"]["offload_records"] == sum(t.numel() for t in store.offload.values())
+    assert m["bytes"]["offload_records"] == sum(t.numel() for t in store.tier.whole().values())
     assert m["bytes"]["offloaded"] < m["bytes"]["offload_records"]  # entropy-coded on disk
     # the manifest's sizes are the files'
     sizes = {name: (store.path / name).stat().st_size for name in FILES}
@@ -120,48 +120,28 @@ def test_round_trip_and_cache_hit(tiny_loaded, tmp_path, sekv_home):
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_fresh_build_answers_from_what_a_load_reads_back(tiny_loaded, tmp_path, streamed):
-    """A build hands its session the store it wrote (no read back): every table, record and
-    manifest value equals what a later load of the files gives."""
+    """A build's session opens the store as any later load does: it holds the same in host
+    memory (the keys: a store within the window routes with a sketch of them; no value record
+    until an answer reads it), and every table, record and manifest value is the same."""
     document, context = prepare(tiny_loaded, tmp_path)
     settings = replace(StoreSettings(), stream=StreamSettings(always=streamed))
     built, hit = open_or_build(tiny_loaded, document, context, settings)
     loaded, hit_again = open_or_build(tiny_loaded, document, context, settings)
     assert (hit, hit_again) == (False, True)
+    keys = built.tier.buffers["k_rows"].numel()
+    assert keys > 0 and built.tier.decoded_bytes == loaded.tier.decoded_bytes == keys
     assert built.manifest == loaded.manifest
-    for tier in ("resident", "trace", "offload"):
+    for tier in ("resident", "trace", "tier"):
         mine, theirs = getattr(built, tier), getattr(loaded, tier)
-        if tier == "resident":
-            mine, theirs = mine.tensors(), theirs.tensors()
+        if tier != "trace":
+            mine, theirs = (
+                t.tensors() if tier == "resident" else t.whole() for t in (mine, theirs)
+            )
         assert set(mine) == set(theirs), tier
         for name, t in mine.items():
             other = theirs[name]
             assert t.dtype == other.dtype and t.device == other.device, name
             assert torch.equal(t, other), (tier, name)
-
-
-@pytest.mark.parametrize("streamed", [False, True])
-def test_a_fresh_build_holds_in_host_memory_what_a_load_holds(
-    tiny_loaded, tmp_path, monkeypatch, streamed
-):
-    """After a build its session holds what a later load holds: the keys (the build's own
-    records, not a copy: a store within the window routes with a sketch of them) and no value
-    record until an answer reads it."""
-    given = {}
-    compacted = write_module.compacted
-
-    def keep(records, codes):
-        given.update(records)
-        return compacted(records, codes)
-
-    monkeypatch.setattr(write_module, "compacted", keep)
-    document, context = prepare(tiny_loaded, tmp_path)
-    settings = replace(StoreSettings(), stream=StreamSettings(always=streamed))
-    built, _ = open_or_build(tiny_loaded, document, context, settings)
-    again, _ = open_or_build(tiny_loaded, document, context, settings)
-    keys = built.tier.buffers["k_rows"]
-    assert keys.numel() > 0 and keys.data_ptr() == given["k"].data_ptr()
-    assert built.tier.decoded_bytes == again.tier.decoded_bytes == keys.numel()
-    assert torch.equal(built.offload["v_rows"], given["v"].view(-1))  # decoded when read
 
 
 def test_streamed_and_one_shot_stores_share_one_format(tiny_model_dirs, tmp_path):
@@ -288,7 +268,7 @@ def test_loads_racing_replacements_verify_or_fail_cleanly(tiny_model_dirs, tmp_p
     loaded = load_model(str(tiny_model_dirs["llama"]), device="cpu")
     document, context = prepare(loaded, tmp_path)
     store, _ = open_or_build(loaded, document, context)
-    copy, expected = tmp_path / "copy", store.offload["k_rows"][:64].clone()
+    copy, expected = tmp_path / "copy", store.tier.whole()["k_rows"][:64].clone()
     shutil.copytree(store.path, copy)
     stop, replaced = threading.Event(), []
 
@@ -316,7 +296,7 @@ def test_loads_racing_replacements_verify_or_fail_cleanly(tiny_model_dirs, tmp_p
                 outcomes["invalid"] += 1
                 continue
             outcomes["loaded"] += 1
-            assert torch.equal(again.offload["k_rows"][:64], expected)
+            assert torch.equal(again.tier.whole()["k_rows"][:64], expected)
         for _ in range(20):
             assert open_or_build(loaded, document, context)[1]
     finally:
@@ -343,20 +323,20 @@ def test_store_directories_are_private(tiny_model_dirs, tmp_path, sekv_home):
 def test_sinks_and_anchors_are_stored_as_answers_hold_them(tiny_loaded, tmp_path, monkeypatch):
     """Their K/V are kept as the 8-bit rows an answer quantises them to, so the answer reads
     exactly those rows."""
-    seen = {}
-    quantize = write_module.quantize_fixed
+    seen = []
+    quantize = write_module.quantize_rows
 
-    def keep(fixed_k, fixed_v):
-        seen.update(k=fixed_k.clone(), v=fixed_v.clone())
-        return quantize(fixed_k, fixed_v)
+    def keep(rows):
+        seen.append(rows.clone())
+        return quantize(rows)
 
-    monkeypatch.setattr(write_module, "quantize_fixed", keep)
+    monkeypatch.setattr(write_module, "quantize_rows", keep)
     document, context = prepare(tiny_loaded, tmp_path)
     store, _ = open_or_build(tiny_loaded, document, context)
     on_disk = load_file(store.path / "resident.safetensors")
     assert on_disk["fixed_k"].dtype == torch.int8
     memory = SpanMemory(store, Rope(tiny_loaded.model), tiny_loaded.device, tiny_loaded.dtype)
-    for rows, full in zip(memory.fixed, (seen["k"], seen["v"]), strict=True):
+    for rows, full in zip(memory.fixed, seen, strict=True):
         codes, scale = quantize_rows(full.float())
         assert torch.equal(rows.codes.cpu(), codes) and torch.equal(rows.scale.cpu(), scale)
 
@@ -365,7 +345,7 @@ def test_a_document_of_a_few_tokens_is_stored_and_answered(tiny_loaded, tmp_path
     """A document too short to hold a span (all sinks) builds, loads and zooms nothing."""
     document, context = prepare(tiny_loaded, tmp_path, text="Hi")
     store, _ = open_or_build(tiny_loaded, document, context)
-    assert store.resident.span_starts.numel() == 0 and store.offload["k_rows"].numel() == 0
+    assert store.resident.span_starts.numel() == 0 and store.tier.whole()["k_rows"].numel() == 0
     again, hit = open_or_build(tiny_loaded, document, context)
     assert hit and again.resident.sketch.shape[2] == 0
 

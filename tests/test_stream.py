@@ -132,7 +132,7 @@ def test_stream_within_the_window_matches_one_shot(small, tmp_path):
     assert flips < 0.01  # a value on a rounding edge may take the neighbouring level
     # the offload tier: the same rows (codebooks fitted on the same span tokens; a direction's
     # sign may flip, and a coefficient on a rounding edge may take the neighbouring level)
-    a, b = one.offload, streamed.offload  # the records (decoded from the files)
+    a, b = one.tier.whole(), streamed.tier.whole()  # the records (decoded from the files)
     assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
     for kind, name in (("k", "key"), ("v", "value")):
         spec = one.manifest["settings"][f"{name}_code"]

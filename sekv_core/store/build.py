@@ -26,11 +26,8 @@ from .resident import SpanTables
 from .write import BuiltStore, write_store
 
 
-def build_store(
-    path: Path, source: StoreSource, progress: Progress | None = None
-) -> dict[str, torch.Tensor]:
-    """Prefill, segment, code and write the store of ``source`` atomically at ``path``; returns
-    the records it holds decoded (:func:`~sekv_core.store.write.write_store`)."""
+def build_store(path: Path, source: StoreSource, progress: Progress | None = None) -> None:
+    """Prefill, segment, code and write the store of ``source`` atomically at ``path``."""
     loaded, context, settings = source.loaded, source.context, source.settings
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -84,4 +81,4 @@ def build_store(
     }
     trace = trace_tensors(source.document, context, pre.surprisal, seg.roles)
     report = {"stats": seg.stats(), "timings": {k: round(v, 4) for k, v in timings.items()}}
-    return write_store(path, source, BuiltStore(positions, tables, codes, records, trace, report))
+    write_store(path, source, BuiltStore(positions, tables, codes, records, trace, report))

@@ -19,14 +19,14 @@ import torch
 
 from ..config import StoreSettings
 from ..documents import Document, token_pages
-from ..kvquant import KV_BITS, STORE_DTYPE, quantize_rows, row_bytes
+from ..kvquant import KV_BITS, STORE_DTYPE, row_bytes
 from ..models import LoadedModel, ModelSpec
 from ..prompt import Context
 from ..rope import Rope
 from ..sketch import pack_sketch, span_token_positions
 from ..threads import each_on_threads, one_thread
 from .codes import Code, fit_code
-from .resident import FIXED_SCALES, SpanTables
+from .resident import SpanTables
 
 FORMAT = "sekv-span-store"
 FORMAT_VERSION = 20
@@ -112,15 +112,6 @@ def spanless_tables(
     }
 
 
-def quantize_fixed(fixed_k: torch.Tensor, fixed_v: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Sinks' and anchors' K/V (L, H, F, D) as the 8-bit rows the file holds
-    (:mod:`sekv_core.kvquant`: int8 codes and one fp16 scale per row)."""
-    out = {}
-    for (name, scale), rows in zip(FIXED_SCALES.items(), (fixed_k, fixed_v), strict=True):
-        out[name], out[scale] = quantize_rows(rows.float())
-    return out
-
-
 def store_manifest(source: StoreSource, positions: dict[str, Any]) -> dict[str, Any]:
     """The manifest's fixed part (``bytes``, ``stats``, ``files`` and ``digest`` are filled
     when the store is written)."""
@@ -166,15 +157,6 @@ def trace_tensors(
         "roles": torch.from_numpy(np.asarray(roles, dtype=np.int8)),
         "pages": torch.from_numpy(pages),
         "offsets": torch.from_numpy(doc_offsets),
-    }
-
-
-def code_stats(key: Any, value: Any) -> dict[str, Any]:
-    """Bits per number of the offload codes' fixed-rate records (scales included)."""
-    dim = key.basis.shape[-1]
-    return {
-        "key_bits": round(8 * key.record_bytes / dim, 3),
-        "value_bits": round(8 * value.record_bytes / dim, 3),
     }
 
 

@@ -14,8 +14,8 @@ A load runs three stages:
    decoded span keys (:func:`~sekv_core.store.format.sketch_rows`); then the resident tier
    placed on the model's device.
 
-A build's caller opens the store it wrote through the same :func:`load_store`. A store that
-fails any check raises :class:`StoreInvalid` and is never used (it is rebuilt).
+A build's caller opens the store it wrote as any later load does. A store that fails any check
+raises :class:`StoreInvalid` and is never used (it is rebuilt).
 """
 
 from __future__ import annotations
@@ -79,24 +79,13 @@ class SpanStore:
         return self.tier
 
     @property
-    def offload(self) -> dict[str, torch.Tensor]:
-        """The offload records decoded whole: ``k_rows``, ``v_rows`` (flat, uint8)."""
-        return self.tier.whole()
-
-    @property
     def bytes(self) -> dict[str, int]:
         return self.manifest["bytes"]
 
 
-def load_store(
-    path: Path, source: StoreSource, decoded: dict[str, torch.Tensor] | None = None
-) -> SpanStore:
+def load_store(path: Path, source: StoreSource) -> SpanStore:
     """Load and verify the store at ``path`` as the store of ``source``; raise
-    :class:`StoreInvalid` if it must not be used (also when missing or replaced meanwhile).
-
-    ``decoded``: offload records the caller holds as the store's file decodes them (the build
-    that just wrote it: :func:`~sekv_core.store.write.write_store`'s return), taken as they are.
-    """
+    :class:`StoreInvalid` if it must not be used (also when missing or replaced meanwhile)."""
     loaded, context, settings = source.loaded, source.context, source.settings
     try:
         manifest = read_manifest(path)
@@ -110,7 +99,7 @@ def load_store(
         file = file if rows else spanless(file, settings)
         tables = file_tables(file)
         codes = store_codebooks(file, settings.key_code, settings.value_code)
-        tier = OffloadTier({**offload, **(decoded or {})}, rows, codes)
+        tier = OffloadTier(offload, rows, codes)
         sketch = sketch_of(tables, file.get("sketch"), tier, codes, manifest, loaded, settings)
         resident = ResidentTier.read(tables, file, sketch)
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit

@@ -193,20 +193,17 @@ class StreamBuilder:
 
     def run(
         self, progress: Progress | None = None, warn: Callable[[str], None] | None = None
-    ) -> dict[str, torch.Tensor]:
-        """Build (or resume) and write the store at ``path``; returns the records it holds
-        decoded (:func:`~sekv_core.store.write.write_store`)."""
+    ) -> None:
+        """Build (or resume) and write the store at ``path``; the work directory is removed
+        once it is written."""
         private_dir(self.work)  # its parts hold the document
         try:
-            store = self._run(progress, warn)
+            self._run(progress, warn)
         finally:
             self.store.close()
         shutil.rmtree(self.work, ignore_errors=True)
-        return store
 
-    def _run(
-        self, progress: Progress | None, warn: Callable[[str], None] | None
-    ) -> dict[str, torch.Tensor]:
+    def _run(self, progress: Progress | None, warn: Callable[[str], None] | None) -> None:
         if self._resume(warn) and warn:
             warn(
                 f"resuming the interrupted ingest of {self.document.path.name} at token "
@@ -230,7 +227,7 @@ class StreamBuilder:
                 release_freed_memory()
                 if progress:
                     progress(self.state.next, self.T)
-        return self._finish()
+        self._finish()
 
     @torch.inference_mode()
     def _step(self) -> None:
@@ -405,7 +402,7 @@ class StreamBuilder:
             self.reader.refresh()
         return True
 
-    def _finish(self) -> dict[str, torch.Tensor]:
+    def _finish(self) -> None:
         """Hand the parts' tables and records to the one writer of stores."""
         s, lay = self.state, self.layout
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
@@ -420,7 +417,7 @@ class StreamBuilder:
             "stream": self.report(),
         }
         built = BuiltStore(positions, tables, self.store.codes, records, trace, report)
-        return write_store(self.path, self.source, built)
+        write_store(self.path, self.source, built)
 
     def report(self) -> dict[str, Any]:
         """What the stream did: window, positions, speed, memory held (for the manifest)."""
@@ -464,9 +461,7 @@ def build_streamed(
     readers: ChunkReaders,
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
-) -> dict[str, torch.Tensor]:
+) -> None:
     """Stream ``source``'s context into a store at ``path`` (resuming an interrupted build),
-    its chunks read by ``readers(...)``; returns the records it holds decoded
-    (:func:`~sekv_core.store.write.write_store`; the builder's report is in the manifest under
-    ``stream``)."""
-    return StreamBuilder(path, source, readers).run(progress, warn)
+    its chunks read by ``readers(...)``; the builder's report is in the manifest (``stream``)."""
+    StreamBuilder(path, source, readers).run(progress, warn)

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import SekvError
+from ..kvquant import quantize_rows
 from ..locks import WRITER, mark_writer
 from ..prefill import release_freed_memory
 from .codes import Code, store_codebooks
@@ -29,17 +30,15 @@ from .entropy import compacted
 from .format import (
     DIGEST,
     StoreSource,
-    code_stats,
     device_bytes,
     manifest_digest,
     nbytes,
-    quantize_fixed,
     sha256,
     sketch_rows,
     store_manifest,
     stored_sketch,
 )
-from .resident import SKETCH_TABLES, TABLES, SpanTables
+from .resident import FIXED_SCALES, SKETCH_TABLES, TABLES, SpanTables
 
 SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, the manifest)
 
@@ -66,16 +65,15 @@ class BuiltStore:
     report: dict[str, Any]
 
 
-def write_store(path: Path, source: StoreSource, built: BuiltStore) -> dict[str, torch.Tensor]:
-    """Write the store of ``source`` at ``path``. Returns the records a load decodes at once,
-    the build's own, not a copy (a store within the window's keys: ``k_rows``, flat), for the
-    caller's :func:`~sekv_core.store.load.load_store` (``decoded``)."""
+def write_store(path: Path, source: StoreSource, built: BuiltStore) -> None:
+    """Write the store of ``source`` built as ``built`` at ``path``."""
     tables, codes, records, report = built.tables, built.codes, built.records, built.report
     settings = source.settings
     rows = records["k"].shape[2]
     stored = tables.stored()  # the file's precision: what a load reads (and a sketch is of)
     resident = {name: getattr(stored, name) for name in TABLES}
-    resident.update(quantize_fixed(tables.fixed_k.cpu(), tables.fixed_v.cpu()))
+    for name, scale in FIXED_SCALES.items():  # sinks' and anchors' K/V as 8-bit rows
+        resident[name], resident[scale] = quantize_rows(getattr(tables, name).float().cpu())
     if rows:  # a store without span tokens holds neither the sketch's tables nor codes
         resident.update({name: getattr(stored, name) for name in SKETCH_TABLES})
         resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
@@ -89,16 +87,16 @@ def write_store(path: Path, source: StoreSource, built: BuiltStore) -> dict[str,
         resident=device_bytes(tables, settings.sketch_bits),
         offload_records=sum(r.numel() for r in records.values()),
     )
-    manifest["stats"] = {**report.pop("stats", {}), **code_stats(codes["k"], codes["v"])}
+    per_number = 8 / codes["k"].basis.shape[-1]  # bits per number of a fixed-rate record
+    manifest["stats"] = report.pop("stats", {})
+    manifest["stats"]["key_bits"] = round(codes["k"].record_bytes * per_number, 3)
+    manifest["stats"]["value_bits"] = round(codes["v"].record_bytes * per_number, 3)
     manifest.update(report)
     files = {"resident.safetensors": resident, "offload.safetensors": offload}
     write_atomically(path, {**files, "trace.safetensors": built.trace}, manifest)
-    del files, offload  # the coding: written
-    kept = () if stored_sketch(manifest) else ("k",)  # a store within the window's keys
-    decoded = {f"{kind}_rows": records[kind].view(-1) for kind in kept}
-    records.clear()  # the rest is the file's: answers decode the blocks they read
+    del files, offload
+    records.clear()
     release_freed_memory()
-    return decoded
 
 
 def write_atomically(
