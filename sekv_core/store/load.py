@@ -73,12 +73,6 @@ class SpanStore:
     codes: dict[str, Code]
 
     @property
-    def reader(self) -> OffloadTier:
-        """How the offload tier is read: held in memory, its blocks decoded as reads first ask
-        for them."""
-        return self.tier
-
-    @property
     def bytes(self) -> dict[str, int]:
         return self.manifest["bytes"]
 

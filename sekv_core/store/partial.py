@@ -168,18 +168,13 @@ class PartialStore:
         self.resident: ResidentTier  # from start() on
         self.bits, self.dim = settings.sketch_bits, settings.sketch_dim
         self.device, self.keep = device, keep
-        self.parts = PartFiles(work)  # the offload tier: the growing store's reader
+        self.tier = PartFiles(work)  # the offload tier, read range by range
         self.grow = {"sketch": Grow(2)}
         self.grow.update(span_starts=Grow(0), span_ends=Grow(0), span_reps=Grow(0))
         self.rows = 0  # span tokens committed (offload rows per layer and head)
         self.sketch_scale: torch.Tensor | None = None  # (L, H, R) float32, grows rarely
         self.anchors = 0  # anchors committed so far
         self.codes: dict[str, Code]  # the offload code the parts are written in, from start()
-
-    @property
-    def reader(self) -> PartFiles:
-        """How the offload tier is read: from the part files, range by range."""
-        return self.parts
 
     def start(self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor) -> None:
         """No spans yet: the sinks (positions; K (L, H, n, D) as the store keeps them; V), and
@@ -224,13 +219,13 @@ class PartialStore:
 
     def commit(self, part: dict[str, torch.Tensor]) -> None:
         """Write ``part`` as the next part file and append its spans."""
-        self.parts.write(part)
+        self.tier.write(part)
         self.append(part)
 
     def replay(self, meta: dict[str, Any]) -> None:
         """Append a part a verified checkpoint lists (``meta``: its name and checksum), reading
         back its resident tables only."""
-        self.append(self.parts.replay(meta, REPLAYED))
+        self.append(self.tier.replay(meta, REPLAYED))
 
     def append(self, part: dict[str, torch.Tensor]) -> None:
         """Add the spans of a part (its tensors ``part``) to the resident tier."""
@@ -264,14 +259,14 @@ class PartialStore:
         self.grow["span_reps"].extend((reps + rows).to(self.device))
 
     def close(self) -> None:
-        self.parts.close()
+        self.tier.close()
 
     def finished(self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor):
         """The finished store's tables for :func:`~sekv_core.store.write.write_store` (CPU):
         the sinks (positions; K (L, H, n, D) as the store keeps them; V), then every part's
         anchors, the span tables, the sketch's directions and scale; and each kind's
         fixed-rate records (L, H, S, B), copied from the part files one part at a time."""
-        each = self.parts.each(FIXED)
+        each = self.tier.each(FIXED)
         pieces = {name: [part[name] for part in each] for name in FIXED}
         r = self.resident
         tables = SpanTables(
@@ -292,5 +287,5 @@ class PartialStore:
             kind: torch.empty(L, H, self.rows, codes[kind].record_bytes, dtype=torch.uint8)
             for kind in ("k", "v")
         }
-        self.parts.records(r.part_rows, records)
+        self.tier.records(r.part_rows, records)
         return tables, records

@@ -221,7 +221,7 @@ class StreamBuilder:
                 done = self.state.next == self.T
                 if done or time.perf_counter() - last_checkpoint >= CHECKPOINT_S:
                     t0 = time.perf_counter()
-                    self.checkpoints.write(self.state, self.store.parts.files)
+                    self.checkpoints.write(self.state, self.store.tier.files)
                     self.timings["checkpoint_s"] += time.perf_counter() - t0
                     last_checkpoint = time.perf_counter()
                 release_freed_memory()
@@ -292,7 +292,7 @@ class StreamBuilder:
         # parts of at most two chunks; but a document that never left the window is committed
         # in one part, as the one-shot build segments and quantises it
         found = self._spans(
-            final, min(limit, c + 2 * lay.chunk) if self.store.parts.files else limit
+            final, min(limit, c + 2 * lay.chunk) if self.store.tier.files else limit
         )
         if found is None:
             return False
@@ -428,7 +428,7 @@ class StreamBuilder:
             "budget": lay.budget,
             "positions": lay.mode,
             "max_position": self.max_position,
-            "parts": len(self.store.parts.files),
+            "parts": len(self.store.tier.files),
             "peak_window_bytes": self.peak_window_bytes,
             "memory_resident_bytes": self.reader.resident_bytes(),
             "tokens_per_s_at": speed_along(self.chunk_times, self.T),

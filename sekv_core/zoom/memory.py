@@ -45,14 +45,12 @@ from .reconstruct import OffloadReader, RecordIndex, reconstruct
 class StoreView(Protocol):
     """What the memory reads of a store: a loaded :class:`~sekv_core.store.load.SpanStore`, or a
     streamed build's store growing part by part (:class:`sekv_core.store.partial.PartialStore`):
-    its manifest, resident tier, the codes of its offload records and how they are read."""
+    its manifest, resident tier, offload tier and the codes of its records."""
 
     manifest: dict[str, Any]
     resident: ResidentTier
+    tier: OffloadReader
     codes: dict[str, Code]
-
-    @property
-    def reader(self) -> OffloadReader: ...
 
 
 class SpanMemory:
@@ -73,7 +71,7 @@ class SpanMemory:
     ) -> None:
         self.store, self.rope, self.device, self.dtype = store, rope, device, dtype
         self.kv_bits = kv_bits
-        self.offload = store.reader
+        self.offload = store.tier
         positions = store.manifest.get("positions", {})
         self.bounded = positions.get("mode") == "bounded"  # pre-RoPE keys, remapped positions
         self.n_sinks = int(positions.get("sinks", 0))
