@@ -73,7 +73,8 @@ class PartFiles:
         self.paths: list[Path] = []
         self.bases: dict[str, list[int]] = {name: [] for name in OFFLOAD}  # each part's first
         self.totals = dict.fromkeys(OFFLOAD, 0)  # bytes of each flat buffer, all parts
-        self._open: OrderedDict[int, tuple[int, dict[str, int]]] = OrderedDict()
+        self.offsets: list[dict[str, int]] = []  # each part's flat buffers' first file byte
+        self._open: OrderedDict[int, int] = OrderedDict()  # part -> open descriptor
 
     def write(self, tensors: dict[str, torch.Tensor]) -> None:
         """Write the next part atomically."""
@@ -95,6 +96,7 @@ class PartFiles:
             entries = file_header(f)
         self.files.append(meta)
         self.paths.append(path)
+        self.offsets.append({name: entries[name].start for name in OFFLOAD})
         for name in OFFLOAD:  # the global offset of each of its flat buffers
             self.bases[name].append(self.totals[name])
             self.totals[name] += entries[name].stop - entries[name].start
@@ -126,26 +128,21 @@ class PartFiles:
         if stop <= start:
             return torch.zeros(0, dtype=torch.uint8)
         part = bisect_right(self.bases[name], start) - 1
-        fd, data = self._file(part)
-        raw = os.pread(fd, stop - start, data[name] + start - self.bases[name][part])
+        at = self.offsets[part][name] + start - self.bases[name][part]
+        raw = os.pread(self._descriptor(part), stop - start, at)
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
-    def _file(self, part: int) -> tuple[int, dict[str, int]]:
-        """An open descriptor of a part and the byte offset of each offload buffer in it."""
-        if part in self._open:
-            self._open.move_to_end(part)
-            return self._open[part]
-        fd = os.open(self.paths[part], os.O_RDONLY)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            entries = file_header(f)
-        data = {n: entries[n].start for n in OFFLOAD}
-        self._open[part] = (fd, data)
-        while len(self._open) > OPEN_PARTS:
-            os.close(self._open.popitem(last=False)[1][0])
-        return fd, data
+    def _descriptor(self, part: int) -> int:
+        """An open descriptor of a part (the :data:`OPEN_PARTS` used last are kept open)."""
+        if part not in self._open:
+            self._open[part] = os.open(self.paths[part], os.O_RDONLY)
+            while len(self._open) > OPEN_PARTS:
+                os.close(self._open.popitem(last=False)[1])
+        self._open.move_to_end(part)
+        return self._open[part]
 
     def close(self) -> None:
-        for fd, _ in self._open.values():
+        for fd in self._open.values():
             os.close(fd)
         self._open.clear()
 

@@ -1,28 +1,24 @@
 """Streamed ingest: a span store built chunk by chunk, for books (documents beyond the reading
 window, :func:`~sekv_core.config.is_book`).
 
-Each chunk of ``prefill_chunk`` tokens runs through the model by the caller's
-:class:`ChunkReader` (the zoom's, :class:`sekv_core.zoom.chunks.ZoomedChunks`): it attends to
-the sinks, the tokens not yet committed (at least ``stream.window`` of them, full resolution)
-and the spans zoomed from the store built so far (``stream.budget`` tokens per layer and KV
-head, routed by ``stream.route_queries`` of its queries). Once more than ``window + chunk``
-tokens wait, the oldest complete spans are committed as one *part*: segmented with the rule of
-:func:`sekv_core.segment.segment` (threshold mu + alpha sigma of the surprisal read so far),
-coded, written to a file of its own and appended to the growing store (:mod:`.partial`). Held
-in memory: the waiting tokens, the chunk, the zoom cache and the resident routing tier (sketch,
-tables); the records stay in the part files.
+Each chunk of ``prefill_chunk`` tokens is read by the caller's :class:`ChunkReader` (the zoom's):
+it attends to the sinks, the tokens not committed yet (at least ``stream.window`` of them, at
+full resolution) and the spans zoomed from the store grown so far (``stream.budget`` tokens per
+layer and KV head, routed by ``stream.route_queries`` of its queries). Once more than ``window +
+chunk`` tokens wait, the oldest complete spans are committed as one *part*: segmented by the rule
+of :func:`sekv_core.segment.segment` on the surprisal read so far, coded, written to a file of
+its own and appended to the growing store (:mod:`.partial`). Memory holds the waiting tokens,
+the chunk, the zoom cache and the resident routing tier; the records stay in the part files.
 
-Positions (:class:`StreamLayout`): a book gets a *bounded* store (pre-RoPE keys everywhere)
-and chunks see the layout of a bounded span memory — sinks at 0.., zoomed tokens packed before
-the waiting tokens, which start at ``sinks + budget`` — so no RoPE distance reaches the reading
-window. A book keeps no anchors (their boundary tokens stay in their spans). A context that
-fits (``stream.always``) keeps original positions and anchors throughout.
+Positions (:class:`StreamLayout`): a book's store is *bounded* (pre-RoPE keys, no anchors) and
+its chunks see a bounded span memory's layout (sinks at 0.., zoomed tokens packed before the
+waiting tokens, which start at ``sinks + budget``), so no RoPE distance reaches the reading
+window. A context that fits (``stream.always``) keeps original positions and anchors.
 
-Resume: the part files and, after a chunk (at most every :data:`CHECKPOINT_S` seconds), the
-stream's state (:mod:`.checkpoint`) are kept in ``stores/.partial-<key>/``. A rerun continues
-from a checkpoint only when all of it verifies (it replays the parts, then reads on), and starts
-over otherwise; :mod:`sekv_core.locks` removes an abandoned one. The finished store is written
-from the parts by the one writer of stores (:func:`~.write.write_store`).
+Resume: the part files and, at most every :data:`CHECKPOINT_S` seconds, the stream's state
+(:mod:`.checkpoint`) are kept in ``stores/.partial-<key>/``; a rerun replays a checkpoint that
+verifies whole and starts over otherwise. The finished store is written from the parts by
+:func:`~.write.write_store`.
 """
 
 from __future__ import annotations
@@ -62,17 +58,11 @@ CHECKPOINT_S = 30.0  # at most this long between checkpoints
 class ChunkReader(Protocol):
     """What runs a stream's chunks through the model, attending to the store grown so far."""
 
-    def attending(self) -> AbstractContextManager[None]:
-        """The block :meth:`read` runs in."""
-        ...
+    def attending(self) -> AbstractContextManager[None]: ...  # the block read() runs in
 
-    def start(self, store: PartialStore) -> None:
-        """Read ``store`` (the sinks, no spans yet) from the next chunk on."""
-        ...
+    def start(self, store: PartialStore) -> None: ...  # read store (sinks, no spans) from now on
 
-    def refresh(self) -> None:
-        """``store`` gained a part."""
-        ...
+    def refresh(self) -> None: ...  # the store gained a part
 
     def read(
         self,
@@ -88,9 +78,7 @@ class ChunkReader(Protocol):
         chunk's post-RoPE keys and values (L, H, c, D)."""
         ...
 
-    def resident_bytes(self) -> int:
-        """Bytes held on the device for the store."""
-        ...
+    def resident_bytes(self) -> int: ...  # bytes held on the device for the store
 
 
 # makes a stream's reader: (model, its RoPE frame, zoom budget, routing queries)
@@ -99,19 +87,13 @@ ChunkReaders = Callable[[LoadedModel, Rope, int, int], ChunkReader]
 
 @dataclass(frozen=True)
 class StreamLayout:
-    """The sizes and positions of one stream (see "Positions" in the module docstring).
+    """The sizes and positions of one stream (module docstring, "Positions")."""
 
-    sinks : prompt head + first document tokens; chunk : tokens per forward; budget : zoomed
-    tokens per (layer, KV head); window : tokens kept waiting at full resolution (at least);
-    bounded : a book's store, pre-RoPE, its chunks at positions within the reading window
-    (:func:`~sekv_core.config.reading_window`).
-    """
-
-    sinks: int
-    chunk: int
-    budget: int
-    window: int
-    bounded: bool
+    sinks: int  # prompt head + first document tokens
+    chunk: int  # tokens per forward
+    budget: int  # zoomed tokens per (layer, KV head)
+    window: int  # tokens kept waiting at full resolution (at least)
+    bounded: bool  # a book's store: pre-RoPE, chunks within the reading window
     rope: Rope
     band_end: int  # bounded: the first position of the waiting tokens (sinks + budget)
 
@@ -138,8 +120,9 @@ class StreamLayout:
         return cls(sinks, chunk, budget, window, bounded, rope, sinks + budget)
 
     @property
-    def mode(self) -> str:
-        return "bounded" if self.bounded else "original"
+    def positions(self) -> dict[str, Any]:
+        """The manifest's ``positions``: their ``mode`` and the ``sinks``."""
+        return {"mode": "bounded" if self.bounded else "original", "sinks": self.sinks}
 
     def frame(
         self, keys_pre: torch.Tensor, start: int, positions: torch.Tensor | None = None
@@ -174,18 +157,13 @@ class StreamBuilder:
         self.peak_window_bytes = 0  # largest waiting K/V held (flat in the document's length)
         self.timings = {"forward_s": 0.0, "commit_s": 0.0, "checkpoint_s": 0.0}
         self.chunk_times: list[tuple[int, int, float]] = []  # (tokens done, tokens, seconds)
-        self._fresh()
-
-    def _fresh(self) -> None:
-        """Before the first chunk: nothing read, nothing committed."""
+        # before the first chunk: nothing read, nothing committed
         spec, lay = self.loaded.spec, self.layout
         shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim)
         self.state = StreamState.start(self.T, lay.sinks, shape, self.dtype, self.device)
-        positions = {"mode": lay.mode, "sinks": lay.sinks}
-        manifest = {
+        manifest = {  # what the zoom memory reads of it
             "document": {"context_tokens": self.T},
-            "positions": positions,
-            "settings": self.settings.to_dict(),
+            "positions": lay.positions,
         }
         self.store = PartialStore(self.work, manifest, self.settings, self.device, self.keep)
         budget, queries = lay.budget, self.settings.stream.route_queries
@@ -392,7 +370,6 @@ class StreamBuilder:
             found = None
         if found is None:
             self.checkpoints.clean()
-            self._fresh()
             return False
         self.state, parts = found
         if self.state.next > 0:
@@ -408,7 +385,6 @@ class StreamBuilder:
         sink_k = lay.frame(s.sink_k.float().cpu(), 0)
         tables, records = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v)
         trace = trace_tensors(self.document, self.source.context, s.surprisal, s.roles)
-        positions = {"mode": lay.mode, "sinks": lay.sinks}
         starts, ends = tables.span_starts.numpy(), tables.span_ends.numpy()
         seg = Segmentation(s.roles, starts, ends, s.threshold)
         report = {
@@ -416,7 +392,7 @@ class StreamBuilder:
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "stream": self.report(),
         }
-        built = BuiltStore(positions, tables, self.store.codes, records, trace, report)
+        built = BuiltStore(lay.positions, tables, self.store.codes, records, trace, report)
         write_store(self.path, self.source, built)
 
     def report(self) -> dict[str, Any]:
@@ -426,7 +402,7 @@ class StreamBuilder:
             "window": lay.window,
             "chunk": lay.chunk,
             "budget": lay.budget,
-            "positions": lay.mode,
+            "positions": lay.positions["mode"],
             "max_position": self.max_position,
             "parts": len(self.store.tier.files),
             "peak_window_bytes": self.peak_window_bytes,
