@@ -119,8 +119,11 @@ class RowCode:
         KV heads, ascending (or each head's row count, as :func:`per_head` takes them);
         ``then``: an affine map (H, D, R), (H, R) applied to each head's rows (T, R). The codes
         read (one native call on the CPU), then one product per head."""
-        codes = self._codes(records, layer)
-        return per_head(codes, heads, *_mapped(self.synthesis, layer, then)).to(dtype)
+        maps, bias = self.synthesis[0][layer], self.synthesis[1][layer]  # (H, C, D), (H, D)
+        if then is not None:  # one product per head from codes to the mapped rows
+            bias = torch.baddbmm(then[1][:, None], bias[:, None], then[0])[:, 0]
+            maps = maps @ then[0]
+        return per_head(self._codes(records, layer), heads, maps, bias).to(dtype)
 
 
 @dataclass
@@ -374,15 +377,6 @@ def per_head(
             torch.addmm(bias[h], coef[at : at + n], maps[h], out=out[at : at + n])
             at += n
     return out
-
-
-def _mapped(synthesis: tuple[torch.Tensor, torch.Tensor], layer: int, then) -> tuple:
-    """A layer's synthesis (H, C, D), (H, D), followed by the affine map ``then`` where given:
-    one product per head from codes to the mapped rows."""
-    maps, bias = synthesis[0][layer], synthesis[1][layer]
-    if then is None:
-        return maps, bias
-    return maps @ then[0], torch.baddbmm(then[1][:, None], bias[:, None], then[0])[:, 0]
 
 
 def _row_bits(bits: torch.Tensor) -> int:
