@@ -28,28 +28,21 @@ KV = ("pending_k", "pending_v", "sink_k", "sink_v")  # the state's K/V, on the m
 
 @dataclass
 class StreamState:
-    """The stream between two chunks: what a checkpoint holds besides the parts.
-
-    The waiting tokens are [commit_end, next): read, not committed yet. pending_k, pending_v :
-    (L, H, W, D) their K (pre-RoPE) and V; sink_k, sink_v : (L, H, n, D) the sinks'; surprisal,
-    roles : (T,) of every context token (read so far); threshold : the segmentation threshold
-    of the last commit; sketch_basis : fixed at the first commit, before which ``moments`` sums
-    the queries seen (the sketch's weighting); code : the offload code's codebook tensors
-    (:data:`~sekv_core.store.resident.CODEBOOKS`), fixed at the first commit too.
-    """
+    """The stream between two chunks: what a checkpoint holds besides the parts. The waiting
+    tokens are [commit_end, next): read, not committed yet."""
 
     next: int
     commit_end: int
-    threshold: float
-    pending_k: torch.Tensor
+    threshold: float  # the segmentation threshold of the last commit
+    pending_k: torch.Tensor  # (L, H, W, D) the waiting tokens' keys, pre-RoPE
     pending_v: torch.Tensor
-    sink_k: torch.Tensor
+    sink_k: torch.Tensor  # (L, H, n, D) the sinks'
     sink_v: torch.Tensor
-    surprisal: np.ndarray
-    roles: np.ndarray
-    sketch_basis: SketchBasis | None = None
-    moments: QueryMoments = field(default_factory=QueryMoments)
-    code: dict[str, torch.Tensor] | None = None
+    surprisal: np.ndarray  # (T,) of every context token read so far
+    roles: np.ndarray  # (T,)
+    sketch_basis: SketchBasis | None = None  # fixed at the first commit
+    moments: QueryMoments = field(default_factory=QueryMoments)  # the queries seen until then
+    code: dict[str, torch.Tensor] | None = None  # the offload codes' CODEBOOKS, as fixed then
 
     @classmethod
     def start(

@@ -7,13 +7,9 @@ field) has a table: a discretised Gaussian (centre and spread, two fp16 numbers,
 multiple of the field's deviation in :data:`SPREADS` that codes shortest). A (layer, head)'s rows
 are cut into blocks of :data:`BLOCK_ROWS`, each coded alone by a static rANS coder
 (``native/rans.c``; every byte: ``docs/store-format.md``): an answer decodes the blocks its zooms
-touch (:class:`OffloadTier`), not the tier.
-
-Lossless: the build decodes what it wrote and keeps a kind's records as they are where that
-fails, where the coding would not be smaller, or where the native library is missing
-(:func:`compacted`). A load rebuilds the tables from the stored numbers and checks them against
-the build's checksum, so a machine that rounds one differently refuses the store rather than
-decode it wrongly.
+touch (:class:`OffloadTier`), not the tier. Lossless, or not used (:func:`compacted`); a load
+checks the tables it rebuilds against the build's checksum, so a machine that rounds one
+differently refuses the store rather than decode it wrongly.
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ def compacted(records: dict[str, torch.Tensor], codes: dict) -> dict[str, torch.
     """The offload file's tensors for each kind's records (``records[kind]``: (L, H, S, B) uint8,
     contiguous, a layer's rows in order) in ``codes`` (kind -> code): the kind's coding
     (:data:`CODED`), or its records as they are (``{kind}_rows``, flat: a view) where the coding
-    does not pay or fails."""
+    would not be smaller, does not decode back to them, or the native library is missing."""
     out = {}
     for kind in KINDS:
         rows = records[kind]

@@ -1,10 +1,9 @@
 """Writing a span store: the one finishing path of the one-shot and the streamed build.
 
-Both builders end in :func:`write_store` with the same pieces — the resident tables, the
-offload codes and each part's fixed-rate records, the trace — and it codes what the file holds
-(sinks' and anchors' K/V as 8-bit rows, the records entropy-coded), fills the manifest's sizes
-and writes the directory atomically: into a ``.tmp-*`` sibling that records its writer (a dead
-writer's is removed at the next build, :mod:`sekv_core.locks`), then renamed into place.
+:func:`write_store` codes what the files hold (sinks' and anchors' K/V as 8-bit rows, the
+records entropy-coded), fills the manifest's sizes and writes the directory atomically: into a
+``.tmp-*`` sibling that records its writer (a dead writer's is removed at the next build,
+:mod:`sekv_core.locks`), then renamed into place.
 """
 
 from __future__ import annotations
@@ -45,24 +44,15 @@ SPARE_BYTES = 1 << 20  # free space kept beyond the files' own bytes (headers, t
 
 @dataclass
 class BuiltStore:
-    """What a builder hands :func:`write_store`.
+    """What a builder hands :func:`write_store`. A store without span tokens writes neither its
+    codes nor the sketch's tables (a load supplies them: :func:`~.load.spanless`)."""
 
-    positions : the manifest's ``positions`` (``mode``, ``sinks``);
-    tables : the spans' and fixed tokens' tables, fixed K/V float (keys post-RoPE at original
-        positions, pre-RoPE when bounded); codes : the offload codes ``k``, ``v``; a store
-        without span tokens writes neither them nor the sketch's tables (a load supplies them:
-        :func:`~sekv_core.store.load.spanless`);
-    records : each kind's fixed-rate records (L, H, S, B) uint8, contiguous; emptied once
-        written; trace : :func:`~sekv_core.store.format.trace_tensors`;
-    report : manifest sections the builder adds (``stats``, ``timings``, a stream's report).
-    """
-
-    positions: dict[str, Any]
-    tables: SpanTables
-    codes: dict[str, Code]
-    records: dict[str, torch.Tensor]
-    trace: dict[str, torch.Tensor]
-    report: dict[str, Any]
+    positions: dict[str, Any]  # the manifest's positions (mode, sinks)
+    tables: SpanTables  # fixed K/V float: keys post-RoPE at their positions (bounded: pre-RoPE)
+    codes: dict[str, Code]  # the offload codes, k and v
+    records: dict[str, torch.Tensor]  # (L, H, S, B) uint8, contiguous; emptied once written
+    trace: dict[str, torch.Tensor]  # format.trace_tensors
+    report: dict[str, Any]  # the manifest sections it adds (stats, timings, a stream's report)
 
 
 def write_store(path: Path, source: StoreSource, built: BuiltStore) -> None:
@@ -94,7 +84,7 @@ def write_store(path: Path, source: StoreSource, built: BuiltStore) -> None:
     manifest.update(report)
     files = {"resident.safetensors": resident, "offload.safetensors": offload}
     write_atomically(path, {**files, "trace.safetensors": built.trace}, manifest)
-    del files, offload
+    del files, offload  # the coding, written
     records.clear()
     release_freed_memory()
 
