@@ -45,12 +45,11 @@ from .index.catalog import Catalog, Indexed, Synced, SyncProgress
 from .index.embedder import load_embedder
 from .index.likelihood import QuestionLikelihood
 from .index.ranking import Finder, Ranked
-from .ingest import open_or_build, store_path
+from .ingest import open_or_build, store_path, stored_manifest
 from .methods import METHODS, SeKV
 from .models import LoadedModel, load_model
 from .prompt import Context, Turn, encode_context, encode_question
 from .sources import in_documents
-from .store.load import StoreInvalid, check_claims, read_manifest
 from .store.shelf import mark_used
 from .together import NotTogether, ask_together
 
@@ -560,14 +559,12 @@ class Library:
     def _found(self, entry: Entry) -> bool:
         """Whether ``entry``'s store is on disk with a manifest that describes it (its files
         are verified when it is loaded; a damaged one is rebuilt then)."""
-        path = store_path(self.loaded, entry.document, entry.context, self.settings.store)
-        try:
-            manifest = read_manifest(path)
-            check_claims(manifest, self.loaded, entry.document, entry.context, self.settings.store)
-        except (StoreInvalid, OSError):
+        found = stored_manifest(self.loaded, entry.document, entry.context, self.settings.store)
+        if found is None:
             return False
-        mark_used(path)
-        entry.store, entry.cache_hit, entry.bytes = path, True, manifest["bytes"]
+        entry.store, manifest = found
+        mark_used(entry.store)
+        entry.cache_hit, entry.bytes = True, manifest["bytes"]
         return True
 
     def _session(self, index: int, progress: Progress | None = None) -> Session:

@@ -43,11 +43,10 @@ from .documents import Document, check_tokens, load_document
 from .errors import SekvError, one_line
 from .index.catalog import Catalog, Synced, SyncProgress
 from .index.embedder import load_embedder
-from .ingest import open_or_build, store_path
+from .ingest import open_or_build, stored_manifest
 from .models import LoadedModel, load_model
 from .paths import STORES_ENV, stores_dir
 from .prompt import Context, encode_context
-from .store.load import StoreInvalid, check_claims, read_manifest
 from .threads import apply_threads
 
 try:
@@ -446,13 +445,11 @@ def _found(
 ) -> bool:
     """Whether ``plan``'s store is there already with a manifest that describes it (recorded
     in ``plan``); its files are verified when it is loaded, and a damaged one rebuilt then."""
-    path = store_path(loaded, document, context, settings)
-    try:
-        manifest = read_manifest(path)
-        check_claims(manifest, loaded, document, context, settings)
-    except (StoreInvalid, OSError):
+    found = stored_manifest(loaded, document, context, settings)
+    if found is None:
         return False
-    plan.store, plan.cache_hit, plan.bytes = path, True, manifest["bytes"]
+    plan.store, manifest = found
+    plan.cache_hit, plan.bytes = True, manifest["bytes"]
     return True
 
 

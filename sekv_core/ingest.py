@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .config import StoreSettings, is_book
 from .documents import Document
@@ -25,7 +26,7 @@ from .prefill import Progress
 from .prompt import Context
 from .store.build import build_store
 from .store.format import StoreSource
-from .store.load import SpanStore, StoreInvalid, load_store
+from .store.load import SpanStore, StoreInvalid, check_claims, load_store, read_manifest
 from .store.shelf import mark_used
 from .store.stream import build_streamed
 from .zoom.chunks import ZoomedChunks
@@ -36,6 +37,22 @@ def store_path(
 ) -> Path:
     """Where the document's store for this model and these settings lives."""
     return stores_dir() / StoreSource(loaded, document, context, settings).key
+
+
+def stored_manifest(
+    loaded: LoadedModel, document: Document, context: Context, settings: StoreSettings
+) -> tuple[Path, dict[str, Any]] | None:
+    """The path and manifest of the document's store when one is there whose manifest
+    describes it, else None (its files are verified when it is loaded; a damaged one is
+    rebuilt then)."""
+    source = StoreSource(loaded, document, context, settings)
+    path = stores_dir() / source.key
+    try:
+        manifest = read_manifest(path)
+        check_claims(manifest, source)
+    except (StoreInvalid, OSError):
+        return None
+    return path, manifest
 
 
 def open_or_build(

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from ..config import StoreSettings, is_book
-from ..documents import Document
 from ..kvquant import STORE_DTYPE
 from ..models import LoadedModel
 from ..prompt import Context
@@ -83,7 +82,7 @@ def load_store(path: Path, source: StoreSource) -> SpanStore:
     loaded, context, settings = source.loaded, source.context, source.settings
     try:
         manifest = read_manifest(path)
-        check_claims(manifest, loaded, source.document, context, settings)
+        check_claims(manifest, source)
         file, offload, trace = (verified_tensors(manifest, path / name) for name in FILES)
     except OSError as exc:  # FileNotFoundError and the like: gone or replaced while read
         raise StoreInvalid(f"unreadable ({exc.strerror or exc}: {exc.filename})") from None
@@ -160,21 +159,17 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def check_claims(
-    manifest: dict[str, Any],
-    loaded: LoadedModel,
-    document: Document,
-    context: Context,
-    settings: StoreSettings,
-) -> None:
-    """StoreInvalid unless the manifest describes this model, document, context, settings."""
+def check_claims(manifest: dict[str, Any], source: StoreSource) -> None:
+    """StoreInvalid unless the manifest describes ``source``: its model, document, context and
+    settings."""
+    context, settings = source.context, source.settings
     T, start = len(context), context.doc_start
-    bounded = is_book(loaded.spec.window, T)  # as the streamed build lays it out
+    bounded = is_book(source.loaded.spec.window, T)  # as the streamed build lays it out
     expect = {
         ("format",): FORMAT,
         ("version",): FORMAT_VERSION,
-        ("model", "fingerprint"): loaded.fingerprint,
-        ("document", "sha256"): document.sha256,
+        ("model", "fingerprint"): source.loaded.fingerprint,
+        ("document", "sha256"): source.document.sha256,
         ("settings",): json.loads(json.dumps(settings.to_dict())),
         ("document", "context_tokens"): T,
         ("document", "doc_start"): start,
