@@ -56,13 +56,10 @@ class StreamState:
         """Nothing read of ``tokens`` context tokens, the first ``sinks`` of them sinks; K/V of
         ``shape`` (L, H, D)."""
         L, H, D = shape
-        pending_k = torch.zeros(L, H, 0, D, dtype=dtype, device=device)
-        pending_v = torch.zeros_like(pending_k)
+        none = torch.zeros(L, H, 0, D, dtype=dtype, device=device)  # (the sinks': the 1st chunk's)
         roles = np.full(tokens, SPAN, dtype=np.int8)
         roles[:sinks] = SINK
-        surprisal = np.zeros(tokens, dtype=np.float32)
-        # the sinks' K/V are set by the first chunk
-        return cls(0, sinks, 0.0, pending_k, pending_v, pending_k, pending_v, surprisal, roles)
+        return cls(0, sinks, 0.0, none, none, none, none, np.zeros(tokens, np.float32), roles)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors a checkpoint saves (CPU)."""

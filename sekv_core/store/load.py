@@ -30,7 +30,6 @@ import torch
 
 from ..config import StoreSettings, is_book
 from ..kvquant import STORE_DTYPE
-from ..models import LoadedModel
 from ..prompt import Context
 from ..rope import Rope
 from ..segment import SINK, n_sinks
@@ -93,7 +92,7 @@ def load_store(path: Path, source: StoreSource) -> SpanStore:
         tables = file_tables(file)
         codes = store_codebooks(file, settings.key_code, settings.value_code)
         tier = OffloadTier(offload, rows, codes)
-        sketch = sketch_of(tables, file.get("sketch"), tier, codes, manifest, loaded, settings)
+        sketch = sketch_of(tables, file.get("sketch"), tier, codes, manifest, source)
         resident = ResidentTier.read(tables, file, sketch)
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
         raise StoreInvalid(f"the offload tier does not decode ({exc})") from None
@@ -110,32 +109,26 @@ def sketch_of(
     tier: OffloadTier,
     codes: dict[str, Code],
     manifest: dict[str, Any],
-    loaded: LoadedModel,
-    settings: StoreSettings,
+    source: StoreSource,
 ) -> torch.Tensor:
-    """Stage 3: the routing sketch's rows of a store's ``tables`` (as the file holds them),
-    its offload ``tier`` and its ``codes``: a bounded store's ``stored`` rows, checked
-    (:func:`stored_sketch`), else rebuilt from the decoded span keys (:func:`sketch_rows`).
+    """Stage 3: the routing sketch's rows (module docstring), a ``stored`` sketch checked.
     ValueError where a stored sketch is missing, not expected or of another shape."""
-    rows = tier.rows
+    rows, bits = tier.rows, source.settings.sketch_bits
     if stored_sketch(manifest) and rows:  # (a store without span tokens has no sketch)
         L, H, R = tables.sketch_scale.shape
-        shape = (L, H, rows, R * settings.sketch_bits // 8)
-        dtype = sketch_dtype(settings.sketch_bits)
+        shape, dtype = (L, H, rows, R * bits // 8), sketch_dtype(bits)
         if stored is None or stored.dtype != dtype or stored.shape != shape:
             raise ValueError(f"its sketch is not {dtype} rows {tuple(shape)}")
         return stored
     if stored is not None:
         raise ValueError("it holds a sketch its kind of store rebuilds")
-    rope, bits = Rope(loaded.model), settings.sketch_bits
     keys = tier.whole(("k",))["k_rows"]
-    return sketch_rows(tables, keys, codes["k"], rope, bits)
+    return sketch_rows(tables, keys, codes["k"], Rope(source.loaded.model), bits)
 
 
 def spanless(resident: dict[str, torch.Tensor], settings: StoreSettings) -> dict[str, torch.Tensor]:
-    """The resident tables of a store without span tokens as answers read them: with the codes'
-    and the sketch's tables it does not hold (:func:`~sekv_core.store.format.spanless_tables`:
-    nothing is decoded or routed with them). ValueError where it holds one."""
+    """Stage 2's tables of a store without span tokens: with the codes' and sketch's tables it
+    does not hold (:func:`~.format.spanless_tables`). ValueError where it holds one."""
     L, H, _, D = resident["fixed_k"].shape
     supplied = spanless_tables(L, H, D, settings)
     held = sorted(name for name in supplied if name in resident)

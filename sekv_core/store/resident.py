@@ -1,12 +1,10 @@
 """The resident tier of a span store, as one typed object: every table it holds, with its shape.
 
-:class:`SpanTables` are the tables a build holds and :func:`~sekv_core.store.write.write_store`
-writes; :class:`ResidentTier` adds what answers read besides them — the 8-bit fixed rows' scales,
-the routing sketch's rows, where each part's records begin and the offload codes' codebooks. A
-loaded store's tier is read from its file (:meth:`ResidentTier.read`: a missing table is an
-error there) and placed for answers (:func:`placed`); a streamed build grows its own part by
-part (:class:`~sekv_core.store.partial.PartialStore`). The file's tensor names are these
-fields' names (``docs/store-format.md``).
+:class:`SpanTables` are the tables a build holds and :func:`~.write.write_store` writes;
+:class:`ResidentTier` adds what answers read besides them. A loaded store's tier is read from its
+file (:meth:`ResidentTier.read`: a missing table is an error there) and placed for answers
+(:func:`placed`); a streamed build grows its own (:class:`~.partial.PartialStore`). The file's
+tensor names are the fields' names (``docs/store-format.md``).
 
 Shapes: L layers, H KV heads, D head dim, F sinks + anchors, N spans, S span tokens, R sketch
 directions, P parts.

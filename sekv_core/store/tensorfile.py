@@ -46,10 +46,6 @@ class Entry:
     start: int
     stop: int
 
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
 
 def file_header(f: BinaryIO) -> dict[str, Entry]:
     """The tensors of the open file ``f`` by name, their byte ranges absolute. ValueError where
@@ -92,7 +88,7 @@ def read_tensors(source: Source, names: tuple[str, ...] | None = None) -> dict[s
     wanted = entries if names is None else {name: entries[name] for name in names}
     out = {}
     for name, e in wanted.items():
-        if e.numel == 0:
+        if e.start == e.stop:  # no bytes to read or map
             out[name] = torch.empty(e.shape, dtype=e.dtype)
             continue
         raw = bytearray(os.pread(source.fileno(), e.stop - e.start, e.start))
@@ -110,7 +106,7 @@ def map_tensors(source: Source, names: tuple[str, ...] | None = None) -> dict[st
     for name, e in file_header(source).items():
         if names is not None and name not in names:
             continue
-        if e.numel == 0:
+        if e.start == e.stop:  # no bytes to read or map
             out[name] = torch.zeros(e.shape, dtype=e.dtype)
             continue
         raw = np.memmap(source, dtype=np.uint8, mode="r", offset=e.start, shape=e.stop - e.start)
