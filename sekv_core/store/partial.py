@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from bisect import bisect_right
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -258,31 +259,24 @@ class PartialStore:
     def close(self) -> None:
         self.tier.close()
 
-    def finished(self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor):
-        """The finished store's tables for :func:`~sekv_core.store.write.write_store` (CPU):
-        the sinks (positions; K (L, H, n, D) as the store keeps them; V), then every part's
-        anchors, the span tables, the sketch's directions and scale; and each kind's
-        fixed-rate records (L, H, S, B), copied from the part files one part at a time."""
-        each = self.tier.each(FIXED)
-        pieces = {name: [part[name] for part in each] for name in FIXED}
-        r = self.resident
-        tables = SpanTables(
-            fixed_pos=torch.cat([sinks, *pieces["anchor_pos"]]),
-            fixed_k=torch.cat([sink_k.float().cpu(), *(t.float() for t in pieces["anchor_k"])], 2),
-            fixed_v=torch.cat([sink_v.float().cpu(), *(t.float() for t in pieces["anchor_v"])], 2),
-            span_starts=r.span_starts.cpu(),
-            span_ends=r.span_ends.cpu(),
-            span_reps=r.span_reps.cpu(),
-            sketch_proj=r.sketch_proj.cpu(),
-            sketch_key=r.sketch_key,
-            sketch_mean=r.sketch_mean.cpu(),
-            sketch_scale=r.sketch_scale.cpu(),
+    def finished(
+        self, sinks: torch.Tensor, sink_k: torch.Tensor, sink_v: torch.Tensor
+    ) -> tuple[SpanTables, dict[str, torch.Tensor]]:
+        """What :func:`~sekv_core.store.write.write_store` takes of the finished store: the
+        resident tier with the sinks (positions; K (L, H, n, D) as the store keeps them; V),
+        then every part's anchors as its fixed tokens; and each kind's fixed-rate records
+        (L, H, S, B), copied from the part files one part at a time."""
+        parts = self.tier.each(FIXED)
+        tables = replace(
+            self.resident,
+            fixed_pos=torch.cat([sinks, *(p["anchor_pos"] for p in parts)]),
+            fixed_k=torch.cat([sink_k.float().cpu(), *(p["anchor_k"].float() for p in parts)], 2),
+            fixed_v=torch.cat([sink_v.float().cpu(), *(p["anchor_v"].float() for p in parts)], 2),
         )
-        codes = self.codes
         L, H = tables.fixed_k.shape[:2]
         records = {
-            kind: torch.empty(L, H, self.rows, codes[kind].record_bytes, dtype=torch.uint8)
-            for kind in ("k", "v")
+            kind: torch.empty(L, H, self.rows, code.record_bytes, dtype=torch.uint8)
+            for kind, code in self.codes.items()
         }
-        self.tier.records(r.part_rows, records)
+        self.tier.records(self.resident.part_rows, records)
         return tables, records

@@ -24,7 +24,7 @@ from ..errors import SekvError
 from ..kvquant import quantize_rows
 from ..locks import WRITER, mark_writer
 from ..prefill import release_freed_memory
-from .codes import Code, store_codebooks
+from .codes import Code
 from .entropy import compacted
 from .format import (
     DIGEST,
@@ -49,7 +49,7 @@ class BuiltStore:
 
     positions: dict[str, Any]  # the manifest's positions (mode, sinks)
     tables: SpanTables  # fixed K/V float: keys post-RoPE at their positions (bounded: pre-RoPE)
-    codes: dict[str, Code]  # the offload codes, k and v
+    codes: dict[str, Code]  # the offload codes, k and v (their numbers: those the file holds)
     records: dict[str, torch.Tensor]  # (L, H, S, B) uint8, contiguous; emptied once written
     trace: dict[str, torch.Tensor]  # format.trace_tensors
     report: dict[str, Any]  # the manifest sections it adds (stats, timings, a stream's report)
@@ -69,9 +69,8 @@ def write_store(path: Path, source: StoreSource, built: BuiltStore) -> None:
         resident.update({**codes["k"].tensors("k"), **codes["v"].tensors("v")})
     manifest = store_manifest(source, built.positions)
     if stored_sketch(manifest) and rows:  # a bounded store's sketch, of pre-RoPE keys as decoded
-        key = store_codebooks(resident, settings.key_code, settings.value_code)["k"]
-        bits = settings.sketch_bits
-        resident["sketch"] = sketch_rows(stored, records["k"].view(-1), key, None, bits)
+        keys, bits = records["k"].view(-1), settings.sketch_bits
+        resident["sketch"] = sketch_rows(stored, keys, codes["k"], None, bits)
     offload = compacted(records, codes)
     manifest["bytes"].update(
         resident=device_bytes(tables, settings.sketch_bits),
