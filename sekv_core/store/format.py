@@ -93,13 +93,10 @@ def spans_pay(spec: ModelSpec, settings: StoreSettings, span_tokens: int) -> boo
     return rows > nbytes(spanless_tables(1, 1, D, settings)) * L * H
 
 
-def spanless_tables(
-    num_layers: int, num_kv_heads: int, head_dim: int, settings: StoreSettings
-) -> dict[str, torch.Tensor]:
-    """The tables a store without span tokens does not hold, as answers read them: its codes
-    fitted to no rows, and a sketch of zero directions (unit scales) — nothing is decoded or
-    routed with them."""
-    L, H, D = num_layers, num_kv_heads, head_dim
+def spanless_tables(L: int, H: int, D: int, settings: StoreSettings) -> dict[str, torch.Tensor]:
+    """The tables a store without span tokens does not hold, as answers read them (L layers, H
+    KV heads, D head dim): its codes fitted to no rows, and a sketch of zero directions (unit
+    scales) — nothing is decoded or routed with them."""
     R = min(settings.sketch_dim, D)
     empty = torch.zeros(L, H, 0, D)
     return {

@@ -124,16 +124,10 @@ class StreamLayout:
         """The manifest's ``positions``: their ``mode`` and the ``sinks``."""
         return {"mode": "bounded" if self.bounded else "original", "sinks": self.sinks}
 
-    def frame(
-        self, keys_pre: torch.Tensor, start: int, positions: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Keys as the store keeps fixed keys and the sketch: pre-RoPE when bounded,
-        else post-RoPE at their original positions (``positions``, or from ``start`` on)."""
-        if self.bounded:
-            return keys_pre
-        if positions is None:
-            positions = torch.arange(start, start + keys_pre.shape[2])
-        return self.rope.rotate(keys_pre, positions)
+    def frame(self, keys_pre: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Keys as the store keeps fixed keys and the sketch: pre-RoPE when bounded, else
+        post-RoPE at their original ``positions``."""
+        return keys_pre if self.bounded else self.rope.rotate(keys_pre, positions)
 
 
 class StreamBuilder:
@@ -252,7 +246,7 @@ class StreamBuilder:
     def _start_memory(self) -> None:
         """The growing store, read by the next chunks: the sinks, no spans yet."""
         s, sinks = self.state, torch.arange(self.layout.sinks)
-        self.store.start(sinks, self.layout.frame(s.sink_k, 0, sinks), s.sink_v)
+        self.store.start(sinks, self.layout.frame(s.sink_k, sinks), s.sink_v)
         self.reader.start(self.store)
         if s.sketch_basis is not None:
             self.store.place_sketch_basis(s.sketch_basis)
@@ -322,7 +316,7 @@ class StreamBuilder:
         values = s.pending_v[:, :, rows].float().cpu()
         with one_thread():
             moment = s.moments.moment()
-            framed = self.layout.frame(keys, c, rows + c)
+            framed = self.layout.frame(keys, rows + c)
             s.sketch_basis = sketch_basis(framed, moment, settings.sketch_dim)
             k = fit_code(keys, settings.key_code, "store.key_code", moment)
             v = fit_code(values, settings.value_code, "store.value_code")
@@ -339,7 +333,7 @@ class StreamBuilder:
         s, c, frame = self.state, self.state.commit_end, self.layout.frame
         keys_pre = s.pending_k[:, :, : end - c].float().cpu()  # (L, H, n, D)
         values = s.pending_v[:, :, : end - c].float().cpu()
-        framed, codes = frame(keys_pre, c), self.store.codes
+        framed, codes = frame(keys_pre, torch.arange(c, end)), self.store.codes
         starts = torch.tensor([a for a, _ in spans], dtype=torch.int64).reshape(-1)
         ends = torch.tensor([e for _, e in spans], dtype=torch.int64).reshape(-1)
         rows = span_rows(spans, c)
@@ -382,8 +376,9 @@ class StreamBuilder:
     def _finish(self) -> None:
         """Hand the parts' tables and records to the one writer of stores."""
         s, lay = self.state, self.layout
-        sink_k = lay.frame(s.sink_k.float().cpu(), 0)
-        tables, records = self.store.finished(torch.arange(lay.sinks), sink_k, s.sink_v)
+        sinks = torch.arange(lay.sinks)
+        sink_k = lay.frame(s.sink_k.float().cpu(), sinks)
+        tables, records = self.store.finished(sinks, sink_k, s.sink_v)
         trace = trace_tensors(self.document, self.source.context, s.surprisal, s.roles)
         starts, ends = tables.span_starts.numpy(), tables.span_ends.numpy()
         seg = Segmentation(s.roles, starts, ends, s.threshold)
