@@ -234,9 +234,8 @@ class PartialStore:
         self.grow["span_ends"].extend(part["span_ends"])
         self.anchors += int(part["anchor_pos"].numel())
         self._append_sketch(part["sketch"], part["sketch_scale"].float(), part["span_reps"])
-        for name, g in self.grow.items():
-            if g.buf is not None:
-                setattr(r, name, g.value)
+        for name, g in self.grow.items():  # (each grew with this part)
+            setattr(r, name, g.value)
         r.sketch_scale = self.sketch_scale.to(self.device, self.keep)
 
     def _append_sketch(self, packed: torch.Tensor, scale: torch.Tensor, reps: torch.Tensor) -> None:
@@ -245,11 +244,9 @@ class PartialStore:
         g = self.grow["sketch"]
         if self.sketch_scale is None:
             self.sketch_scale = scale
-        elif (scale > self.sketch_scale).any():
-            stored = g.value if g.buf is not None else None
-            self.sketch_scale = widen_sketch_scale(
-                stored, self.sketch_scale, scale, HEADROOM, self.bits
-            )
+        elif (scale > self.sketch_scale).any():  # (after the first part: rows to requantise)
+            old = self.sketch_scale
+            self.sketch_scale = widen_sketch_scale(g.value, old, scale, HEADROOM, self.bits)
         levels = dequantize_sketch(packed, self.dim, torch.float32)
         levels = requantize_sketch(levels, scale / self.sketch_scale, self.bits)
         rows = g.n
