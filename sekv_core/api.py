@@ -589,7 +589,7 @@ class Library:
         if isinstance(session.method, SeKV):
             entry.store = session.method.store.path
             entry.cache_hit = session.method.cache_hit
-            entry.bytes = session.method.store.bytes
+            entry.bytes = session.method.store.manifest["bytes"]
         self.sessions[index] = session
         return session
 

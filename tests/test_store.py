@@ -248,8 +248,8 @@ def test_the_manifest_counts_the_device_tier_as_answers_hold_it(tiny_loaded, tmp
     document, context = prepare(tiny_loaded, tmp_path)
     store, _ = open_or_build(tiny_loaded, document, context)
     memory = SpanMemory(store, Rope(tiny_loaded.model), tiny_loaded.device, tiny_loaded.dtype)
-    assert store.bytes["resident"] == memory.resident_bytes()
-    assert store.bytes["resident"] < store.bytes["full_kv_fp16"]
+    assert store.manifest["bytes"]["resident"] == memory.resident_bytes()
+    assert store.manifest["bytes"]["resident"] < store.manifest["bytes"]["full_kv_fp16"]
 
 
 def test_loads_racing_replacements_verify_or_fail_cleanly(tiny_model_dirs, tmp_path):
@@ -366,7 +366,7 @@ def test_a_store_on_disk_follows_its_documents_length(default_model, tmp_path):
         context = encode_context(default_model.tokenizer, template, document.text)
         store, _ = open_or_build(default_model, document, context)
         on_disk = sum(f.stat().st_size for f in store.path.iterdir())
-        full = store.bytes["full_kv_fp16"]
+        full = store.manifest["bytes"]["full_kv_fp16"]
         assert on_disk <= bound * full, (path.name, len(context), on_disk / full)
 
 

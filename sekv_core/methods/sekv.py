@@ -276,7 +276,7 @@ class SeKV(Method):
             "zoom_peak_bytes": self.spans.peak_cached_bytes,
             "local_window_bytes": local,
             "offloaded_bytes": self.store.tier.decoded_bytes,  # records in host memory now
-            "store_bytes": self.store.bytes["store"],  # the store's files on disk
+            "store_bytes": self.store.manifest["bytes"]["store"],  # the store's files on disk
         }
 
     def store_info(self) -> dict[str, Any]:

@@ -62,23 +62,20 @@ def build_store(path: Path, source: StoreSource, progress: Progress | None = Non
     release_freed_memory()
     timings["code_s"] = time.perf_counter() - t0
 
-    lengths = ends - starts
     tables = SpanTables(
         fixed_pos=fixed,
         fixed_k=fixed_k,
         fixed_v=fixed_v,
         span_starts=starts,
         span_ends=ends,
-        span_reps=span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], lengths),
+        span_reps=span_representatives(torch.from_numpy(pre.surprisal)[span_tokens], ends - starts),
         sketch_proj=basis.query_proj,
         sketch_key=basis.key_proj,
         sketch_mean=basis.mean,
         sketch_scale=scale,
     )
-    positions = {
-        "mode": "original",
-        "sinks": n_sinks(len(context), context.doc_start, settings.segment),
-    }
+    sinks = n_sinks(len(context), context.doc_start, settings.segment)
+    positions = {"mode": "original", "sinks": sinks}
     trace = trace_tensors(source.document, context, pre.surprisal, seg.roles)
     report = {"stats": seg.stats(), "timings": {k: round(v, 4) for k, v in timings.items()}}
     write_store(path, source, BuiltStore(positions, tables, codes, records, trace, report))

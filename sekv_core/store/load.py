@@ -70,10 +70,6 @@ class SpanStore:
     tier: OffloadTier
     codes: dict[str, Code]
 
-    @property
-    def bytes(self) -> dict[str, int]:
-        return self.manifest["bytes"]
-
 
 def load_store(path: Path, source: StoreSource) -> SpanStore:
     """Load and verify the store at ``path`` as the store of ``source``; raise
