@@ -140,7 +140,7 @@ class StreamBuilder:
         self.checkpoints = Checkpoints(self.work, path.name, os.path.abspath(self.document.path))
         self.T, self.doc_start = len(source.context), source.context.doc_start
         self.layout = StreamLayout.plan(source)
-        # no anchors in a book: bounded positions would put them all at one place (module doc)
+        # no anchors in a book: bounded positions would put them all at one place
         segment = self.settings.segment
         self.segment = replace(segment, anchor_cap=0.0) if self.layout.bounded else segment
         self.device, self.dtype = self.loaded.device, self.loaded.dtype
