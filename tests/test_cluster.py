@@ -41,8 +41,10 @@ def kill_once(control: Path):
                 progress(done, total)
                 victim = json.loads(control.read_text()) if control.exists() else {}
                 if victim.get("name") == document.path.name and "pid" not in victim:
-                    if 0 < done < total:
-                        control.write_text(json.dumps({**victim, "pid": os.getpid()}))
+                    if 0 < done < total:  # (written whole: other workers read it meanwhile)
+                        tmp = control.with_name(f"{control.name}.{os.getpid()}")
+                        tmp.write_text(json.dumps({**victim, "pid": os.getpid()}))
+                        os.replace(tmp, control)
                         os.kill(os.getpid(), signal.SIGKILL)
 
             return build(loaded, document, context, settings, report, warn)
