@@ -21,6 +21,12 @@ LEVELS = 127
 SCALE_DTYPE = torch.float16
 
 
+def resident_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The precision of a store's floats held beside a model of ``model_dtype``: the model's own
+    when it is half precision or less, else :data:`STORE_DTYPE`."""
+    return model_dtype if model_dtype.itemsize <= 2 else STORE_DTYPE
+
+
 def stored(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a store keeps it (half precision), in float32: a code is fitted, encoded and
     decoded with the same numbers."""

@@ -31,7 +31,7 @@ from ..backend import use_attention
 from ..config import DEFAULT_BUDGET, BlockSettings
 from ..decode import Forcing, PositionedStep, decode_tokens
 from ..errors import SekvError
-from ..kvquant import STORE_DTYPE
+from ..kvquant import STORE_DTYPE, resident_dtype
 from ..models import LoadedModel
 from ..paths import sekv_home
 from ..prompt import Context, stop_ids
@@ -57,7 +57,7 @@ class BlockMemory:
         shape = manifest["shape"]
         L, H, B, S, D = (shape[k] for k in ("layers", "heads", "blocks", "block_size", "head_dim"))
         resident = read_tensors(path / "resident.safetensors")
-        keep = dtype if dtype.itemsize <= 2 else STORE_DTYPE  # half precision, as SeKV's tier
+        keep = resident_dtype(dtype)  # as SeKV's resident tier
         self.sink_k, self.sink_v, self.block_min, self.block_max = (
             resident[n].to(device=device, dtype=keep)
             for n in ("sink_k", "sink_v", "block_min", "block_max")

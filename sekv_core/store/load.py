@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..config import StoreSettings, is_book
-from ..kvquant import STORE_DTYPE
+from ..kvquant import resident_dtype
 from ..prompt import Context
 from ..rope import Rope
 from ..segment import SINK, n_sinks
@@ -93,9 +93,8 @@ def load_store(path: Path, source: StoreSource) -> SpanStore:
     except (KeyError, IndexError, RuntimeError, ValueError) as exc:  # tables that do not fit
         raise StoreInvalid(f"the offload tier does not decode ({exc})") from None
     check_sizes(manifest, resident, tier, settings)
-    dtype = loaded.dtype if loaded.dtype.itemsize <= 2 else STORE_DTYPE
     bounded = manifest["positions"]["mode"] == "bounded"
-    resident = placed(resident, loaded.device, dtype, bounded)
+    resident = placed(resident, loaded.device, resident_dtype(loaded.dtype), bounded)
     return SpanStore(path, manifest, resident, trace, tier, codes)
 
 

@@ -37,7 +37,7 @@ import torch
 
 from ..config import is_book, reading_window
 from ..errors import SekvError
-from ..kvquant import STORE_DTYPE
+from ..kvquant import STORE_DTYPE, resident_dtype
 from ..models import LoadedModel
 from ..paths import private_dir
 from ..prefill import Progress, release_freed_memory
@@ -144,7 +144,7 @@ class StreamBuilder:
         segment = self.settings.segment
         self.segment = replace(segment, anchor_cap=0.0) if self.layout.bounded else segment
         self.device, self.dtype = self.loaded.device, self.loaded.dtype
-        self.keep = self.dtype if self.dtype.itemsize <= 2 else STORE_DTYPE  # resident precision
+        self.keep = resident_dtype(self.dtype)
         self.ids = torch.tensor(source.context.ids, device=self.device)
         self.nll = Surprisal(self.loaded.model.get_output_embeddings())
         self.max_position = 0  # largest RoPE position a chunk used (tests: < window)
